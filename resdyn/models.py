@@ -1,0 +1,117 @@
+"""Resolve and load model checkpoints (hub, local folder or trained zoo) with a content hash.
+
+Resolution turns a checkpoint spec (see ``resdyn.config.checkpoint_spec``) into a record —
+the folder holding the weights, the hub commit when known, and a SHA-256 over the weight and
+config files — written as ``models/{model}/{ckpt}/checkpoint.json``. Every downstream artifact
+loads through that record, so its provenance names exactly which weights it saw.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from resdyn import io
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "config.json")
+
+
+def _hub_snapshot(repo: str, revision: str) -> Path:
+    """Local snapshot folder of ``repo@revision``: from the HF cache, downloading only if allowed."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return Path(snapshot_download(repo, revision=revision, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as err:  # network errors come in many types
+        log.warning("download of %s@%s failed (%s); trying the local cache", repo, revision, err)
+    try:
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+    except Exception as err:
+        raise RuntimeError(
+            f"model {repo!r} at revision {revision!r} is not in the local Hugging Face cache and "
+            "cannot be downloaded (offline?). Pre-download it on a machine with internet: "
+            f"`huggingface-cli download {repo} --revision {revision}` and copy ~/.cache/huggingface "
+            "(or set HF_HOME), or save it with save_pretrained and point the model at the folder "
+            "with `source: local`."
+        ) from err
+
+
+def resolve_checkpoint(spec: dict) -> dict:
+    """A provenance record for one checkpoint: folder, hub id and revision, content hash."""
+    source = spec["source"]
+    if source == "hf":
+        folder = _hub_snapshot(spec["repo"], spec["revision"])
+        commit = folder.name  # snapshot folders are named by the resolved commit hash
+    else:
+        folder = Path(spec["path"])
+        commit = None
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"checkpoint {spec['model']}/{spec['checkpoint']}: {folder} has no config.json "
+                "(expected a Hugging Face model folder)"
+            )
+    weights = sorted(p.name for pat in WEIGHT_PATTERNS for p in folder.glob(pat))
+    if not any(w != "config.json" for w in weights):
+        raise FileNotFoundError(f"checkpoint {spec['model']}/{spec['checkpoint']}: no weight files in {folder}")
+    return {
+        **spec,
+        "folder": str(folder.resolve()),
+        "resolved_commit": commit,
+        "weight_files": weights,
+        "content_hash": io.sha256_tree(folder, WEIGHT_PATTERNS),
+    }
+
+
+def pick_device(device: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    return torch.device(device)
+
+
+def load_model(record: dict, device: str = "auto", verify_hash: bool = False):
+    """Load (model, tokenizer) from a checkpoint record, eval mode, eager attention.
+
+    Eager attention makes every sublayer an explicit, differentiable PyTorch function.
+    With ``verify_hash`` the folder is re-hashed and must match the record.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(record["folder"])
+    if verify_hash and io.sha256_tree(folder, WEIGHT_PATTERNS) != record["content_hash"]:
+        raise RuntimeError(f"weights in {folder} changed since they were resolved (content hash mismatch)")
+    dtype = DTYPES[record.get("dtype", "float32")]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
+    model.to(pick_device(device)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer
+
+
+def model_attrs(record: dict) -> dict:
+    """The attributes every artifact derived from this checkpoint records."""
+    return {
+        "model": record["model"],
+        "checkpoint": record["checkpoint"],
+        "source": record["source"],
+        "model_id": record.get("repo") or record["folder"],
+        "revision": record.get("revision") or record["checkpoint"],
+        "content_hash": record["content_hash"],
+        "dtype": record.get("dtype", "float32"),
+    }

@@ -1,0 +1,61 @@
+# Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
+from resdyn import config as rc
+
+rc.validate_config(config)
+
+MODELS = list(config["models"])
+ZOO = [m for m in MODELS if config["models"][m]["source"] == "train"]
+
+
+wildcard_constraints:
+    model="|".join(MODELS),
+    ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    dataset="|".join(config["datasets"]),
+    block=r"layers\d{3}-\d{3}",
+
+
+def ckpts(model):
+    return rc.checkpoints(config, model)
+
+
+def ckpt_record(w):
+    return f"models/{w.model}/{w.ckpt}/checkpoint.json"
+
+
+def final_ckpt(model):
+    return ckpts(model)[-1]
+
+
+def dataset_of(w):
+    return config["models"][w.model]["dataset"]
+
+
+def code(*modules):
+    return rc.code_version(*modules)
+
+
+def per_ckpt(pattern, model):
+    return expand(pattern, model=model, ckpt=ckpts(model))
+
+
+def all_targets():
+    targets = []
+    for m in MODELS:
+        targets += per_ckpt("results/{model}/{ckpt}/spectra.tsv", m)
+        targets += per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", m)
+        targets += per_ckpt("results/{model}/{ckpt}/schur.tsv", m)
+        targets += per_ckpt("results/{model}/{ckpt}/coupling.tsv", m)
+        targets.append(f"results/{m}/checkpoints.tsv")
+        for c in rc.lens_checkpoints(config, m):
+            targets += [
+                f"results/{m}/{c}/lens_metrics.tsv",
+                f"results/{m}/{c}/rss.tsv",
+                f"results/{m}/{c}/resolution.tsv",
+                f"results/{m}/{c}/phases.json",
+                f"results/{m}/{c}/phase_metrics.tsv",
+            ]
+        if m in ZOO:
+            targets.append(f"models/{m}/training.tsv")
+    targets.append("results/scaling/phase_widths.tsv")
+    targets += figure_targets()
+    return targets

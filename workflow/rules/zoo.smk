@@ -1,0 +1,51 @@
+# The embedded zoo (source: train) and checkpoint resolution for every source.
+
+
+rule zoo_train:
+    input:
+        train=lambda w: f"results/data/{dataset_of(w)}/train.jsonl",
+        heldout=lambda w: f"results/data/{dataset_of(w)}/heldout.jsonl",
+        tokenizer=lambda w: f"results/data/{dataset_of(w)}/tokenizer",
+    output:
+        weights=directory("models/{model}/weights"),
+        curve=report(
+            "models/{model}/training.tsv",
+            caption="../report/training.rst",
+            category="Zoo",
+            labels={"model": "{model}", "table": "training loss"},
+        ),
+    params:
+        arch=lambda w: {
+            k: config["models"][w.model].get(k)
+            for k in ("family", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "max_position")
+        },
+        train=lambda w: config["models"][w.model]["train"],
+        code=code("zoo"),
+    threads: config["threads"]
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    benchmark:
+        "benchmarks/out/zoo_train/{model}.tsv"
+    log:
+        "logs/zoo_train/{model}.log",
+    script:
+        "../scripts/zoo_train.py"
+
+
+rule resolve_checkpoint:
+    input:
+        lambda w: (
+            [f"models/{w.model}/weights"]
+            if config["models"][w.model]["source"] == "train"
+            else []
+        ),
+    output:
+        "models/{model}/{ckpt}/checkpoint.json",
+    params:
+        spec=lambda w: rc.checkpoint_spec(config, w.model, w.ckpt),
+        code=code("models"),
+    log:
+        "logs/resolve_checkpoint/{model}/{ckpt}.log",
+    script:
+        "../scripts/resolve_checkpoint.py"

@@ -1,0 +1,14 @@
+"""Tokenise a split and draw fixed-length samples (held-out samples, or lens-fitting windows)."""
+
+from resdyn import data, provenance
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    docs_path = snakemake.input.get("heldout") or snakemake.input.train
+    tokenizer = data.load_tokenizer(snakemake.input.tokenizer)
+    stream = data.token_stream(tokenizer, data.read_documents(docs_path))
+    ids, sample_ids = data.draw_blocks(stream, p.n, p.length, p.seed)
+    step.extra["samples_hash"] = data.write_samples(
+        snakemake.output[0], ids, sample_ids,
+        {"dataset": p.dataset, "split_file": docs_path, "seed": p.seed, "stream_tokens": len(stream)},
+    )

@@ -1,0 +1,6 @@
+"""Train the zoo's byte-level BPE tokenizer on a dataset's train split."""
+
+from resdyn import data, provenance
+
+with provenance.step(snakemake) as step:
+    data.train_tokenizer(data.read_documents(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])
