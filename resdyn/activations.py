@@ -1,0 +1,86 @@
+"""Residual-stream states at every sublayer boundary, stored per layer in HDF5.
+
+States come from :func:`resdyn.arch.boundary_states` — the same sublayer split the Jacobian
+engine differentiates — so activations and Jacobians describe the same boundaries.
+
+Schema of ``activations/layer{L:03d}.h5`` (``resdyn.activations/1``):
+
+* datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp`` (N, T', d) = m_L, T' = T − skip_positions,
+  in the configured dtype; the last layer's file also has ``output`` (N, T', d), its raw output
+  before the final norm;
+* ``sample_ids`` (N,), ``positions`` (T',) token positions kept;
+* attrs: ``schema``, ``layer``, ``skip_positions`` and the checkpoint/samples provenance attrs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from resdyn import arch, io
+
+SCHEMA = "resdyn.activations/1"
+
+
+@torch.no_grad()
+def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True) -> np.ndarray:
+    """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each)."""
+    if not 0 <= skip_positions < input_ids.shape[1]:
+        raise ValueError(f"skip_positions={skip_positions} must be in [0, {input_ids.shape[1]}) (sample length)")
+    device = next(model.parameters()).device
+    out = []
+    for ids in tqdm(input_ids, desc="boundary states", disable=not progress):
+        states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
+        if not torch.isfinite(states).all():
+            raise FloatingPointError("non-finite residual state (NaN/Inf) in a forward pass")
+        out.append(states[:, skip_positions:].float().cpu().numpy())
+    return np.stack(out)
+
+
+def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_positions: int, out_dir: str | Path,
+                           dtype: str, attrs: Mapping) -> list[Path]:
+    """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output."""
+    n_layers = (states.shape[1] - 1) // 2
+    positions = np.arange(skip_positions, skip_positions + states.shape[2])
+    paths = []
+    for layer in range(n_layers):
+        path = Path(out_dir) / f"layer{layer:03d}.h5"
+        with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            f.create_dataset("pre_attn", data=states[:, 2 * layer].astype(dtype))
+            f.create_dataset("pre_mlp", data=states[:, 2 * layer + 1].astype(dtype))
+            if layer == n_layers - 1:
+                f.create_dataset("output", data=states[:, -1].astype(dtype))
+            f.create_dataset("sample_ids", data=sample_ids)
+            f.create_dataset("positions", data=positions)
+            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions})
+            for k, v in attrs.items():
+                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
+        paths.append(path)
+    return paths
+
+
+def read_boundary(path: str | Path, boundary: str) -> np.ndarray:
+    """One boundary's states of a layer file, (N, T', d) as float32; names file and key on error."""
+    try:
+        with h5py.File(path, "r") as f:
+            return f[boundary][()].astype(np.float32)
+    except (OSError, KeyError) as err:
+        raise ValueError(f"{path}: cannot read activations '{boundary}' ({err})") from err
+
+
+def read_all_boundaries(folder: str | Path) -> np.ndarray:
+    """Reassemble (N, 2·n_layers + 1, T', d) boundary states from a folder of layer files."""
+    files = sorted(Path(folder).glob("layer*.h5"))
+    if not files:
+        raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
+    parts = []
+    for path in files:
+        parts += [read_boundary(path, "pre_attn"), read_boundary(path, "pre_mlp")]
+    parts.append(read_boundary(files[-1], "output"))
+    return np.stack(parts, axis=1)

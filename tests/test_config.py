@@ -1,0 +1,115 @@
+"""Config validation: defaults, and bad configs stop with a message naming key, value, allowed."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from resdyn import config as rc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = rc.validate_config(_load(name))
+    assert cfg["models"]
+
+
+def test_defaults_are_filled():
+    cfg = rc.validate_config({"datasets": {"e": {"source": "embedded"}},
+                              "models": {"m": {"source": "train", "dataset": "e", "family": "llama",
+                                               "n_layers": 8, "d_model": 32, "n_heads": 4, "d_ff": 64}}})
+    assert cfg["samples"] == {"n": 64, "length": 64, "seed": 0}
+    assert cfg["models"]["m"]["train"]["checkpoints"] == [0, 300, 600]
+    assert cfg["phases"]["window"] == 3
+    assert cfg["jacobian"]["positions"] == "last"
+    assert rc.checkpoints(cfg, "m") == ["step0", "step300", "step600"]
+
+
+def _bad(mutate):
+    cfg = copy.deepcopy(_load("configs/smoke.yaml"))
+    mutate(cfg)
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(cfg)
+    return str(err.value)
+
+
+def _set(path, value):
+    def mutate(cfg):
+        node = cfg
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return mutate
+
+
+BAD = [
+    # (mutation, substrings the message must contain: key, bad value, what is allowed)
+    (_set(["samples", "n"], "many"), ["samples.n", "'many'", "integer"]),
+    (_set(["readout", "phase_k_fraction"], 1.5), ["readout.phase_k_fraction", "1.5", "maximum of 1"]),
+    (_set(["models", "tiny_llama", "family"], "gpt2"), ["models.tiny_llama.family", "'gpt2'", "llama"]),
+    (_set(["models", "tiny_llama", "train", "checkpoints"], []), ["models.tiny_llama.train.checkpoints", "[]", "non-empty"]),
+    (_set(["models", "tiny_llama", "source"], "ftp"), ["models.tiny_llama.source", "'ftp'", "'hf', 'local', 'train'"]),
+    (_set(["models", "tiny_llama"], {"source": "local", "dataset": "embedded", "n_layers": 4,
+                                     "path": "/nonexistent/folder"}), ["models.tiny_llama", "/nonexistent/folder", "config.json"]),
+    (_set(["models", "tiny_llama"], {"source": "hf", "dataset": "embedded", "n_layers": 4, "repo": "a/b"}),
+     ["models.tiny_llama", "revisions", "required"]),
+    (_set(["models", "tiny_llama", "dataset"], "nope"), ["models.tiny_llama.dataset", "'nope'", "embedded"]),
+    (_set(["models", "tiny_llama", "train", "checkpoints"], [0, 999]), ["train.checkpoints", "999", "train.steps=30"]),
+    (_set(["phases", "window"], 4), ["phases.window", "4", "odd"]),
+    (_set(["jacobian", "positions"], "first"), ["jacobian.positions", "'first'", "last"]),
+    (_set(["jacobian", "store_dtype"], "int8"), ["jacobian.store_dtype", "'int8'", "float32"]),
+    (_set(["topology", "fdr_q"], 0), ["topology.fdr_q", "0", "less than or equal to the minimum"]),
+    (_set(["models", "tiny_llama", "n_heads"], 5), ["models.tiny_llama.n_heads", "5", "d_model=32"]),
+    (_set(["scaling", "groups"], {"llama": ["ghost"]}), ["scaling.groups.llama", "ghost", "tiny_llama"]),
+    (_set(["lens", "optimizer"], "lbfgs"), ["lens.optimizer", "'lbfgs'", "adam"]),
+    (_set(["unknown_section"], {}), ["unknown_section", "Additional properties"]),
+    (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
+    (_set(["datasets", "embedded"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.embedded.paths", "missing.txt", "does not exist"]),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", BAD, ids=[f"{i}-{x[1][0]}" for i, x in enumerate(BAD)])
+def test_bad_config_names_key_value_and_allowed(mutate, expected):
+    message = _bad(mutate)
+    for part in expected:
+        assert part in message, f"{part!r} missing from: {message}"
+
+
+def test_not_a_mapping():
+    with pytest.raises(rc.ConfigError, match="mapping"):
+        rc.validate_config(["not", "a", "dict"])
+
+
+def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = _load("configs/smoke.yaml")
+    cfg["samples"]["n"] = -3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", str(bad)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "samples.n" in proc.stdout + proc.stderr and "-3" in proc.stdout + proc.stderr
+
+
+def test_block_names_roundtrip():
+    cfg = rc.validate_config(_load("configs/smoke.yaml"))
+    blocks = rc.layer_blocks(cfg, "tiny_llama")
+    assert blocks == ["layers000-003", "layers004-005"]
+    assert sum((rc.block_layers(b) for b in blocks), []) == list(range(6))
+    with pytest.raises(ValueError, match="layersAAA-BBB"):
+        rc.block_layers("layer3")
+
+
+def test_code_version_changes_with_module(tmp_path, monkeypatch):
+    a = rc.code_version("io")
+    assert a == rc.code_version("io") and a != rc.code_version("io", "data")

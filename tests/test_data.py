@@ -1,0 +1,97 @@
+"""Embedded corpus, splits, tokenizer and sample drawing: determinism, sizes, corruption checks."""
+
+import h5py
+import numpy as np
+import pytest
+
+from resdyn import data
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return data.load_documents({"source": "embedded", "parts": ["kjv", "python_docs"]})
+
+
+def test_embedded_corpus_is_real_prose_and_large(docs):
+    kjv = data.kjv_chapters()
+    assert len(kjv) == 1189  # chapters of the King James Bible
+    assert kjv[0].startswith("In the beginning God created the heaven and the earth.")
+    assert sum(map(len, docs)) > 2_000_000
+    assert any("Return" in d or "return" in d for d in data.stdlib_docstrings(max_modules=20))
+
+
+def test_split_is_seeded_disjoint_and_complete(docs):
+    a_train, a_held = data.split_documents(docs, 0.1, seed=3)
+    b_train, b_held = data.split_documents(docs, 0.1, seed=3)
+    c_train, c_held = data.split_documents(docs, 0.1, seed=4)
+    assert a_held == b_held and a_train == b_train
+    assert a_held != c_held
+    assert len(a_train) + len(a_held) == len(docs)
+    assert abs(len(a_held) - round(0.1 * len(docs))) <= 1
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        data.split_documents(docs, 1.0, 0)
+
+
+def test_text_source_and_missing_file(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("one para.\n\ntwo para.\n")
+    assert data.load_documents({"source": "text", "paths": [str(f)], "split_paragraphs": True}) == ["one para.", "two para."]
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        data.load_documents({"source": "text", "paths": [str(tmp_path / "missing.txt")]})
+    with pytest.raises(ValueError, match="allowed: embedded, text, hf"):
+        data.load_documents({"source": "ftp"})
+
+
+def test_documents_roundtrip_and_corrupt_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    data.write_documents(["a\nb", "ç"], p)
+    assert data.read_documents(p) == ["a\nb", "ç"]
+    p.write_text(p.read_text() + "{broken\n")
+    with pytest.raises(ValueError, match=r"d.jsonl:3"):
+        data.read_documents(p)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    data.train_tokenizer(data.kjv_chapters()[:200], 400, out)
+    return data.load_tokenizer(out)
+
+
+def test_tokenizer_roundtrip_and_eos(tokenizer):
+    text = "And God said, Let there be light: and there was light."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert len(tokenizer) == 400
+    stream = data.token_stream(tokenizer, ["a b", "c"])
+    assert (stream == tokenizer.eos_token_id).sum() == 2
+
+
+def test_draw_blocks_deterministic_nonoverlapping():
+    stream = np.arange(1000, dtype=np.int32)
+    ids, sids = data.draw_blocks(stream, 10, 16, seed=0)
+    ids2, sids2 = data.draw_blocks(stream, 10, 16, seed=0)
+    np.testing.assert_array_equal(ids, ids2)
+    assert ids.shape == (10, 16) and ids.dtype == np.int64
+    np.testing.assert_array_equal(ids[:, 0], sids)  # the sample id is the start offset
+    assert np.all(np.diff(sids) >= 16)  # sorted, non-overlapping windows
+    assert not np.array_equal(data.draw_blocks(stream, 10, 16, seed=1)[1], sids)
+    with pytest.raises(ValueError, match="only 1000 tokens"):
+        data.draw_blocks(stream, 100, 16, seed=0)
+
+
+def test_samples_file_hash_and_corruption(tmp_path):
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4)
+    sids = np.array([0, 4, 8])
+    p = tmp_path / "s.h5"
+    digest = data.write_samples(p, ids, sids, {"dataset": "x"})
+    got, gsids, attrs = data.read_samples(p)
+    np.testing.assert_array_equal(got, ids)
+    assert attrs["samples_hash"] == digest
+    with h5py.File(p, "r+") as f:
+        f["input_ids"][0, 0] = 99
+    with pytest.raises(ValueError, match="samples_hash"):
+        data.read_samples(p)
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with pytest.raises(ValueError, match="junk.h5"):
+        data.read_samples(tmp_path / "junk.h5")

@@ -1,0 +1,52 @@
+# Study B core: tuned-lens translators and per-layer prediction metrics (GPU rules on SLURM).
+
+
+rule lens:
+    input:
+        ckpt=ckpt_record,
+        tokens="results/{model}/lens_tokens.h5",
+    output:
+        directory("results/{model}/{ckpt}/lens"),
+    params:
+        options=lambda w: {
+            k: v
+            for k, v in config["lens"].items()
+            if k not in ("checkpoints", "n_train_blocks", "n_heldout_blocks")
+        },
+        n_train=config["lens"]["n_train_blocks"],
+        device=config["device"],
+        code=code("lens", "arch", "models"),
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    benchmark:
+        "benchmarks/out/lens/{model}/{ckpt}.tsv"
+    log:
+        "logs/lens/{model}/{ckpt}.log",
+    script:
+        "../scripts/lens.py"
+
+
+rule lens_metrics:
+    input:
+        ckpt=ckpt_record,
+        lens="results/{model}/{ckpt}/lens",
+        samples="results/{model}/samples.h5",
+    output:
+        report(
+            "results/{model}/{ckpt}/lens_metrics.tsv",
+            caption="../report/lens_metrics.rst",
+            category="Study B: lens",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "lens metrics"},
+        ),
+    params:
+        device=config["device"],
+        code=code("lens", "arch", "models"),
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+    log:
+        "logs/lens_metrics/{model}/{ckpt}.log",
+    script:
+        "../scripts/lens_metrics.py"

@@ -1,0 +1,65 @@
+# Study B: Kneedle phases of the RSS profile, phase metrics, and phase width vs depth.
+
+
+rule phases:
+    input:
+        "results/{model}/{ckpt}/rss.tsv",
+    output:
+        "results/{model}/{ckpt}/phases.json",
+    params:
+        k_fraction=config["readout"]["phase_k_fraction"],
+        smoothing=config["phases"]["smoothing"],
+        window=config["phases"]["window"],
+        code=code("phases", "readout"),
+    log:
+        "logs/phases/{model}/{ckpt}.log",
+    script:
+        "../scripts/phases.py"
+
+
+rule phase_metrics:
+    input:
+        activations="results/{model}/{ckpt}/activations",
+        lens_metrics="results/{model}/{ckpt}/lens_metrics.tsv",
+        phases="results/{model}/{ckpt}/phases.json",
+    output:
+        geometry="results/{model}/{ckpt}/geometry.tsv",
+        table=report(
+            "results/{model}/{ckpt}/phase_metrics.tsv",
+            caption="../report/phase_metrics.rst",
+            category="Study B: phases",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "phase metrics"},
+        ),
+    params:
+        code=code("geometry", "activations", "phases"),
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/phase_metrics/{model}/{ckpt}.log",
+    script:
+        "../scripts/phase_metrics.py"
+
+
+rule scaling:
+    input:
+        phases=lambda w: [
+            f"results/{m}/{final_ckpt(m)}/phases.json"
+            for members in config["scaling"]["groups"].values()
+            for m in members
+        ],
+    output:
+        widths="results/scaling/widths.tsv",
+        fits=report(
+            "results/scaling/phase_widths.tsv",
+            caption="../report/scaling.rst",
+            category="Study B: phases",
+            labels={"table": "phase width vs depth"},
+        ),
+    params:
+        groups=config["scaling"]["groups"],
+        n_layers={m: config["models"][m]["n_layers"] for m in MODELS},
+        code=code("geometry", "phases"),
+    log:
+        "logs/scaling/scaling.log",
+    script:
+        "../scripts/scaling.py"

@@ -1,0 +1,34 @@
+# Study B: readout subspaces, RSS on the Grassmannian, and the resolution sweep over k.
+
+
+rule rss:
+    input:
+        "results/{model}/{ckpt}/lens",
+    output:
+        report(
+            "results/{model}/{ckpt}/rss.tsv",
+            caption="../report/rss.rst",
+            category="Study B: readout",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "RSS"},
+        ),
+    params:
+        k_fractions=config["readout"]["k_fractions"],
+        code=code("readout", "lens"),
+    log:
+        "logs/rss/{model}/{ckpt}.log",
+    script:
+        "../scripts/rss.py"
+
+
+rule resolution:
+    input:
+        "results/{model}/{ckpt}/lens",
+    output:
+        "results/{model}/{ckpt}/resolution.tsv",
+    params:
+        k_fractions=config["readout"]["k_fractions"],
+        code=code("readout", "lens"),
+    log:
+        "logs/resolution/{model}/{ckpt}.log",
+    script:
+        "../scripts/resolution.py"

@@ -1,0 +1,57 @@
+# Study A results 1-2: spectra, cumulative bottleneck, Schur surgery, checkpoint comparison.
+
+
+rule spectra:
+    input:
+        blocks=jacobian_blocks,
+    output:
+        table=report(
+            "results/{model}/{ckpt}/spectra.tsv",
+            caption="../report/spectra.rst",
+            category="Study A: spectra",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "spectra"},
+        ),
+        arrays="results/{model}/{ckpt}/spectra.h5",
+        bottleneck="results/{model}/{ckpt}/bottleneck.tsv",
+    params:
+        k_fraction=config["spectra"]["k_fraction"],
+        tolerances=config["spectra"]["complex_tolerances"],
+        code=code("spectral", "jacobian"),
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/spectra/{model}/{ckpt}.log",
+    script:
+        "../scripts/spectra.py"
+
+
+rule schur:
+    input:
+        blocks=jacobian_blocks,
+    output:
+        "results/{model}/{ckpt}/schur.tsv",
+    params:
+        alphas=config["schur"]["alphas"],
+        code=code("schur", "spectral", "jacobian"),
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/schur/{model}/{ckpt}.log",
+    script:
+        "../scripts/schur.py"
+
+
+rule checkpoints:
+    input:
+        spectra=lambda w: per_ckpt("results/{model}/{ckpt}/spectra.tsv", w.model),
+        bottleneck=lambda w: per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", w.model),
+        coupling=lambda w: per_ckpt("results/{model}/{ckpt}/coupling.tsv", w.model),
+    output:
+        "results/{model}/checkpoints.tsv",
+    params:
+        ckpts=lambda w: ckpts(w.model),
+        code=code("spectral", "topology"),
+    log:
+        "logs/checkpoints/{model}.log",
+    script:
+        "../scripts/checkpoints.py"

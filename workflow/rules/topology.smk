@@ -1,0 +1,50 @@
+# Study A result 3: activation-correlation communities and topology-dynamics coupling.
+
+
+rule communities:
+    input:
+        "results/{model}/{ckpt}/activations",
+    output:
+        folder=directory("results/{model}/{ckpt}/communities"),
+        summary=report(
+            "results/{model}/{ckpt}/communities_summary.tsv",
+            caption="../report/communities.rst",
+            category="Study A: topology",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "communities"},
+        ),
+    params:
+        top_k=config["topology"]["top_k"],
+        min_abs_r=config["topology"]["min_abs_r"],
+        resolution=config["topology"]["resolution"],
+        seed=config["topology"]["seed"],
+        boundary_rule=config["topology"]["boundary_rule"],
+        participation_quantile=config["topology"]["participation_quantile"],
+        code=code("topology", "activations"),
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/communities/{model}/{ckpt}.log",
+    script:
+        "../scripts/communities.py"
+
+
+rule coupling:
+    input:
+        communities="results/{model}/{ckpt}/communities",
+        blocks=jacobian_blocks,
+        spectra="results/{model}/{ckpt}/spectra.tsv",
+    output:
+        report(
+            "results/{model}/{ckpt}/coupling.tsv",
+            caption="../report/coupling.rst",
+            category="Study A: topology",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "coupling"},
+        ),
+    params:
+        gain=config["topology"]["gain"],
+        fdr_q=config["topology"]["fdr_q"],
+        code=code("topology", "jacobian"),
+    log:
+        "logs/coupling/{model}/{ckpt}.log",
+    script:
+        "../scripts/coupling.py"

@@ -1,0 +1,24 @@
+"""Signed Leiden communities and boundary units at every residual boundary of a checkpoint."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from resdyn import activations, io, provenance, topology
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    out, summaries = Path(snakemake.output.folder), []
+    for path in sorted(Path(snakemake.input[0]).glob("layer*.h5")):
+        layer = int(path.stem.removeprefix("layer"))
+        tables = []
+        for boundary in ("pre_attn", "pre_mlp"):
+            X = activations.read_boundary(path, boundary)
+            units, summary = topology.analyse_boundary(
+                X.reshape(-1, X.shape[-1]), top_k=p.top_k, min_abs_r=p.min_abs_r, resolution=p.resolution,
+                seed=p.seed, boundary_rule=p.boundary_rule, participation_quantile=p.participation_quantile,
+            )
+            tables.append(units.assign(layer=layer, boundary=boundary))
+            summaries.append({"layer": layer, "boundary": boundary, **summary})
+        io.write_tsv(pd.concat(tables, ignore_index=True), out / f"layer{layer:03d}.tsv")
+    io.write_tsv(pd.DataFrame(summaries), snakemake.output.summary)

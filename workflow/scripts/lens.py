@@ -1,0 +1,23 @@
+"""Fit one tuned-lens translator per layer by distillation; save ours and the tuned-lens format."""
+
+from pathlib import Path
+
+from resdyn import data, io, lens, models, provenance
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    record = io.read_json(snakemake.input.ckpt)
+    model, _ = models.load_model(record, p.device)
+    ids, _, sattrs = data.read_samples(snakemake.input.tokens)
+    opts = dict(p.options)
+    opts["warmup_steps"] = opts.pop("warmup")
+    batch = max(1, opts["tokens_per_step"] // ids.shape[1])
+    fitted = lens.train_lens(
+        model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
+        model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
+        model_hash=record["content_hash"], **opts,
+    )
+    out = Path(snakemake.output[0])
+    fitted.save(out)
+    fitted.export_tuned_lens(out / "tuned_lens")
+    io.write_tsv(fitted.curves, out / "curves.tsv")

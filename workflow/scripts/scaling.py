@@ -1,0 +1,20 @@
+"""Phase width vs depth across models of one family: OLS slope with a 95% CI per phase."""
+
+import pandas as pd
+
+from resdyn import geometry, io, provenance
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    model_of = {m: g for g, members in p.groups.items() for m in members}
+    rows = []
+    for path in snakemake.input.phases:
+        model = path.split("/")[1]
+        cuts = io.read_json(path)
+        for phase, width in enumerate(cuts["widths"], start=1):
+            rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
+                         "phase": phase, "width": width})
+    widths = pd.DataFrame(rows, columns=["group", "model", "n_layers", "phase", "width"])
+    fits = [geometry.depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
+    io.write_tsv(widths, snakemake.output.widths)
+    io.write_tsv(pd.concat(fits, ignore_index=True) if fits else geometry.depth_scaling(widths), snakemake.output.fits)
