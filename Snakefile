@@ -4,7 +4,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# A preset given with --configfile (configs/*.yaml) is a complete config and replaces the
+# embedded default instead of being merged into it (which would mix their model lists).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -203,3 +203,48 @@ def code_version(*modules: str) -> str:
         h.update(name.encode())
         h.update(resources.files("resdyn").joinpath(f"{name}.py").read_bytes())
     return h.hexdigest()[:16]
+
+
+# --- figures: name -> resdyn.plots function (the DAG's figure rules and the report use these) ---
+
+CKPT_FIGURES = {
+    "eigenvalues": "eigenvalue_grid",
+    "operator": "operator_profile",
+    "funnel": "funnel",
+    "schur": "schur_curves",
+    "communities": "community_sizes",
+    "coupling": "coupling_profile",
+    "coupling_henrici": "coupling_vs_henrici",
+    "lens": "lens_curves",
+    "rss": "rss_profile_plot",
+    "resolution": "resolution_frontier",
+    "phase_metrics": "phase_metric_profiles",
+}
+LENS_FIGURES = ("lens", "rss", "resolution", "phase_metrics")
+MODEL_FIGURES = {"training": "training_curve", "checkpoints": "checkpoint_comparison", "significant": "significant_counts"}
+FIGURE_CAPTIONS = {
+    "eigenvalues": "Eigenvalues of each sublayer's mean Jacobian in the complex plane (unit circle drawn)",
+    "operator": "Operator type vs depth: complex fraction, Henrici departure, self-alignment",
+    "funnel": "Cumulative bottleneck: effective rank of P_s = J_s ... J_0 vs depth",
+    "schur": "Schur surgery: cumulative effective rank of J(alpha) = Q(Lambda + alpha N)Q* per alpha",
+    "communities": "Signed Leiden community sizes per residual boundary",
+    "coupling": "Topology-dynamics coupling effect per boundary (filled: FDR-significant)",
+    "coupling_henrici": "Coupling effect vs Henrici departure of the sublayer (Spearman rho)",
+    "lens": "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer",
+    "rss": "RSS profile per k with Kneedle phase cuts",
+    "resolution": "Resolution sweep: energy vs visibility, Pareto frontier",
+    "phase_metrics": "Phase metrics vs depth with the three phases shaded",
+    "training": "Zoo training: train and held-out loss vs unigram baseline",
+    "checkpoints": "Study A metrics vs depth, one line per checkpoint (step 0 = null)",
+    "significant": "FDR-significant coupling boundaries per checkpoint",
+    "scaling": "Phase width vs depth with OLS slope and 95% CI",
+}
+
+
+def figure_category(figure: str) -> str:
+    """Report category of a figure: per study."""
+    if figure in ("training",):
+        return "Zoo"
+    if figure in LENS_FIGURES or figure == "scaling":
+        return "Study B"
+    return "Study A"

@@ -47,7 +47,13 @@ rule checkpoints:
         bottleneck=lambda w: per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", w.model),
         coupling=lambda w: per_ckpt("results/{model}/{ckpt}/coupling.tsv", w.model),
     output:
-        "results/{model}/checkpoints.tsv",
+        table=report(
+            "results/{model}/checkpoints.tsv",
+            caption="../report/checkpoints.rst",
+            category="Study A: checkpoints",
+            labels={"model": "{model}", "table": "checkpoint comparison"},
+        ),
+        counts="results/{model}/coupling_counts.tsv",
     params:
         ckpts=lambda w: ckpts(w.model),
         code=code("spectral", "topology"),

@@ -9,4 +9,5 @@ with provenance.step(snakemake) as step:
         {c: io.read_tsv(f) for c, f in zip(names, snakemake.input.bottleneck)},
     )
     counts = topology.significant_counts({c: io.read_tsv(f) for c, f in zip(names, snakemake.input.coupling)})
-    io.write_tsv(table.merge(counts, on="ckpt", how="left"), snakemake.output[0])
+    io.write_tsv(table.merge(counts, on="ckpt", how="left"), snakemake.output.table)
+    io.write_tsv(counts.assign(model=snakemake.wildcards.model), snakemake.output.counts)

@@ -1,0 +1,436 @@
+"""Three phases of an RSS profile, cut by a two-stage Kneedle.
+
+Study B. The RSS profile ``r_0 … r_{m−1}`` (``m = n_layers − 1`` points; point ``L`` compares
+the readout subspaces ``S_L`` and ``S_{L+1}``, i.e. it describes layer ``L``'s update, see
+:mod:`resdyn.readout`) typically rises, plateaus and descends. The phases are
+
+- phase 1 (rise)      ``[0, b1]``,
+- phase 2 (plateau)   ``(b1, b2]``,
+- phase 3 (descent)   ``(b2, m−1]``,
+
+with, on the smoothed profile ``s``:
+
+1. peak ``p = argmax s`` (the first maximum; values within ``flat_tol`` of the maximum count
+   as ties, so rounding noise on a flat curve cannot move the peak);
+2. ``b1`` = Kneedle knee of ``s[0..p]`` with ``curve="concave", direction="increasing"`` — where
+   the rise saturates;
+3. ``b2`` = Kneedle knee of ``s[p..m−1]`` with ``curve="concave", direction="decreasing"`` —
+   where the plateau ends and the fall steepens.
+
+Kneedle: V. Satopää, J. Albrecht, D. Irwin and B. Raghavan, "Finding a 'Kneedle' in a
+Haystack: Detecting Knee Points in System Behavior", ICDCS Workshops 2011; implementation
+``kneed.KneeLocator`` (offline mode, sensitivity ``S``).
+
+**Fallback rules** (a stage that finds no knee never raises; the result says why in
+``reason`` and flags the stage in ``b1_found`` / ``b2_found``):
+
+- stage 1 without a knee ⇒ ``b1 = p`` (the rise lasts up to the peak);
+- stage 2 without a knee ⇒ ``b2 = p`` (the descent starts right after the peak).
+
+A stage finds no knee when its segment has fewer than 3 points (in particular when the peak
+sits at that end of the profile, e.g. a monotone profile), when the segment is flat (range
+≤ ``flat_tol``), or when Kneedle reports none (e.g. a straight line). A candidate kneed
+reports at a point whose normalized difference value is ≤ 0 (not above the chord: a convex or
+straight segment, where kneed may return a segment end) is rejected too. Consequences: a
+monotone increasing profile has ``p = b2 = m−1`` (empty phase 3); a monotone decreasing one
+has ``p = b1 = 0`` (phase 1 is the single point 0); a flat profile has ``p = b1 = b2 = 0``.
+The cut points are therefore always integers with ``0 ≤ b1 ≤ p ≤ b2 ≤ m−1``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SMOOTHING_METHODS", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at"]
+
+SMOOTHING_METHODS = ("none", "moving_average", "savgol")
+_SAVGOL_POLYORDER = 2
+_MIN_DIFFERENCE = 1e-12  # a knee must lie this far above the chord (normalized units)
+
+
+def _as_profile(profile: object, name: str = "profile", min_len: int = 3) -> np.ndarray:
+    arr = np.asarray(profile)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one value per layer), got shape {arr.shape}")
+    if np.iscomplexobj(arr) or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if arr.size < min_len:
+        raise ValueError(f"{name} needs at least {min_len} points, got {arr.size}")
+    if not np.all(np.isfinite(arr)):
+        bad = np.flatnonzero(~np.isfinite(arr)).tolist()
+        raise ValueError(f"{name} must be finite; non-finite values (NaN/inf) at indices {bad}")
+    return arr
+
+
+def _check_window(window: object, method: str, n: int) -> int:
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+        raise ValueError(f"window must be an odd positive integer, got {window!r}")
+    w = int(window)
+    if w < 1 or w % 2 == 0:
+        raise ValueError(f"window must be an odd positive integer (centered), got {w}")
+    if w > n:
+        raise ValueError(f"window={w} is longer than the profile ({n} points); use window <= {n}")
+    if method == "savgol" and w <= _SAVGOL_POLYORDER:
+        raise ValueError(
+            f"savgol needs window > polyorder={_SAVGOL_POLYORDER} (odd, e.g. 3, 5), got window={w}"
+        )
+    return w
+
+
+def smooth(profile: np.ndarray, window: int = 3, method: str = "moving_average") -> np.ndarray:
+    """Smooth a 1-D profile.
+
+    Methods
+    -------
+    ``"none"``
+        Returns a float64 copy; ``window`` is ignored.
+    ``"moving_average"``
+        Centered mean with a *symmetric, shrinking* window at the edges: point ``i`` averages
+        ``y[i−r … i+r]`` with ``r = min((window−1)/2, i, n−1−i)``. The endpoints are kept
+        as they are, and a straight line is reproduced exactly (so a monotone linear profile
+        stays monotone and the peak of a ramp stays at its end).
+    ``"savgol"``
+        ``scipy.signal.savgol_filter(y, window, polyorder=2, mode="interp")``: local quadratic
+        least squares; reproduces any quadratic exactly (window 3 is the identity).
+
+    Parameters
+    ----------
+    profile : (n,) array_like, finite, n ≥ 1
+    window : odd int, ``1 ≤ window ≤ n`` (``savgol``: ``window ≥ 3``)
+    method : one of ``"none"``, ``"moving_average"``, ``"savgol"``
+
+    Returns
+    -------
+    (n,) ndarray, float64.
+
+    Examples
+    --------
+    >>> smooth([0.0, 3.0, 0.0, 3.0, 0.0], 3, "moving_average")
+    array([0., 1., 2., 1., 0.])
+    >>> smooth([1.0, 2.0, 3.0, 4.0], 3, "moving_average")
+    array([1., 2., 3., 4.])
+    """
+    if method not in SMOOTHING_METHODS:
+        raise ValueError(f"method must be one of {SMOOTHING_METHODS}, got {method!r}")
+    y = _as_profile(profile, min_len=1)
+    n = y.size
+    if method == "none":
+        return y.copy()
+    w = _check_window(window, method, n)
+    if method == "savgol":
+        from scipy.signal import savgol_filter
+
+        return np.asarray(savgol_filter(y, w, _SAVGOL_POLYORDER, mode="interp"), dtype=np.float64)
+    h = (w - 1) // 2
+    csum = np.concatenate(([0.0], np.cumsum(y)))
+    i = np.arange(n)
+    r = np.minimum(h, np.minimum(i, n - 1 - i))
+    return (csum[i + r + 1] - csum[i - r]) / (2 * r + 1)
+
+
+def phase_spans(n: int, b1: int, b2: int) -> list[tuple[int, int]]:
+    """Half-open index ranges ``[start, stop)`` of the three phases of an ``n``-point profile.
+
+    Phase 1 = ``[0, b1]`` → ``(0, b1+1)``; phase 2 = ``(b1, b2]`` → ``(b1+1, b2+1)``;
+    phase 3 = ``(b2, n−1]`` → ``(b2+1, n)``. Widths ``stop − start`` sum to ``n``; phase 1
+    always holds at least point 0, phases 2 and 3 may be empty (``start == stop``).
+
+    The unit is a profile point: for an RSS profile, one layer (point ``L`` = layer ``L``'s
+    update, ``S_L`` vs ``S_{L+1}``), so widths are numbers of layers among the first
+    ``n_layers − 1``.
+
+    Requires ``0 ≤ b1 ≤ b2 ≤ n−1``.
+
+    Examples
+    --------
+    >>> phase_spans(10, 2, 6)
+    [(0, 3), (3, 7), (7, 10)]
+    >>> phase_spans(5, 4, 4)
+    [(0, 5), (5, 5), (5, 5)]
+    """
+    n, b1, b2 = _check_cuts(n, b1, b2)
+    return [(0, b1 + 1), (b1 + 1, b2 + 1), (b2 + 1, n)]
+
+
+def phase_of_layer(n: int, b1: int, b2: int) -> np.ndarray:
+    """Phase label (1, 2 or 3) of each of the ``n`` profile points, per :func:`phase_spans`.
+
+    Examples
+    --------
+    >>> phase_of_layer(8, 1, 4).tolist()
+    [1, 1, 2, 2, 2, 3, 3, 3]
+    """
+    n, b1, b2 = _check_cuts(n, b1, b2)
+    idx = np.arange(n)
+    return np.where(idx <= b1, 1, np.where(idx <= b2, 2, 3)).astype(int)
+
+
+def _check_cuts(n: object, b1: object, b2: object) -> tuple[int, int, int]:
+    for name, v in (("n", n), ("b1", b1), ("b2", b2)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
+    n, b1, b2 = int(n), int(b1), int(b2)
+    if n < 1:
+        raise ValueError(f"n (number of profile points) must be >= 1, got {n}")
+    if not 0 <= b1 <= b2 <= n - 1:
+        raise ValueError(f"cut points must satisfy 0 <= b1 <= b2 <= n-1 = {n - 1}, got b1={b1}, b2={b2}")
+    return n, b1, b2
+
+
+def _kneedle_stage(
+    x: np.ndarray, y: np.ndarray, direction: str, sensitivity: float, flat_tol: float, label: str
+) -> dict[str, Any]:
+    """Run one Kneedle stage; never raises. Returns the knee (int or None), reason and audit."""
+    out: dict[str, Any] = {
+        "stage": label,
+        "direction": direction,
+        "x": [int(v) for v in x],
+        "y": [float(v) for v in y],
+        "knee": None,
+        "reason": "",
+        "x_normalized": None,
+        "y_normalized": None,
+        "x_difference": None,
+        "y_difference": None,
+        "thresholds": None,
+        "maxima_indices": None,
+    }
+    if x.size < 3:
+        where = "start" if direction == "increasing" else "end"
+        out["reason"] = (
+            f"{label}: segment has {x.size} point(s) (< 3) - peak at or next to the {where} of the profile"
+        )
+        return out
+    scale = max(1.0, float(np.max(np.abs(y))))
+    if float(np.ptp(y)) <= flat_tol * scale:
+        out["reason"] = f"{label}: segment is flat (range {float(np.ptp(y)):.3g} <= {flat_tol:g})"
+        return out
+    try:
+        from kneed import KneeLocator
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kl = KneeLocator(
+                x,
+                y,
+                S=sensitivity,
+                curve="concave",
+                direction=direction,
+                interp_method="interp1d",
+                online=False,
+            )
+    except Exception as exc:  # noqa: BLE001 - a failing stage is reported, never raised
+        out["reason"] = f"{label}: kneed failed ({type(exc).__name__}: {exc})"
+        return out
+
+    def _lst(a: Any) -> list[float] | None:
+        if a is None:
+            return None
+        return [float(v) for v in np.asarray(a, dtype=np.float64).ravel()]
+
+    out["x_normalized"] = _lst(getattr(kl, "x_normalized", None))
+    out["y_normalized"] = _lst(getattr(kl, "y_normalized", None))
+    out["x_difference"] = _lst(getattr(kl, "x_difference", None))
+    out["y_difference"] = _lst(getattr(kl, "y_difference", None))
+    out["thresholds"] = _lst(getattr(kl, "Tmx", None))
+    mi = getattr(kl, "maxima_indices", None)
+    out["maxima_indices"] = None if mi is None else [int(v) for v in np.asarray(mi).ravel()]
+    knee = kl.knee
+    if knee is None or not math.isfinite(float(knee)):
+        out["reason"] = f"{label}: Kneedle found no knee (no concave bend, e.g. a straight or convex segment)"
+        return out
+    knee = int(round(float(knee)))
+    # Guard on top of kneed: a genuine concave knee lies above the chord, i.e. its normalized
+    # difference value is > 0. kneed can report a segment end whose difference is 0 (the curve
+    # is convex or straight there); that is not a bend.
+    pos = knee - int(x[0]) if direction == "increasing" else int(x[-1]) - knee
+    diff = np.asarray(kl.y_difference, dtype=np.float64)
+    if not (0 <= pos < diff.size) or not diff[pos] > _MIN_DIFFERENCE:
+        value = float(diff[pos]) if 0 <= pos < diff.size else float("nan")
+        out["reason"] = (
+            f"{label}: Kneedle's candidate {knee} has difference {value:.3g} <= 0 "
+            "(convex or straight segment, no concave bend)"
+        )
+        return out
+    out["knee"] = knee
+    return out
+
+
+def cutpoints(
+    profile: np.ndarray,
+    window: int = 3,
+    method: str = "moving_average",
+    *,
+    sensitivity: float = 1.0,
+    flat_tol: float = 1e-12,
+) -> dict[str, Any]:
+    """Cut an RSS profile into rise / plateau / descent with a two-stage Kneedle.
+
+    Algorithm (module docstring): smooth (:func:`smooth`) → peak ``p = argmax`` (first, ties
+    within ``flat_tol``) → ``b1`` = concave-increasing knee on ``[0, p]`` → ``b2`` = concave-decreasing knee on
+    ``[p, end]``. If a stage has no knee: ``b1 = p`` / ``b2 = p`` (fallback), with the cause in
+    ``reason``. Indices refer to the profile (point ``L`` = layer ``L``'s update; see
+    :mod:`resdyn.readout`).
+
+    If ``window`` exceeds the profile length it is reduced to the largest odd value ≤ n (noted
+    in ``notes``); everything else about ``window``/``method`` is validated as in
+    :func:`smooth`.
+
+    Parameters
+    ----------
+    profile : (n,) array_like
+        Finite, 1-D, ``n ≥ 3``.
+    window : odd int
+        Smoothing window (``savgol`` needs ≥ 3).
+    method : ``"none"``, ``"moving_average"`` or ``"savgol"``
+    sensitivity : float > 0
+        Kneedle's ``S`` (1.0 as in the paper; larger is more conservative).
+    flat_tol : float ≥ 0
+        A stage whose segment range is ≤ ``flat_tol · max(1, max|y|)`` counts as flat.
+
+    Returns
+    -------
+    dict (JSON-serialisable: plain ints, floats, strings, lists, None) with
+
+    - ``b1``, ``b2``, ``peak``: int, ``0 ≤ b1 ≤ peak ≤ b2 ≤ n−1`` (never None: fallbacks apply);
+    - ``b1_found``, ``b2_found``: bool, False where the fallback was used;
+    - ``reason``: ``""`` if both knees were found, else the causes joined by ``"; "``;
+    - ``spans``: ``[[start, stop), …]`` per phase (:func:`phase_spans`), ``widths``: their sizes;
+    - ``n``, ``window``, ``method``, ``sensitivity``, ``notes``;
+    - ``profile`` and ``smoothed``: the input and the smoothed curve;
+    - ``stages``: per stage (``"rise"``, ``"descent"``) the segment ``x``/``y``, kneed's
+      normalized curves, difference curve, thresholds ``Tmx``, local-maxima indices (None when
+      kneed was not run), the local knee and the stage's reason.
+
+    Raises
+    ------
+    ValueError
+        For a profile that is not 1-D, not finite or shorter than 3 points, an unknown
+        method, or a bad window/sensitivity. Never for the shape of the curve.
+
+    Examples
+    --------
+    >>> y = [0.2, 0.5, 0.8, 0.9, 0.92, 0.93, 0.92, 0.9, 0.8, 0.5, 0.2]
+    >>> c = cutpoints(y, method="none")
+    >>> c["b1"], c["peak"], c["b2"], c["reason"]
+    (2, 5, 8, '')
+    >>> c = cutpoints([0.1, 0.2, 0.3, 0.4, 0.5])  # monotone ramp: both stages fall back
+    >>> c["b1"], c["peak"], c["b2"], c["b1_found"], c["b2_found"]
+    (4, 4, 4, False, False)
+    """
+    if method not in SMOOTHING_METHODS:
+        raise ValueError(f"method must be one of {SMOOTHING_METHODS}, got {method!r}")
+    y = _as_profile(profile, min_len=3)
+    n = y.size
+    try:
+        sens = float(sensitivity)
+    except (TypeError, ValueError):
+        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}") from None
+    if not (math.isfinite(sens) and sens > 0):
+        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}")
+    if not (isinstance(flat_tol, (int, float)) and math.isfinite(flat_tol) and flat_tol >= 0):
+        raise ValueError(f"flat_tol must be a finite number >= 0, got {flat_tol!r}")
+
+    notes: list[str] = []
+    w = window
+    if method != "none":
+        if isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w > n:
+            w_new = n if n % 2 == 1 else n - 1
+            notes.append(f"window {int(w)} > profile length {n}: reduced to {w_new}")
+            w = w_new
+        w = _check_window(w, method, n)
+    s = smooth(y, w if method != "none" else 1, method)
+
+    # first maximum, ties within flat_tol (so rounding noise of a flat curve cannot move it)
+    p = int(np.flatnonzero(s >= s.max() - flat_tol * max(1.0, float(np.max(np.abs(s)))))[0])
+    idx = np.arange(n)
+    rise = _kneedle_stage(idx[: p + 1], s[: p + 1], "increasing", sens, flat_tol, "rise (b1)")
+    desc = _kneedle_stage(idx[p:], s[p:], "decreasing", sens, flat_tol, "descent (b2)")
+
+    reasons = []
+    if rise["knee"] is None:
+        b1 = p
+        reasons.append(rise["reason"] + f" -> fallback b1 = peak = {p}")
+    else:
+        b1 = int(min(max(rise["knee"], 0), p))
+    if desc["knee"] is None:
+        b2 = p
+        reasons.append(desc["reason"] + f" -> fallback b2 = peak = {p}")
+    else:
+        b2 = int(min(max(desc["knee"], p), n - 1))
+
+    spans = phase_spans(n, b1, b2)
+    return {
+        "b1": b1,
+        "b2": b2,
+        "peak": p,
+        "b1_found": rise["knee"] is not None,
+        "b2_found": desc["knee"] is not None,
+        "reason": "; ".join(reasons),
+        "spans": [[a, b] for a, b in spans],
+        "widths": [b - a for a, b in spans],
+        "n": n,
+        "window": int(w) if method != "none" else None,
+        "method": method,
+        "sensitivity": sens,
+        "notes": notes,
+        "profile": [float(v) for v in y],
+        "smoothed": [float(v) for v in s],
+        "stages": {"rise": rise, "descent": desc},
+    }
+
+
+def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
+    """The RSS profile at one readout dimension, from a :func:`resdyn.readout.rss_profile` table.
+
+    The hidden size is recovered as ``d = round(k / k_fraction)``; the target is
+    ``k* = k_from_fraction(d, k_fraction)``. If the table has ``k*`` that is used, otherwise
+    the tabulated k whose ``k_fraction`` is nearest to the request (the smaller k on ties).
+
+    Returns
+    -------
+    (profile, k): the ``rss`` values ordered by ``layer`` (0 … m−1, as plain floats) and the k
+    used.
+
+    Raises
+    ------
+    ValueError
+        Missing columns, an empty table, or layers that are not exactly 0 … m−1 at that k.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"layer": [1, 0, 0, 1], "k": [2, 2, 4, 4], "k_fraction": [0.25, 0.25, 0.5, 0.5],
+    ...                   "rss": [0.7, 0.6, 0.9, 0.95]})
+    >>> profile_at(t, 0.25), profile_at(t, 0.4)
+    (([0.6, 0.7], 2), ([0.9, 0.95], 4))
+    """
+    from resdyn.readout import k_from_fraction
+
+    if not isinstance(rss, pd.DataFrame):
+        raise ValueError(f"rss must be a pandas DataFrame (an rss.tsv table), got {type(rss).__name__}")
+    need = ["layer", "k", "k_fraction", "rss"]
+    missing = [c for c in need if c not in rss.columns]
+    if missing:
+        raise ValueError(f"rss table lacks columns {missing}; needs {need}, has {list(rss.columns)}")
+    if len(rss) == 0:
+        raise ValueError("rss table is empty")
+    ks = rss[["k", "k_fraction"]].drop_duplicates().sort_values("k")
+    first = ks.iloc[0]
+    d = int(round(float(first["k"]) / float(first["k_fraction"])))
+    target = k_from_fraction(d, k_fraction)
+    if target in set(ks["k"].astype(int)):
+        k = target
+    else:
+        dist = (ks["k_fraction"].astype(float) - float(k_fraction)).abs().to_numpy()
+        k = int(ks["k"].to_numpy()[int(np.argmin(dist))])  # first minimum = smaller k
+    sub = rss[rss["k"].astype(int) == k].sort_values("layer")
+    layers = sub["layer"].astype(int).tolist()
+    if layers != list(range(len(layers))):
+        raise ValueError(f"rss table at k={k}: layers must be exactly 0..{len(layers) - 1}, got {layers}")
+    return [float(v) for v in sub["rss"]], k

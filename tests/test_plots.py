@@ -1,0 +1,674 @@
+"""resdyn.plots: figures from small synthetic tables, and the provenance-embedding saver."""
+
+from __future__ import annotations
+
+import io as _io
+import json
+import subprocess
+import sys
+import warnings
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+from resdyn import plots, provenance
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def _render(fig: Figure) -> None:
+    """Draw the figure for real (layout, ticks, log scales): crashes hide here, not at creation."""
+    fig.savefig(_io.BytesIO(), format="png", dpi=30)
+
+
+def _check(fig: Figure, n_axes: int, title: str | None = None, render: bool = False) -> list:
+    assert isinstance(fig, Figure)
+    axes = fig.get_axes()
+    assert len(axes) == n_axes
+    for ax in axes:
+        assert ax.get_xlabel().strip(), "every axes needs an x label"
+        assert ax.get_ylabel().strip(), "every axes needs a y label"
+    if title is not None:
+        assert title in fig.get_suptitle()
+    if render:  # the one-row and NaN tests below render every function; keep the rest fast
+        _render(fig)
+    return axes
+
+
+def _line(ax, label: str):
+    found = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    assert found, f"no line labelled {label!r}; have {[ln.get_label() for ln in ax.get_lines()]}"
+    return found[0]
+
+
+def _legend_texts(ax) -> list[str]:
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()] if leg else []
+
+
+def _eq(a, b) -> None:
+    np.testing.assert_array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+
+
+# ------------------------------------------------------------------------------- synthetic tables
+
+
+def training_df(n: int = 4) -> pd.DataFrame:
+    step = np.arange(n) * 100
+    return pd.DataFrame({"step": step, "lr": np.linspace(0, 1e-3, n),
+                         "train_loss": np.r_[np.nan, np.linspace(5, 3, n - 1)] if n > 1 else [np.nan],
+                         "heldout_loss": np.linspace(6, 3.2, n), "unigram_loss": np.full(n, 4.5)})
+
+
+def spectra_df(n_layers: int = 3) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    rows = []
+    for L in range(n_layers):
+        for kind in ("attn", "mlp"):
+            rows.append({"layer": L, "kind": kind, "s": 2 * L + (kind == "mlp"),
+                         "henrici": rng.uniform(), "henrici_JmI": rng.uniform(),
+                         "complex_frac_J_tol1e-09": rng.uniform(), "complex_frac_J_tol1e-06": rng.uniform(),
+                         "complex_frac_J_tol1e-03": rng.uniform(), "complex_frac_JmI_tol1e-06": rng.uniform(),
+                         "self_alignment_kfrac": rng.uniform(), "self_alignment_k1": rng.uniform(),
+                         "self_alignment_kerank": rng.uniform(), "erank_J": rng.uniform(1, 8)})
+    return pd.DataFrame(rows)
+
+
+def spectra_arrays(n_layers: int = 3, d: int = 6) -> dict:
+    rng = np.random.default_rng(2)
+    out = {}
+    for L in range(n_layers):
+        for kind in ("attn", "mlp"):
+            lam = np.linalg.eigvals(rng.standard_normal((d, d)) / np.sqrt(d) + np.eye(d))
+            out[f"L{L:03d}_{kind}"] = {"eigenvalues": lam.astype(np.complex128),
+                                       "singular_values": np.sort(rng.uniform(0, 2, d))[::-1],
+                                       "singular_values_JmI": np.sort(rng.uniform(0, 2, d))[::-1]}
+    return out
+
+
+def bottleneck_df(n: int = 6) -> pd.DataFrame:
+    s = np.arange(n)
+    return pd.DataFrame({"s": s, "layer": s // 2, "kind": np.where(s % 2, "mlp", "attn"), "d": 16,
+                         "erank": 16 * 0.6 ** s, "participation_ratio": 10 * 0.5 ** s,
+                         "log10_fro": np.linspace(0, 3, n), "erank_single": np.full(n, 12.0),
+                         "pr_single": np.full(n, 8.0)})
+
+
+def schur_df(alphas=(0.0, 0.5, 1.0), n: int = 5) -> pd.DataFrame:
+    rows = [{"alpha": a, "s": s, "erank": 16 * (0.9 - 0.3 * a) ** s, "pr": 3.0, "log10_fro": 0.0,
+             "henrici_single": a / 2} for a in alphas for s in range(n)]
+    return pd.DataFrame(rows)
+
+
+def ckpt_df(ckpts=("step0", "mid", "final")) -> pd.DataFrame:
+    parts = []
+    for i, c in enumerate(ckpts):
+        df = spectra_df()[["layer", "kind", "s", "complex_frac_J_tol1e-06", "henrici", "self_alignment_kfrac"]].copy()
+        df["henrici"] = df["henrici"] + i
+        df["cum_erank"] = 16 * 0.7 ** (df["s"] + i)
+        df.insert(0, "ckpt", c)
+        parts.append(df)
+    return pd.concat(parts, ignore_index=True)
+
+
+def summary_df() -> pd.DataFrame:
+    return pd.DataFrame({"layer": [0, 0, 1, 1], "boundary": ["pre_attn", "pre_mlp", "pre_attn", "pre_mlp"],
+                         "n_communities": [3, 2, 4, 1], "sizes": ["[5, 2, 1]", "[6, 2]", [3, 2, 2, 1], "[8]"],
+                         "quality": [0.4, 0.3, 0.5, 0.0]})
+
+
+def coupling_df() -> pd.DataFrame:
+    return pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "boundary": ["pre_attn", "pre_mlp"] * 3,
+                         "effect_log_median_ratio": [0.2, -0.1, 0.5, 0.05, 0.3, -0.4],
+                         "p_value": [0.01, 0.5, 0.001, 0.9, 0.02, 0.03],
+                         "q_value": [0.03, 0.6, 0.006, 0.9, 0.04, 0.045],
+                         "significant": [True, False, True, False, True, True],
+                         "henrici": [0.1, 0.3, 0.2, 0.6, 0.5, 0.4]})
+
+
+def counts_df() -> pd.DataFrame:
+    return pd.DataFrame({"model": ["a", "a", "a", "b", "b", "b"], "ckpt": ["step0", "mid", "final"] * 2,
+                         "n_significant": [0, 3, 5, 1, 2, 4], "n_boundaries": [8] * 6})
+
+
+def lens_df(n: int = 4) -> pd.DataFrame:
+    rows = []
+    for lens in ("tuned", "logit"):
+        for L in range(n + 1):
+            rows.append({"lens": lens, "layer": L, "kl": (n - L) * (1 if lens == "tuned" else 2.0),
+                         "ce": 3 + (n - L) * 0.1, "hit1": L / n, "hit5": min(1, L / n + 0.2), "n_tokens": 100})
+    return pd.DataFrame(rows)
+
+
+def rss_df(n: int = 9, ks=(2, 4, 8), d: int = 16) -> pd.DataFrame:
+    rows = []
+    for k in ks:
+        for L in range(n):
+            rows.append({"layer": L, "k": k, "k_fraction": k / d,
+                         "rss": 0.5 + 0.4 * np.sin(np.pi * L / (n - 1)) * (k / d) ** 0.1,
+                         "grassmann_distance": 0.3, "energy": 0.5})
+    return pd.DataFrame(rows)
+
+
+PHASES = {"b1": 2, "b2": 6, "peak": 4, "reason": "", "k": 4, "n": 9}
+
+
+def resolution_df() -> pd.DataFrame:
+    e = np.array([0.2, 0.5, 0.9, 0.4])
+    v = np.array([0.9, 0.6, 0.1, 0.5])
+    return pd.DataFrame({"k_fraction": [0.05, 0.1, 0.5, 0.08], "k": [1, 2, 8, 1], "energy": e,
+                         "mean_rss": 1 - v, "visibility": v, "pareto": [True, True, True, False]})
+
+
+def geometry_df(n: int = 8) -> pd.DataFrame:
+    L = np.arange(n + 1)
+    df = pd.DataFrame({"layer": L, "state": ["h_L"] * n + ["output"], "hidden_erank": 10 + L,
+                       "update_orthogonality": np.r_[np.linspace(0.1, 0.5, n), np.nan],
+                       "norm_ratio": np.r_[np.linspace(1, 2, n), np.nan],
+                       "relative_update_norm": np.r_[np.linspace(0.3, 0.1, n), np.nan]})
+    return df
+
+
+def widths_df() -> pd.DataFrame:
+    rows = []
+    for model, n in (("m8", 8), ("m12", 12), ("m16", 16)):
+        w = [2, n // 2 - 2, (n - 1) - 2 - (n // 2 - 2)]
+        rows += [{"model": model, "n_layers": n, "phase": p, "width": w[p - 1]} for p in (1, 2, 3)]
+    return pd.DataFrame(rows)
+
+
+def fits_df(status: str = "ok") -> pd.DataFrame:
+    ok = status == "ok"
+    return pd.DataFrame({"phase": [1, 2, 3], "status": status,
+                         "slope": [0.0, 0.5, 0.5] if ok else np.nan, "intercept": [2.0, -2.0, -1.0] if ok else np.nan,
+                         "slope_ci_low": [0.0, 0.4, 0.3] if ok else np.nan,
+                         "slope_ci_high": [0.0, 0.6, 0.7] if ok else np.nan})
+
+
+# ------------------------------------------------------------------------------- figure functions
+
+
+def test_training_curve():
+    df = training_df()
+    fig = plots.training_curve(df, "zoo-8: training curve")
+    (ax,) = _check(fig, 1, "zoo-8")
+    _eq(_line(ax, "held-out").get_ydata(), df["heldout_loss"])
+    _eq(_line(ax, "train (mean since previous eval)").get_ydata(), df["train_loss"])
+    uni = _line(ax, "unigram baseline (held-out)")
+    _eq(uni.get_ydata(), df["unigram_loss"])
+    assert uni.get_linestyle() == "--"
+    with pytest.raises(ValueError, match="heldout_loss"):
+        plots.training_curve(df.drop(columns="heldout_loss"), "zoo-8")
+
+
+def test_eigenvalue_grid_layers_by_kind():
+    arrays = spectra_arrays(3)
+    fig = plots.eigenvalue_grid(arrays, "zoo-8 / final")
+    fig_axes = fig.get_axes()
+    assert len(fig_axes) == 6
+    assert "zoo-8 / final" in fig.get_suptitle()
+    # row-major: L0 attn, L0 mlp, L1 attn, ...; points are the eigenvalues
+    lam = arrays["L001_mlp"]["eigenvalues"]
+    ax = fig_axes[3]
+    assert "L1" in ax.get_title() and "MLP" in ax.get_title()
+    offsets = ax.collections[0].get_offsets()
+    _eq(offsets[:, 0], lam.real)
+    _eq(offsets[:, 1], lam.imag)
+    assert ax.get_aspect() == 1.0
+    circle = ax.get_lines()[0]
+    np.testing.assert_allclose(np.hypot(circle.get_xdata(), circle.get_ydata()), 1.0)
+    assert fig_axes[-1].get_xlabel() and fig_axes[0].get_ylabel()
+    _render(fig)
+    # (arrays, attrs) from read_spectra_h5 is accepted too
+    assert len(plots.eigenvalue_grid((arrays, {"schema": "x"}), "t").get_axes()) == 6
+
+
+def test_eigenvalue_grid_wraps_deep_models_and_tolerates_nan():
+    arrays = spectra_arrays(10, d=3)
+    arrays["L004_attn"]["eigenvalues"] = np.array([np.nan + 0j, 0.5 + 0.5j, np.inf])
+    del arrays["L009_mlp"]
+    fig = plots.eigenvalue_grid(arrays, "deep")
+    assert len(fig.get_axes()) == 19
+    for ax in fig.get_axes():
+        if ax.get_subplotspec().is_last_row() or not any(
+                a.get_subplotspec().colspan == ax.get_subplotspec().colspan
+                and a.get_subplotspec().rowspan.start > ax.get_subplotspec().rowspan.start for a in fig.get_axes()):
+            assert ax.get_xlabel()
+    _render(fig)
+    with pytest.raises(ValueError, match="L9_attention"):
+        plots.eigenvalue_grid({"L9_attention": {"eigenvalues": [1.0]}}, "t")
+    with pytest.raises(ValueError, match="eigenvalues"):
+        plots.eigenvalue_grid({"L000_attn": {"singular_values": [1.0]}}, "t")
+
+
+def test_operator_profile():
+    df = spectra_df()
+    fig = plots.operator_profile(df, "zoo-8 / final")
+    ax_c, ax_h, ax_a = _check(fig, 3, "zoo-8 / final")
+    line = _line(ax_c, "$J$, tol 1e-06")
+    _eq(line.get_xdata(), df["s"])
+    _eq(line.get_ydata(), df["complex_frac_J_tol1e-06"])
+    assert _line(ax_c, "$J-I$, tol 1e-06").get_linestyle() == "--"
+    _eq(_line(ax_h, "$J$").get_ydata(), df["henrici"])
+    _eq(_line(ax_a, "k = 1").get_ydata(), df["self_alignment_k1"])
+    # attention and MLP points carry different markers
+    markers = {ln.get_marker() for ln in ax_h.get_lines() if ln.get_linestyle() == "None"}
+    assert {"o", "s"} <= markers
+    attn = [ln for ln in ax_h.get_lines() if ln.get_marker() == "o"][0]
+    _eq(attn.get_xdata(), df.loc[df["kind"] == "attn", "s"])
+    with pytest.raises(ValueError, match="henrici"):
+        plots.operator_profile(df.drop(columns="henrici"), "t")
+    with pytest.raises(ValueError, match="self_alignment"):
+        plots.operator_profile(df.drop(columns=[c for c in df if c.startswith("self_alignment")]), "t")
+
+
+def test_funnel_log_scale_and_reference():
+    df = bottleneck_df()
+    (ax,) = _check(plots.funnel(df, "zoo-8 / final"), 1, "zoo-8 / final")
+    assert ax.get_yscale() == "log"
+    _eq(_line(ax, "effective rank erank($P_s$)").get_ydata(), df["erank"])
+    ref = _line(ax, "erank($J_s$) (single sublayer)")
+    _eq(ref.get_ydata(), df["erank_single"])
+    assert ref.get_linestyle() == "--"
+    # without references, and with a table that has nothing positive: linear, no warnings
+    (ax,) = _check(plots.funnel(df[["s", "erank"]], "t"), 1)
+    assert len(ax.get_lines()) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (ax,) = _check(plots.funnel(df.assign(erank=np.nan, participation_ratio=np.nan, erank_single=np.nan,
+                                              pr_single=np.nan, d=np.nan), "t"), 1)
+    assert ax.get_yscale() == "linear"
+
+
+def test_schur_curves_one_line_per_alpha():
+    df = schur_df()
+    (ax,) = _check(plots.schur_curves(df, "zoo-8 / final"), 1, "zoo-8 / final")
+    lines = [ln for ln in ax.get_lines() if ln.get_label().startswith("α")]
+    assert len(lines) == 3
+    _eq(_line(ax, "α = 0.5").get_ydata(), df.loc[df["alpha"] == 0.5, "erank"])
+    assert len({ln.get_color() if isinstance(ln.get_color(), str) else tuple(ln.get_color()) for ln in lines}) == 3
+    assert ax.get_yscale() == "log"
+
+
+def test_checkpoint_comparison_keeps_order():
+    order = ("step0", "final", "mid")  # not alphabetical: the table's order wins
+    df = ckpt_df(order)
+    metrics = ["complex_frac_J_tol1e-06", "henrici", "self_alignment_kfrac", "cum_erank"]
+    axes = _check(plots.checkpoint_comparison(df, metrics, "OLMo"), 4, "OLMo")
+    labels = [ln.get_label() for ln in axes[1].get_lines()]
+    assert labels == list(order)
+    _eq(_line(axes[1], "final").get_ydata(), df.loc[df["ckpt"] == "final", "henrici"])
+    assert axes[3].get_yscale() == "log"
+    assert _legend_texts(axes[0]) == list(order)
+    # default metrics and the 'checkpoint' spelling
+    axes = _check(plots.checkpoint_comparison(df.rename(columns={"ckpt": "checkpoint"}), None, "t"), 4)
+    with pytest.raises(ValueError, match="nope"):
+        plots.checkpoint_comparison(df, ["henrici", "nope"], "t")
+
+
+def test_community_sizes():
+    df = summary_df()
+    ax_s, ax_n, ax_q = _check(plots.community_sizes(df, "zoo-8 / final"), 3, "zoo-8 / final")
+    line = _line(ax_n, "number of communities")
+    _eq(line.get_xdata(), [0, 1, 2, 3])  # boundary index 2L + [pre-MLP]
+    _eq(line.get_ydata(), df["n_communities"])
+    pts = np.concatenate([c.get_offsets()[:, 1] for c in ax_s.collections])
+    assert sorted(pts.tolist()) == sorted([5, 2, 1, 6, 2, 3, 2, 2, 1, 8])
+    _eq(_line(ax_s, "median size").get_ydata(), [2, 4, 2, 8])
+    assert ax_s.get_yscale() == "log"
+    # without quality: two axes; NaN sizes and counts are fine
+    _check(plots.community_sizes(df.drop(columns="quality").assign(sizes=[np.nan, "[]", "[2]", None],
+                                                                     n_communities=[np.nan, 0, 1, np.nan]), "t"), 2)
+    with pytest.raises(ValueError, match="not a JSON list"):
+        plots.community_sizes(df.assign(sizes=["[1, 2", "[1]", "[1]", "[1]"]), "t")
+
+
+def test_coupling_profile_filled_vs_hollow():
+    df = coupling_df()
+    (ax,) = _check(plots.coupling_profile(df, "zoo-8 / final"), 1, "zoo-8 / final")
+    line = _line(ax, "boundaries")
+    _eq(line.get_xdata(), [0, 1, 2, 3, 4, 5])
+    _eq(line.get_ydata(), df["effect_log_median_ratio"])
+    marks = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None"]
+    filled = [ln for ln in marks if ln.get_markerfacecolor() != "white"]
+    hollow = [ln for ln in marks if ln.get_markerfacecolor() == "white"]
+    assert len(filled[0].get_xdata()) == 4 and len(hollow[0].get_xdata()) == 2
+    # TSV round trip gives the same picture (booleans may come back as strings)
+    tsv = pd.read_csv(_io.StringIO(df.astype({"significant": str}).to_csv(sep="\t", index=False)), sep="\t")
+    (ax2,) = _check(plots.coupling_profile(tsv, "t"), 1)
+    assert len([ln for ln in ax2.get_lines() if ln.get_markerfacecolor() == "white"][0].get_xdata()) == 2
+    # one line per checkpoint when the table spans several
+    two = pd.concat([df.assign(ckpt="step0"), df.assign(ckpt="final")], ignore_index=True)
+    (ax,) = _check(plots.coupling_profile(two, "t"), 1)
+    assert {"step0", "final"} <= {ln.get_label() for ln in ax.get_lines()}
+    # the empty table resdyn.topology.coupling_table returns for no rows
+    _check(plots.coupling_profile(pd.DataFrame(columns=["p_value", "q_value", "significant"]), "t"), 1)
+    with pytest.raises(ValueError, match="significant"):
+        plots.coupling_profile(df.drop(columns=["significant", "q_value"]), "t")
+
+
+def test_coupling_vs_henrici_spearman_in_legend():
+    from scipy import stats
+
+    df = coupling_df()
+    (ax,) = _check(plots.coupling_vs_henrici(df, "zoo-8 / final"), 1, "zoo-8 / final")
+    rho = stats.spearmanr(df["henrici"], df["effect_log_median_ratio"]).statistic
+    texts = _legend_texts(ax)
+    assert any(f"Spearman ρ = {rho:.2g}" in t for t in texts), texts
+    scat = [ln for ln in ax.get_lines() if "Spearman" in ln.get_label()][0]
+    _eq(scat.get_xdata(), df["henrici"])
+    _eq(scat.get_ydata(), df["effect_log_median_ratio"])
+    # too few pairs: ρ is NaN, no crash; per-checkpoint groups each get a ρ
+    (ax,) = _check(plots.coupling_vs_henrici(df.head(2), "t"), 1)
+    assert any("ρ = nan" in t for t in _legend_texts(ax))
+    two = pd.concat([df.assign(ckpt="step0"), df.assign(ckpt="final")], ignore_index=True)
+    (ax,) = _check(plots.coupling_vs_henrici(two, "t"), 1)
+    texts = _legend_texts(ax)
+    assert any(t.startswith("step0: Spearman") for t in texts) and any(t.startswith("all: Spearman") for t in texts)
+    with pytest.raises(ValueError, match="henrici"):
+        plots.coupling_vs_henrici(df.drop(columns="henrici"), "t")
+
+
+def test_significant_counts_bars():
+    df = counts_df()
+    (ax,) = _check(plots.significant_counts(df, "study A"), 1, "study A")
+    heights = [p.get_height() for p in ax.patches]
+    # bars are drawn checkpoint by checkpoint (step0 of a, b; mid of a, b; ...)
+    assert heights == [0, 1, 3, 2, 5, 4]
+    assert _legend_texts(ax) == ["step0", "mid", "final"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    _check(plots.significant_counts(df.head(1).assign(n_significant=np.nan), "t"), 1)
+    with pytest.raises(ValueError, match="n_significant"):
+        plots.significant_counts(df.drop(columns="n_significant"), "t")
+
+
+def test_lens_curves():
+    df = lens_df()
+    axes = _check(plots.lens_curves(df, "zoo-8 / final"), 4, "zoo-8 / final")
+    for ax, col in zip(axes, ["kl", "ce", "hit1", "hit5"]):
+        _eq(_line(ax, "tuned lens").get_ydata(), df.loc[df["lens"] == "tuned", col])
+        _eq(_line(ax, "logit lens").get_ydata(), df.loc[df["lens"] == "logit", col])
+        assert _line(ax, "logit lens").get_linestyle() == "--"
+    with pytest.raises(ValueError, match="hit5"):
+        plots.lens_curves(df.drop(columns="hit5"), "t")
+
+
+def test_rss_profile_with_phases():
+    df = rss_df()
+    (ax,) = _check(plots.rss_profile_plot(df, PHASES, "qwen-1.5b"), 1, "qwen-1.5b")
+    line = _line(ax, "k = 4 (25% of d) (phase cut)")
+    _eq(line.get_ydata(), df.loc[df["k"] == 4, "rss"])
+    assert line.get_linewidth() > _line(ax, "k = 2 (12% of d)").get_linewidth()
+    spans = [p for p in ax.patches if p.get_label().startswith("phase")]
+    assert [p.get_label() for p in spans] == ["phase 1 (rise)", "phase 2 (plateau)", "phase 3 (descent)"]
+    extents = [(p.get_x(), p.get_x() + p.get_width()) for p in spans]
+    np.testing.assert_allclose(extents, [(-0.5, 2.5), (2.5, 6.5), (6.5, 8.5)])
+    for key in ("b1", "b2", "peak"):
+        v = _line(ax, f"{key} = {PHASES[key]}")
+        _eq(v.get_xdata(), [PHASES[key]] * 2)
+    # no phases, or a fallback without cut points: just the lines
+    (ax,) = _check(plots.rss_profile_plot(df, None, "t"), 1)
+    assert not ax.patches
+    fig = plots.rss_profile_plot(df, {"b1": None, "b2": None, "peak": 3, "reason": "no knee"}, "t")
+    (ax,) = _check(fig, 1)
+    assert not ax.patches and "no knee" in fig.get_supxlabel()
+    # k_fraction only
+    _check(plots.rss_profile_plot(df.drop(columns="k"), PHASES, "t"), 1)
+
+
+def test_resolution_frontier():
+    df = resolution_df()
+    (ax,) = _check(plots.resolution_frontier(df, "qwen-1.5b"), 1, "qwen-1.5b")
+    allp = _line(ax, "k in the sweep")
+    _eq(allp.get_xdata(), df["energy"])
+    _eq(allp.get_ydata(), df["visibility"])
+    front = _line(ax, "Pareto front")
+    _eq(front.get_xdata(), [0.2, 0.5, 0.9])
+    _eq(front.get_ydata(), [0.9, 0.6, 0.1])
+    assert [t.get_text() for t in ax.texts] == ["k=1 (5%)", "k=2 (10%)", "k=8 (50%)", "k=1 (8%)"]
+    # pareto computed when absent
+    (ax,) = _check(plots.resolution_frontier(df.drop(columns="pareto"), "t"), 1)
+    _eq(_line(ax, "Pareto front").get_xdata(), [0.2, 0.5, 0.9])
+
+
+def test_phase_metric_profiles():
+    df = geometry_df()
+    metrics = ["hidden_erank", "update_orthogonality", "norm_ratio"]
+    axes = _check(plots.phase_metric_profiles(df, PHASES, metrics, "qwen-1.5b"), 3, "qwen-1.5b")
+    for ax, m in zip(axes, metrics):
+        data = [ln for ln in ax.get_lines() if ln.get_marker() == "o"][0]
+        _eq(data.get_xdata(), df["layer"])
+        _eq(data.get_ydata(), df[m])
+        assert len([p for p in ax.patches]) == 3
+    # phase 3 runs to the last row
+    last = axes[0].patches[-1]
+    assert last.get_x() + last.get_width() == pytest.approx(df["layer"].max() + 0.5)
+    assert _check(plots.phase_metric_profiles(df, None, None, "t"), 4)
+    with pytest.raises(ValueError, match="nope"):
+        plots.phase_metric_profiles(df, PHASES, ["nope"], "t")
+
+
+def test_phase_width_scaling_fits_and_too_few_depths():
+    w = widths_df()
+    (ax,) = _check(plots.phase_width_scaling(w, fits_df(), "zoo family"), 1, "zoo family")
+    texts = _legend_texts(ax)
+    assert any("phase 2 (plateau): slope 0.5 [0.4, 0.6]" in t for t in texts), texts
+    pts = _line(ax, [t for t in texts if t.startswith("phase 2")][0])
+    _eq(pts.get_xdata(), w.loc[w["phase"] == 2, "n_layers"])
+    _eq(pts.get_ydata(), w.loc[w["phase"] == 2, "width"])
+    fitted = [ln for ln in ax.get_lines() if ln.get_label().startswith("_") and len(ln.get_xdata()) == 2]
+    assert len(fitted) == 3
+    np.testing.assert_allclose(fitted[1].get_ydata(), -2.0 + 0.5 * np.array([8, 16]))
+    # too few depths: points only
+    (ax,) = _check(plots.phase_width_scaling(w[w["model"] != "m16"], fits_df("too_few_depths"), "t"), 1)
+    assert all(ln.get_linestyle() == "None" for ln in ax.get_lines())
+    assert any("too_few_depths" in t for t in _legend_texts(ax))
+    _check(plots.phase_width_scaling(w, None, "t"), 1)
+
+
+# one row and NaN: every function draws without crashing ------------------------------------
+
+
+def _one_row_cases():
+    return {
+        "training_curve": lambda: plots.training_curve(training_df(1), "m"),
+        "eigenvalue_grid": lambda: plots.eigenvalue_grid({"L000_mlp": {"eigenvalues": np.array([0.5 + 0j])}}, "m"),
+        "operator_profile": lambda: plots.operator_profile(spectra_df(1).head(1), "m"),
+        "funnel": lambda: plots.funnel(bottleneck_df(1), "m"),
+        "schur_curves": lambda: plots.schur_curves(schur_df((1.0,), 1), "m"),
+        "checkpoint_comparison": lambda: plots.checkpoint_comparison(ckpt_df(("step0",)).head(1), ["henrici"], "m"),
+        "community_sizes": lambda: plots.community_sizes(summary_df().head(1), "m"),
+        "coupling_profile": lambda: plots.coupling_profile(coupling_df().head(1), "m"),
+        "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(coupling_df().head(1), "m"),
+        "significant_counts": lambda: plots.significant_counts(counts_df().head(1), "m"),
+        "lens_curves": lambda: plots.lens_curves(lens_df().head(1), "m"),
+        "rss_profile_plot": lambda: plots.rss_profile_plot(rss_df().head(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
+        "resolution_frontier": lambda: plots.resolution_frontier(resolution_df().head(1), "m"),
+        "phase_metric_profiles": lambda: plots.phase_metric_profiles(geometry_df().head(1), PHASES, ["hidden_erank"], "m"),
+        "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df().head(1), fits_df().head(1), "m"),
+    }
+
+
+def _nan(df: pd.DataFrame, keep: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Every other numeric value NaN (the columns in ``keep`` intact)."""
+    out = df.copy()
+    for c in out.columns:
+        if c not in keep and pd.api.types.is_numeric_dtype(out[c]) and not pd.api.types.is_bool_dtype(out[c]):
+            out[c] = out[c].astype(float)
+            out.loc[out.index[::2], c] = np.nan
+    return out
+
+
+def _nan_cases():
+    all_nan_eig = spectra_arrays(2)
+    all_nan_eig["L000_attn"]["eigenvalues"] = np.full(4, np.nan, dtype=complex)
+    return {
+        "training_curve": lambda: plots.training_curve(_nan(training_df()), "m"),
+        "eigenvalue_grid": lambda: plots.eigenvalue_grid(all_nan_eig, "m"),
+        "operator_profile": lambda: plots.operator_profile(_nan(spectra_df()), "m"),
+        "funnel": lambda: plots.funnel(_nan(bottleneck_df()), "m"),
+        "schur_curves": lambda: plots.schur_curves(_nan(schur_df(), keep=("alpha",)), "m"),
+        "checkpoint_comparison": lambda: plots.checkpoint_comparison(
+            _nan(ckpt_df()), ["henrici", "cum_erank"], "m"),
+        "community_sizes": lambda: plots.community_sizes(_nan(summary_df()), "m"),
+        "coupling_profile": lambda: plots.coupling_profile(_nan(coupling_df()), "m"),
+        "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(_nan(coupling_df()), "m"),
+        "significant_counts": lambda: plots.significant_counts(_nan(counts_df()), "m"),
+        "lens_curves": lambda: plots.lens_curves(_nan(lens_df()), "m"),
+        "rss_profile_plot": lambda: plots.rss_profile_plot(_nan(rss_df(), keep=("k",)), PHASES, "m"),
+        "resolution_frontier": lambda: plots.resolution_frontier(_nan(resolution_df()), "m"),
+        "phase_metric_profiles": lambda: plots.phase_metric_profiles(
+            _nan(geometry_df()), {"b1": np.nan, "b2": 3, "peak": None, "reason": "x"}, ["norm_ratio"], "m"),
+        "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df(), _nan(fits_df()), "m"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_one_row_cases()))
+def test_one_row_inputs(name):
+    fig = _one_row_cases()[name]()
+    assert isinstance(fig, Figure) and fig.get_axes()
+    assert all(ax.get_xlabel() for ax in fig.get_axes() if ax.get_subplotspec().is_last_row())
+    _render(fig)
+
+
+@pytest.mark.parametrize("name", sorted(_nan_cases()))
+def test_nan_inputs(name):
+    fig = _nan_cases()[name]()
+    assert isinstance(fig, Figure) and fig.get_axes()
+    _render(fig)
+
+
+def test_every_figure_function_is_covered():
+    public = {n for n in plots.__all__ if callable(getattr(plots, n)) and n != "save_figure"}
+    assert public == set(_one_row_cases()) == set(_nan_cases())
+
+
+def test_empty_tables_give_a_figure_and_bad_types_a_message():
+    fig = plots.lens_curves(pd.DataFrame(columns=["lens", "layer"]), "m")
+    assert "no data" in fig.get_axes()[0].texts[0].get_text()
+    _render(fig)
+    with pytest.raises(ValueError, match="DataFrame"):
+        plots.funnel({"s": [0]}, "m")
+
+
+def test_rcparams_of_the_caller_are_untouched():
+    before = dict(mpl.rcParams)
+    plots.funnel(bottleneck_df(), "m")
+    assert dict(mpl.rcParams) == before
+
+
+# ------------------------------------------------------------------------------- save_figure
+
+
+def _pdf_literal(raw: bytes, key: bytes) -> str:
+    """The PDF literal string after ``/key`` (balanced parentheses, backslash escapes)."""
+    i = raw.index(b"/" + key)
+    i = raw.index(b"(", i) + 1
+    out, depth = bytearray(), 1
+    esc = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("b"): b"\b", ord("f"): b"\f"}
+    while True:
+        c = raw[i]
+        if c == ord("\\"):
+            nxt = raw[i + 1]
+            if nxt in esc:
+                out += esc[nxt]
+                i += 2
+            elif ord("0") <= nxt <= ord("7"):
+                j = i + 1
+                while j < i + 4 and ord("0") <= raw[j] <= ord("7"):
+                    j += 1
+                out.append(int(raw[i + 1:j], 8))
+                i = j
+            else:
+                out.append(nxt)
+                i += 2
+            continue
+        if c == ord("("):
+            depth += 1
+        elif c == ord(")"):
+            depth -= 1
+            if depth == 0:
+                return out.decode("latin-1")
+        out.append(c)
+        i += 1
+
+
+PROV = {"rule": "figure_funnel", "wildcards": {"model": "zoo-8", "ckpt": "final"},
+        "params": {"dpi": 120, "note": "a (nested) \\ path λ"}, "inputs": {"results/x.tsv": "ab" * 32},
+        "git": {"commit": None, "dirty": True}, "n": np.int64(3), "x": np.float32(0.5), "bad": float("nan"),
+        "end": None}
+PROV_JSON = json.loads(json.dumps({**PROV, "n": 3, "x": 0.5, "bad": None}))
+
+
+def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
+    fig = plots.funnel(bottleneck_df(), "zoo-8 / final")
+    png, pdf = tmp_path / "figs" / "funnel.png", tmp_path / "figs" / "funnel.pdf"
+    plots.save_figure(fig, png, pdf, PROV, dpi=60)
+    assert sorted(p.name for p in png.parent.iterdir()) == ["funnel.pdf", "funnel.png"]  # no temp files
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+        assert json.loads(im.text[plots.PROVENANCE_KEY]) == PROV_JSON
+    assert provenance.read(png) == PROV_JSON  # no sidecar: read from the PNG
+    # the sidecar a rule writes with resdyn.io holds the same record
+    from resdyn import io as rio
+
+    rio.write_json(PROV, rio.prov_path(png))
+    assert provenance.read(png) == PROV_JSON
+    rio.prov_path(png).unlink()
+    raw = pdf.read_bytes()
+    assert raw.startswith(b"%PDF")
+    assert json.loads(_pdf_literal(raw, b"Subject")) == PROV_JSON
+    assert _pdf_literal(raw, b"Keywords") == "resdyn; figure_funnel; zoo-8; final"
+    assert _pdf_literal(raw, b"Title") == "zoo-8 / final"
+    assert b"/CreationDate" not in raw
+
+
+def test_save_figure_failure_leaves_nothing(tmp_path, monkeypatch):
+    fig = plots.funnel(bottleneck_df(), "t")
+    real = fig.savefig
+
+    def failing(fname, *args, **kwargs):
+        if kwargs.get("format") == "pdf":
+            raise RuntimeError("disk full")
+        return real(fname, *args, **kwargs)
+
+    monkeypatch.setattr(fig, "savefig", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        plots.save_figure(fig, tmp_path / "f.png", tmp_path / "f.pdf", PROV, dpi=40)
+    assert list(tmp_path.iterdir()) == []
+    # earlier outputs stay as they were
+    (tmp_path / "f.png").write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        plots.save_figure(fig, tmp_path / "f.png", tmp_path / "f.pdf", PROV, dpi=40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png"]
+    assert (tmp_path / "f.png").read_bytes() == b"old"
+
+
+def test_save_figure_closes_pyplot_figures(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    fig.add_subplot().plot([0, 1])
+    num = fig.number
+    plots.save_figure(fig, tmp_path / "p.png", tmp_path / "p.pdf", {"rule": "r"}, dpi=30)
+    assert not plt.fignum_exists(num)
+    with pytest.raises(ValueError, match="provenance"):
+        plots.save_figure(Figure(), tmp_path / "q.png", tmp_path / "q.pdf", ["not", "a", "dict"])
+
+
+# ------------------------------------------------------------------------------- import hygiene
+
+
+def test_numerical_modules_do_not_import_matplotlib():
+    code = (
+        "import sys\n"
+        "import resdyn.spectral, resdyn.readout, resdyn.phases, resdyn.schur, resdyn.geometry\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn'))\n"
+        "print(bad[:5]); sys.exit(1 if bad else 0)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr

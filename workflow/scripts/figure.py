@@ -1,0 +1,22 @@
+"""Draw one figure from its input tables with resdyn.plots; PNG + PDF with provenance embedded."""
+
+from pathlib import Path
+
+from resdyn import io, plots, provenance, spectral
+
+
+def load(path):
+    suffix = Path(path).suffix
+    if suffix == ".tsv":
+        return io.read_tsv(path)
+    if suffix == ".json":
+        return io.read_json(path)
+    if suffix == ".h5":
+        return spectral.read_spectra_h5(path)[0]
+    raise ValueError(f"figure input {path}: unsupported type {suffix}")
+
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    fig = getattr(plots, p.plot)(*[load(f) for f in snakemake.input], title=p.title)
+    plots.save_figure(fig, snakemake.output.png, snakemake.output.pdf, step.provenance(), dpi=p.dpi)
