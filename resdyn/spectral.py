@@ -1,0 +1,1006 @@
+"""Spectral geometry of sublayer Jacobians: eigen/singular spectra, non-normality, ranks.
+
+Pure numpy/scipy, float64 (complex128 for complex input) linear algebra; no torch, no plotting.
+Every public function validates its input first and raises ``ValueError`` naming the shape or
+value it got and what is allowed.
+
+Notation (DESIGN.md, "Definitions"): J is a d×d (mean) Jacobian with eigenvalues λ_i and SVD
+J = U Σ V^T (V^H for complex J), σ_1 ≥ … ≥ σ_d ≥ 0. Sublayers are ordered by depth index
+s = 2L (attention half of layer L) and s = 2L + 1 (MLP half).
+
+Numerical notes
+---------------
+* The Henrici departure is computed from the Schur form, not by subtracting Σ|λ|² from ‖J‖_F²:
+  the subtraction cancels catastrophically for (near-)normal matrices (a normal 50×50 matrix
+  would report ~1e-8 instead of ~1e-15). Both are the same number in exact arithmetic.
+* Eigenvalues of highly non-normal matrices are ill-conditioned; LAPACK returns the exact
+  eigenvalues of a nearby matrix J + E with ‖E‖ ≈ ε‖J‖. For a rotated d×d Jordan block this
+  moves the eigenvalues by ≈ ε^(1/d), so its computed Henrici departure is below 1. This is
+  the honest answer for J + E, not a bug to be fixed here.
+
+Tables
+------
+:func:`spectra_table` builds ``spectra.tsv`` (one row per sublayer, columns from
+:func:`sublayer_metrics`) and the arrays of ``spectra.h5`` (:func:`write_spectra_h5`);
+:func:`bottleneck_table` builds ``bottleneck.tsv`` (cumulative-product ranks along depth);
+:func:`checkpoint_table` stacks both across training checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import scipy.linalg
+from scipy.linalg import lapack
+
+from resdyn.io import PathLike, atomic_path
+
+__all__ = [
+    "KINDS",
+    "DEFAULT_TOLERANCES",
+    "CHECKPOINT_METRICS",
+    "SPECTRA_H5_SCHEMA",
+    "henrici_departure",
+    "nonnormal_norm",
+    "complex_fraction",
+    "expansive_fraction",
+    "spectral_radius",
+    "condition_number",
+    "self_alignment",
+    "effective_rank",
+    "participation_ratio",
+    "cumulative_spectrum",
+    "cumulative_effective_rank",
+    "cumulative_participation_ratio",
+    "spectrum",
+    "sublayer_metrics",
+    "spectra_table",
+    "bottleneck_table",
+    "checkpoint_table",
+    "write_spectra_h5",
+    "read_spectra_h5",
+    "sublayer_index",
+    "group_name",
+]
+
+#: Sublayer kinds in depth order within a layer: s = 2L + KINDS.index(kind).
+KINDS: tuple[str, ...] = ("attn", "mlp")
+#: Default tolerances of the complex fraction reported by :func:`sublayer_metrics`.
+DEFAULT_TOLERANCES: tuple[float, ...] = (1e-9, 1e-6, 1e-3)
+
+SPECTRA_H5_SCHEMA = "resdyn.spectra/1"
+_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp)$")
+
+# A sublayer's Jacobian may be given as an array or as a zero-argument callable returning one,
+# so table builders can load large Jacobians one at a time.
+MatrixLike = Any
+JacobianSource = Mapping[tuple[int, str], MatrixLike]
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def _as_square(J: Any, name: str = "J") -> np.ndarray:
+    """``J`` as a finite, non-empty, square float64 (or complex128) 2-D array, else ValueError."""
+    try:
+        a = np.asarray(J)
+    except Exception as err:  # pragma: no cover - exotic inputs
+        raise ValueError(f"{name} must be a square 2-D numeric array, got {type(J).__name__}") from err
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"{name} must be a square 2-D matrix (d×d), got shape {a.shape}")
+    if a.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty square matrix, got shape {a.shape}")
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.number)):
+        raise ValueError(f"{name} must be numeric (float or complex), got dtype {a.dtype} with shape {a.shape}")
+    a = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64, copy=False)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        raise ValueError(
+            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite entries (NaN/Inf); only finite values are allowed"
+        )
+    return a
+
+
+def _as_values(x: Any, name: str, *, nonnegative: bool = False, allow_complex: bool = True) -> np.ndarray:
+    """``x`` as a finite, non-empty 1-D float64/complex128 array, else ValueError."""
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of values, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {a.shape}")
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got dtype {a.dtype}")
+    if np.iscomplexobj(a):
+        if not allow_complex:
+            raise ValueError(f"{name} must be real, got complex dtype {a.dtype} (shape {a.shape})")
+        a = a.astype(np.complex128, copy=False)
+    else:
+        a = a.astype(np.float64, copy=False)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        raise ValueError(
+            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite values (NaN/Inf); only finite values are allowed"
+        )
+    if nonnegative and (a < 0).any():
+        raise ValueError(f"{name} must be ≥ 0 (singular values), got minimum {a.min():.6g} (shape {a.shape})")
+    return a
+
+
+def _check_tol(tol: Any) -> float:
+    try:
+        t = float(tol)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"tol must be a finite number ≥ 0, got {tol!r}") from err
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"tol must be a finite number ≥ 0, got {tol!r}")
+    return t
+
+
+def _check_k(k: Any, d: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"k must be an integer in [1, {d}] (d = {d}), got {k!r}")
+    if not 1 <= int(k) <= d:
+        raise ValueError(f"k must be in [1, {d}] for a {d}×{d} matrix, got k = {k}")
+    return int(k)
+
+
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+# --------------------------------------------------------------------------------------------
+# decompositions (shared with resdyn.schur)
+
+
+def _svd(a: np.ndarray, vectors: bool):
+    """SVD by divide and conquer (gesdd), falling back to gesvd if it does not converge."""
+    try:
+        if vectors:
+            return scipy.linalg.svd(a, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+        return scipy.linalg.svd(a, compute_uv=False, check_finite=False, lapack_driver="gesdd")
+    except np.linalg.LinAlgError:
+        if vectors:
+            return scipy.linalg.svd(a, full_matrices=False, check_finite=False, lapack_driver="gesvd")
+        return scipy.linalg.svd(a, compute_uv=False, check_finite=False, lapack_driver="gesvd")
+
+
+def _schur(a: np.ndarray, output: str, vectors: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Schur factor T (and basis Q if ``vectors``) of a validated square matrix.
+
+    ``output='real'`` (real ``a`` only): real Schur, T quasi-upper-triangular with 1×1 blocks
+    for real eigenvalues and standardised 2×2 blocks for complex pairs, a = Q T Q^T.
+    ``output='complex'``: complex Schur, T upper triangular, a = Q T Q^H.
+    LAPACK ?gees with an optimal workspace; ``vectors=False`` skips accumulating Q (faster).
+    """
+    if output == "complex":
+        a = a.astype(np.complex128, copy=False)
+        gees = lapack.zgees
+    elif output == "real":
+        if np.iscomplexobj(a):
+            raise ValueError(f"the real Schur form needs a real matrix, got dtype {a.dtype} (shape {a.shape})")
+        gees = lapack.dgees
+    else:
+        raise ValueError(f"output must be 'real' or 'complex', got {output!r}")
+    compute_v = 1 if vectors else 0
+    query = gees(lambda *x: None, a, compute_v=compute_v, lwork=-1)
+    lwork = max(int(query[-2][0].real), 1)
+    res = gees(lambda *x: None, a, compute_v=compute_v, lwork=lwork, sort_t=0, overwrite_a=0)
+    info = res[-1]
+    if info != 0:
+        raise np.linalg.LinAlgError(f"Schur decomposition failed (LAPACK ?gees info = {info}) for shape {a.shape}")
+    return res[0], (res[-3] if vectors else None)
+
+
+def _real_schur_blocks(T: np.ndarray) -> np.ndarray:
+    """Start indices i of the 2×2 diagonal blocks T[i:i+2, i:i+2] of a real Schur factor."""
+    sub = np.diagonal(T, -1)
+    return np.flatnonzero(sub != 0)
+
+
+def _schur_eigenvalues(T: np.ndarray) -> np.ndarray:
+    """Eigenvalues (complex128, in Schur order) read off a real or complex Schur factor."""
+    lam = np.diagonal(T).astype(np.complex128)
+    if not np.iscomplexobj(T):
+        for i in _real_schur_blocks(T):
+            p, q, r, s = T[i, i], T[i, i + 1], T[i + 1, i], T[i + 1, i + 1]
+            a = 0.5 * (p + s)
+            disc = (0.5 * (p - s)) ** 2 + q * r  # < 0 for a complex pair
+            w = math.sqrt(max(-disc, 0.0))
+            lam[i], lam[i + 1] = complex(a, w), complex(a, -w)
+    return lam
+
+
+def _nonnormal_norm_from_schur(T: np.ndarray) -> float:
+    """‖N‖_F, the non-normal part of a Schur factor, summed without cancellation.
+
+    Complex Schur: N = strictly upper triangle of T. Real Schur: the strictly block-upper part
+    plus, for each 2×2 block [[p, q], [r, s]] (complex pair), the within-block part with
+    ‖·‖_F² = ‖B‖_F² − 2|λ|² = (p − s)² + (q + r)². Equal to ‖J‖_F² − Σ|λ_i|² in exact arithmetic.
+    """
+    U = np.triu(T, 1)
+    if np.iscomplexobj(T):
+        return float(np.linalg.norm(U))
+    starts = _real_schur_blocks(T)
+    if starts.size:
+        U = U.copy()
+        U[starts, starts + 1] = 0.0
+        p, q = T[starts, starts], T[starts, starts + 1]
+        r, s = T[starts + 1, starts], T[starts + 1, starts + 1]
+        within = float(np.sum((p - s) ** 2 + (q + r) ** 2))
+    else:
+        within = 0.0
+    return math.sqrt(float(np.sum(U * U)) + within)
+
+
+def _sort_eigenvalues(lam: np.ndarray) -> np.ndarray:
+    """Eigenvalues sorted by descending modulus, ties by ascending angle (stable, reproducible)."""
+    return lam[np.lexsort((np.angle(lam), -np.abs(lam)))]
+
+
+# --------------------------------------------------------------------------------------------
+# scalar metrics
+
+
+def nonnormal_norm(J: Any) -> float:
+    """Absolute departure from normality ‖N‖_F = sqrt(max(0, ‖J‖_F² − Σ|λ_i|²)).
+
+    N is the strictly upper part of the Schur form J = Q (Λ + N) Q^H (the Frobenius norm of N
+    does not depend on which Schur form is taken). Computed from the Schur factor directly.
+
+    Args:
+        J: (d, d) real or complex matrix.
+    Returns:
+        float in [0, ‖J‖_F]; 0 iff J is normal.
+    Example:
+        >>> nonnormal_norm(np.array([[1.0, 3.0], [0.0, 2.0]]))
+        3.0
+    """
+    a = _as_square(J)
+    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return _nonnormal_norm_from_schur(T)
+
+
+def henrici_departure(J: Any) -> float:
+    """Normalised Henrici departure from normality.
+
+    h(J) = sqrt(max(0, ‖J‖_F² − Σ_i |λ_i|²)) / ‖J‖_F = ‖N‖_F / ‖J‖_F,
+    with N the strictly upper part of a Schur form J = Q (Λ + N) Q^H. Evaluated as ‖N‖_F from
+    the Schur factor (no cancellation, see the module notes); the zero matrix gives 0.
+
+    Args:
+        J: (d, d) real or complex matrix.
+    Returns:
+        float in [0, 1]: 0 iff J is normal (symmetric, orthogonal, diagonal, …), 1 iff all
+        eigenvalues are 0 (nilpotent, e.g. a Jordan block).
+    Example:
+        >>> henrici_departure(np.array([[0.0, 1.0], [0.0, 0.0]]))
+        1.0
+        >>> round(henrici_departure(np.array([[1.0, 3.0], [0.0, 1.0]])), 6)  # 3/sqrt(11)
+        0.904534
+    """
+    a = _as_square(J)
+    fro = float(np.linalg.norm(a))
+    if fro == 0.0:
+        return 0.0
+    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return min(1.0, _nonnormal_norm_from_schur(T) / fro)
+
+
+def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
+    """Share of eigenvalues that are genuinely complex: #{i : |Im λ_i| > tol·max(1, |λ_i|)} / d.
+
+    The tolerance is absolute for |λ| ≤ 1 and relative above, so roundoff in real eigenvalues
+    of large modulus is not counted as complex.
+
+    Args:
+        eigvals: (d,) eigenvalues (complex or real; a real array gives 0).
+        tol: ≥ 0.
+    Returns:
+        float in [0, 1].
+    Example:
+        >>> complex_fraction(np.array([1j, -1j, 2.0, 3.0]))
+        0.5
+    """
+    lam = _as_values(eigvals, "eigvals")
+    t = _check_tol(tol)
+    if not np.iscomplexobj(lam):
+        return 0.0
+    return float(np.mean(np.abs(lam.imag) > t * np.maximum(1.0, np.abs(lam))))
+
+
+def expansive_fraction(values: Any, threshold: float = 1.0) -> float:
+    """Share of values with modulus above ``threshold``: #{i : |x_i| > threshold} / n.
+
+    With eigenvalues: share of expanding eigen-directions (|λ| > 1); with singular values:
+    share of stretched directions (σ > 1).
+
+    Args:
+        values: (n,) real or complex.
+        threshold: finite, default 1.
+    Returns:
+        float in [0, 1].
+    Example:
+        >>> expansive_fraction(np.array([0.5, 1.0, 2.0, -3.0]))
+        0.5
+    """
+    x = _as_values(values, "values")
+    thr = float(threshold)
+    if not math.isfinite(thr):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
+    return float(np.mean(np.abs(x) > thr))
+
+
+def spectral_radius(x: Any) -> float:
+    """Spectral radius ρ = max_i |λ_i|.
+
+    Args:
+        x: a (d, d) matrix (eigenvalues are computed) or a (d,) array of eigenvalues.
+    Returns:
+        float ≥ 0.
+    Example:
+        >>> round(spectral_radius(np.array([[0.0, -2.0], [2.0, 0.0]])), 12)  # eigenvalues ±2i
+        2.0
+    """
+    if np.ndim(x) == 2:
+        a = _as_square(x)
+        lam = scipy.linalg.eigvals(a, check_finite=False)
+    else:
+        lam = _as_values(x, "eigenvalues")
+    return float(np.max(np.abs(lam)))
+
+
+def condition_number(x: Any) -> float:
+    """Condition number κ = σ_max / σ_min (2-norm); ``inf`` for a singular matrix, nan for 0.
+
+    Args:
+        x: a (d, d) matrix (singular values are computed) or a (d,) array of singular values.
+    Returns:
+        float in [1, inf].
+    Example:
+        >>> condition_number(np.diag([4.0, 2.0, 0.5]))
+        8.0
+    """
+    if np.ndim(x) == 2:
+        sv = _svd(_as_square(x), vectors=False)
+    else:
+        sv = _as_values(x, "singular_values", nonnegative=True, allow_complex=False)
+    smax, smin = float(np.max(sv)), float(np.min(sv))
+    if smax == 0.0:
+        return float("nan")
+    if smin == 0.0:
+        return float("inf")
+    return smax / smin
+
+
+def _self_alignment_from_svd(U: np.ndarray, Vh: np.ndarray, k: int) -> float:
+    overlap = U[:, :k].conj().T @ Vh[:k, :].conj().T  # U_k^H V_k, (k, k)
+    return float(np.sum(np.abs(overlap) ** 2) / k)
+
+
+def self_alignment(J: Any, k: int) -> float:
+    """Overlap of the top-k output and input singular directions: ‖U_k^T V_k‖_F² / k.
+
+    J = U Σ V^T (V^H for complex J), U_k, V_k the first k columns (largest σ). Equals the mean
+    squared cosine of the principal angles between span(U_k) and span(V_k). When σ_k = σ_{k+1}
+    the top-k subspaces are not unique and neither is the value.
+
+    Args:
+        J: (d, d) matrix.
+        k: integer in [1, d].
+    Returns:
+        float in [0, 1]: 1 when J maps its top-k input subspace onto itself (e.g. symmetric
+        J — U and V then differ only in column signs), 0 when it maps it to an orthogonal one.
+        k = d always gives 1.
+    Example:
+        >>> self_alignment(np.diag([3.0, 2.0, 1.0]), 2)
+        1.0
+        >>> self_alignment(np.array([[0.0, 0.0], [2.0, 0.0]]), 1)  # e_0 -> 2 e_1
+        0.0
+    """
+    a = _as_square(J)
+    k = _check_k(k, a.shape[0])
+    U, _, Vh = _svd(a, vectors=True)
+    return _self_alignment_from_svd(U, Vh, k)
+
+
+def effective_rank(singular_values: Any) -> float:
+    """Roy–Vetterli effective rank: exp(−Σ_i p_i log p_i), p_i = σ_i / Σ_j σ_j (0·log 0 = 0).
+
+    Scale-invariant. The zero matrix (all σ = 0) has rank 0 and gives 0.
+
+    Args:
+        singular_values: (d,) array of σ ≥ 0.
+    Returns:
+        float in [1, d] (0 for all zeros); d iff all σ are equal; r for r equal non-zero σ.
+    Example:
+        >>> round(effective_rank(np.ones(5)), 12)
+        5.0
+        >>> round(effective_rank(np.array([1.0, 1.0, 0.0])), 12)
+        2.0
+    """
+    s = _as_values(singular_values, "singular_values", nonnegative=True, allow_complex=False)
+    total = float(np.sum(s))
+    if total == 0.0:
+        return 0.0
+    p = s[s > 0] / total
+    return float(np.exp(-np.sum(p * np.log(p))))
+
+
+def participation_ratio(singular_values: Any) -> float:
+    """Participation ratio of the squared singular values: (Σ_i σ_i²)² / Σ_i σ_i⁴.
+
+    Scale-invariant (evaluated on σ / σ_max, so it neither overflows nor underflows). The zero
+    matrix gives 0.
+
+    Args:
+        singular_values: (d,) array of σ ≥ 0.
+    Returns:
+        float in [1, d] (0 for all zeros); r for r equal non-zero σ.
+    Example:
+        >>> participation_ratio(np.array([1.0, 1.0, 1.0, 0.0]))
+        3.0
+    """
+    s = _as_values(singular_values, "singular_values", nonnegative=True, allow_complex=False)
+    smax = float(np.max(s))
+    if smax == 0.0:
+        return 0.0
+    q = (s / smax) ** 2
+    return float(np.sum(q) ** 2 / np.sum(q * q))
+
+
+# --------------------------------------------------------------------------------------------
+# cumulative products along depth
+
+
+class _Cumulative:
+    """Running product P_s = J_s P_{s−1}, renormalised to ‖P_s‖_F = 1 after every step.
+
+    ``log10_fro`` accumulates log10 of the factor removed, i.e. log10 ‖J_s ⋯ J_0‖_F of the
+    unrescaled product. A product that becomes exactly 0 stays 0 (log10_fro = −inf).
+    """
+
+    def __init__(self) -> None:
+        self.P: np.ndarray | None = None
+        self.log10_fro = 0.0
+
+    def push(self, J: np.ndarray) -> np.ndarray:
+        if self.P is None:
+            P = J.copy()
+        elif self.log10_fro == -math.inf:
+            return np.zeros(J.shape[0])
+        else:
+            P = J @ self.P
+        nrm = float(np.linalg.norm(P))
+        if nrm == 0.0 or not math.isfinite(nrm):
+            if not math.isfinite(nrm):  # pragma: no cover - needs ‖J‖ near the float64 limit
+                raise FloatingPointError("cumulative product overflowed despite rescaling; ‖J‖_F is near 1e308")
+            self.P, self.log10_fro = P, -math.inf
+            return np.zeros(J.shape[0])
+        self.P = P / nrm
+        self.log10_fro += math.log10(nrm)
+        return _svd(self.P, vectors=False)
+
+
+def _iter_matrices(jacobians: Iterable[Any], what: str = "jacobians") -> Iterable[np.ndarray]:
+    d = None
+    n = 0
+    for s, J in enumerate(jacobians):
+        a = _as_square(J() if callable(J) else J, name=f"{what}[{s}]")
+        if d is None:
+            d = a.shape[0]
+        elif a.shape[0] != d:
+            raise ValueError(f"{what}[{s}] has shape {a.shape}, but {what}[0] is {d}×{d}; all must be the same size")
+        n += 1
+        yield a
+    if n == 0:
+        raise ValueError(f"{what} is empty; need at least one d×d matrix")
+
+
+def cumulative_spectrum(jacobians: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Singular values and scale of the cumulative products P_s = J_s J_{s−1} ⋯ J_0.
+
+    Products are formed in float64 (complex128 if any J is complex) and divided by their
+    Frobenius norm after each multiplication, so 200 sublayers of norm 10 neither overflow nor
+    (for norm 0.1) underflow; the removed scale is returned as log10 ‖P_s‖_F.
+
+    Args:
+        jacobians: iterable of S matrices (d, d) in sublayer order s = 0..S−1 (arrays or
+            zero-argument callables returning arrays, loaded one at a time).
+    Returns:
+        (sv, log10_fro): sv (S, d) singular values of P_s / ‖P_s‖_F (descending, rows sum of
+        squares 1, or all 0 if the product vanished); log10_fro (S,) log10 ‖P_s‖_F
+        (−inf once the product is exactly 0).
+    Example:
+        >>> sv, lg = cumulative_spectrum([2 * np.eye(2)] * 3)
+        >>> sv[-1].round(6).tolist(), lg.round(6).tolist()
+        ([0.707107, 0.707107], [0.451545, 0.752575, 1.053605])
+    """
+    cum = _Cumulative()
+    rows, logs = [], []
+    for a in _iter_matrices(jacobians):
+        rows.append(cum.push(a))
+        logs.append(cum.log10_fro)
+    return np.vstack(rows), np.asarray(logs, dtype=np.float64)
+
+
+def cumulative_effective_rank(jacobians: Iterable[Any]) -> np.ndarray:
+    """Bottleneck curve: erank(P_s) for P_s = J_s J_{s−1} ⋯ J_0, s = 0..S−1.
+
+    erank is the Roy–Vetterli effective rank (:func:`effective_rank`), scale-invariant, so the
+    Frobenius rescaling of :func:`cumulative_spectrum` does not change it.
+
+    Args:
+        jacobians: iterable of S (d, d) matrices in sublayer order (arrays or callables).
+    Returns:
+        (S,) float64 array with values in [1, d] (0 once the product is exactly 0).
+    Example:
+        >>> cumulative_effective_rank([np.diag([1.0, 1.0, 0.5]), np.diag([1.0, 1.0, 0.0])]).round(6).tolist()
+        [2.871746, 2.0]
+    """
+    sv, _ = cumulative_spectrum(jacobians)
+    return np.array([effective_rank(row) for row in sv])
+
+
+def cumulative_participation_ratio(jacobians: Iterable[Any]) -> np.ndarray:
+    """Bottleneck curve by participation ratio: PR(P_s) = (Σσ²)²/Σσ⁴ of P_s = J_s ⋯ J_0.
+
+    Args:
+        jacobians: iterable of S (d, d) matrices in sublayer order (arrays or callables).
+    Returns:
+        (S,) float64 array with values in [1, d] (0 once the product is exactly 0).
+    Example:
+        >>> cumulative_participation_ratio([np.eye(3), np.diag([1.0, 1.0, 0.0])]).tolist()
+        [3.0, 2.0]
+    """
+    sv, _ = cumulative_spectrum(jacobians)
+    return np.array([participation_ratio(row) for row in sv])
+
+
+# --------------------------------------------------------------------------------------------
+# per-sublayer analysis
+
+
+def _tol_label(tol: float) -> str:
+    return f"{tol:.0e}"
+
+
+def _check_tolerances(tolerances: Any) -> tuple[float, ...]:
+    try:
+        tols = tuple(tolerances)
+    except TypeError as err:
+        raise ValueError(f"tolerances must be a sequence of numbers ≥ 0, got {tolerances!r}") from err
+    if not tols:
+        raise ValueError("tolerances must contain at least one tolerance")
+    tols = tuple(_check_tol(t) for t in tols)
+    labels = [_tol_label(t) for t in tols]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"tolerances {tols} give duplicate column labels {labels}; use distinct values")
+    return tols
+
+
+def _check_k_fraction(k_fraction: Any) -> float:
+    try:
+        f = float(k_fraction)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"k_fraction must be a number in (0, 1], got {k_fraction!r}") from err
+    if not (0.0 < f <= 1.0):
+        raise ValueError(f"k_fraction must be in (0, 1], got {k_fraction!r}")
+    return f
+
+
+def spectrum(J: Any) -> dict[str, np.ndarray]:
+    """Eigenvalues of J and singular values of J and of J − I.
+
+    Args:
+        J: (d, d) matrix.
+    Returns:
+        dict with ``eigenvalues`` (d,) complex128 sorted by descending |λ| (ties by angle),
+        ``singular_values`` (d,) and ``singular_values_JmI`` (d,) float64, descending.
+    Example:
+        >>> sp = spectrum(np.diag([2.0, -1.0]))
+        >>> sp["eigenvalues"].tolist(), sp["singular_values"].tolist(), sp["singular_values_JmI"].tolist()
+        ([(2+0j), (-1+0j)], [2.0, 1.0], [2.0, 1.0])
+    """
+    a = _as_square(J)
+    lam = scipy.linalg.eigvals(a, check_finite=False)
+    return {
+        "eigenvalues": _sort_eigenvalues(lam.astype(np.complex128)),
+        "singular_values": _svd(a, vectors=False),
+        "singular_values_JmI": _svd(a - np.eye(a.shape[0]), vectors=False),
+    }
+
+
+def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...]) -> tuple[dict, dict]:
+    """Metrics and spectra of one validated matrix: one Schur (T only), one SVD, one svdvals."""
+    d = a.shape[0]
+    eye = np.eye(d)
+    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    lam = _schur_eigenvalues(T)
+    nn = _nonnormal_norm_from_schur(T)
+    U, sv, Vh = _svd(a, vectors=True)
+    JmI = a - eye
+    sv_m = _svd(JmI, vectors=False)
+    fro = float(np.linalg.norm(a))
+    fro_m = float(np.linalg.norm(JmI))
+
+    erank = effective_rank(sv)
+    k_frac = min(d, max(1, _round_half_up(k_fraction * d)))
+    k_erank = min(d, max(1, _round_half_up(erank)))
+    m: dict[str, Any] = {
+        "d": d,
+        "spectral_radius": float(np.max(np.abs(lam))),
+        "condition_number": condition_number(sv),
+        "sigma_max": float(sv[0]),
+        "sigma_min": float(sv[-1]),
+        "fro_J": fro,
+        "fro_minus_identity": fro_m,
+        "nonnormal_fro": nn,
+        # J − I has the same Schur basis and the same N, only Λ shifts by −1.
+        "henrici": min(1.0, nn / fro) if fro > 0 else 0.0,
+        "henrici_JmI": min(1.0, nn / fro_m) if fro_m > 0 else 0.0,
+    }
+    for t in tols:
+        m[f"complex_frac_J_tol{_tol_label(t)}"] = complex_fraction(lam, t)
+    for t in tols:
+        m[f"complex_frac_JmI_tol{_tol_label(t)}"] = complex_fraction(lam - 1.0, t)
+    m.update(
+        {
+            "expansive_frac_eig": expansive_fraction(lam),
+            "expansive_frac_sv": expansive_fraction(sv),
+            "k_frac": k_frac,
+            "self_alignment_kfrac": _self_alignment_from_svd(U, Vh, k_frac),
+            "self_alignment_k1": _self_alignment_from_svd(U, Vh, 1),
+            "k_erank": k_erank,
+            "self_alignment_kerank": _self_alignment_from_svd(U, Vh, k_erank),
+            "erank_J": erank,
+            "pr_J": participation_ratio(sv),
+            "erank_JmI": effective_rank(sv_m),
+            "pr_JmI": participation_ratio(sv_m),
+        }
+    )
+    arrays = {
+        "eigenvalues": _sort_eigenvalues(lam),
+        "singular_values": np.asarray(sv, dtype=np.float64),
+        "singular_values_JmI": np.asarray(sv_m, dtype=np.float64),
+    }
+    return m, arrays
+
+
+def sublayer_metrics(
+    J: Any, k_fraction: float = 0.1, tolerances: Sequence[float] = DEFAULT_TOLERANCES
+) -> dict[str, Any]:
+    """All per-sublayer scalars of ``spectra.tsv`` for one Jacobian J (d×d).
+
+    Keys (λ eigenvalues of J, σ singular values, N the Schur non-normal part):
+    ``d``; ``spectral_radius`` max|λ|; ``condition_number`` σ_max/σ_min; ``sigma_max``,
+    ``sigma_min``; ``fro_J`` ‖J‖_F; ``fro_minus_identity`` ‖J − I‖_F; ``nonnormal_fro`` ‖N‖_F;
+    ``henrici`` ‖N‖_F/‖J‖_F and ``henrici_JmI`` ‖N‖_F/‖J − I‖_F (J − I has the same N);
+    ``complex_frac_J_tol{t}`` / ``complex_frac_JmI_tol{t}`` for each tolerance t (label
+    ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
+    ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
+    ``k_frac`` = max(1, round(k_fraction·d)) and ``self_alignment_kfrac``;
+    ``self_alignment_k1``; ``k_erank`` = max(1, round(erank_J)) and ``self_alignment_kerank``;
+    ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
+    Rounding is half-up.
+
+    Cost: one real Schur factor (no vectors), one SVD with vectors, singular values of J − I.
+
+    Args:
+        J: (d, d) matrix (cast to float64).
+        k_fraction: in (0, 1].
+        tolerances: non-empty sequence of complex-fraction tolerances ≥ 0.
+    Returns:
+        dict of floats/ints (order as listed).
+    Example:
+        >>> m = sublayer_metrics(np.eye(4))
+        >>> m["henrici"], m["erank_J"], m["pr_J"], m["erank_JmI"], m["self_alignment_k1"]
+        (0.0, 4.0, 4.0, 0.0, 1.0)
+    """
+    a = _as_square(J)
+    return _analyse(a, _check_k_fraction(k_fraction), _check_tolerances(tolerances))[0]
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+
+
+def sublayer_index(layer: int, kind: str) -> int:
+    """Depth index s = 2·layer + (0 for 'attn', 1 for 'mlp').
+
+    Example:
+        >>> sublayer_index(3, "mlp")
+        7
+    """
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or int(layer) < 0:
+        raise ValueError(f"layer must be an integer ≥ 0, got {layer!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return 2 * int(layer) + KINDS.index(kind)
+
+
+def group_name(layer: int, kind: str) -> str:
+    """HDF5 group of a sublayer in ``spectra.h5``: ``L{layer:03d}_{kind}``.
+
+    Example:
+        >>> group_name(7, "attn")
+        'L007_attn'
+    """
+    sublayer_index(layer, kind)
+    return f"L{int(layer):03d}_{kind}"
+
+
+def _ordered(jacobians: JacobianSource, what: str = "jacobians") -> list[tuple[int, int, str, Any]]:
+    """(s, layer, kind, matrix-or-loader) sorted by depth; validates keys."""
+    if not isinstance(jacobians, Mapping):
+        raise ValueError(f"{what} must be a mapping {{(layer, kind): d×d matrix}}, got {type(jacobians).__name__}")
+    if len(jacobians) == 0:
+        raise ValueError(f"{what} is empty; need at least one (layer, kind) sublayer")
+    rows = []
+    for key, J in jacobians.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise ValueError(f"{what} keys must be (layer, kind) tuples, got {key!r}")
+        layer, kind = key
+        try:
+            s = sublayer_index(layer, kind)
+        except ValueError as err:
+            raise ValueError(f"{what} key {key!r}: {err}") from None
+        rows.append((s, int(layer), kind, J))
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+def spectra_table(
+    jacobians: JacobianSource,
+    k_fraction: float = 0.1,
+    tolerances: Sequence[float] = DEFAULT_TOLERANCES,
+) -> tuple[pd.DataFrame, dict[str, dict[str, np.ndarray]]]:
+    """``spectra.tsv`` rows and ``spectra.h5`` arrays for a set of sublayer Jacobians.
+
+    Args:
+        jacobians: {(layer, kind): (d, d) matrix or zero-argument callable returning it};
+            kind in ('attn', 'mlp'). Matrices are loaded and analysed one at a time.
+        k_fraction, tolerances: passed to :func:`sublayer_metrics`.
+    Returns:
+        (table, arrays): table has one row per sublayer ordered by s = 2L (attn), 2L+1 (mlp),
+        columns ``layer, kind, s`` then the :func:`sublayer_metrics` keys; arrays maps
+        ``L{layer:03d}_{kind}`` to {``eigenvalues`` (d,) complex128, ``singular_values`` (d,),
+        ``singular_values_JmI`` (d,)} for :func:`write_spectra_h5`.
+    Example:
+        >>> df, arr = spectra_table({(0, "mlp"): np.eye(2), (0, "attn"): 2 * np.eye(2)})
+        >>> df[["layer", "kind", "s", "erank_J"]].values.tolist(), sorted(arr)
+        ([[0, 'attn', 0, 2.0], [0, 'mlp', 1, 2.0]], ['L000_attn', 'L000_mlp'])
+    """
+    kf = _check_k_fraction(k_fraction)
+    tols = _check_tolerances(tolerances)
+    rows, arrays = [], {}
+    for s, layer, kind, J in _ordered(jacobians):
+        a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
+        m, arr = _analyse(a, kf, tols)
+        rows.append({"layer": layer, "kind": kind, "s": s, **m})
+        arrays[group_name(layer, kind)] = arr
+    return pd.DataFrame(rows), arrays
+
+
+def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.DataFrame:
+    """``bottleneck.tsv``: ranks of the cumulative Jacobian P_s = J_s J_{s−1} ⋯ J_0 along depth.
+
+    Sublayers must be contiguous, s = 0..S−1 (a gap would make the product meaningless).
+
+    Args:
+        jacobians: {(layer, kind): (d, d) matrix or zero-argument callable}, all the same d.
+        reference: also report the single-sublayer values erank(J_s), PR(J_s) (one more
+            singular-value decomposition per sublayer).
+    Returns:
+        DataFrame with columns ``s, layer, kind, d, erank, participation_ratio, log10_fro``
+        (log10 ‖P_s‖_F of the unrescaled product) and, with ``reference``, ``erank_single``,
+        ``pr_single``.
+    Example:
+        >>> J = {(0, "attn"): np.diag([1.0, 1.0, 0.5]), (0, "mlp"): np.diag([1.0, 1.0, 0.0])}
+        >>> bottleneck_table(J)[["s", "erank", "pr_single"]].round(4).values.tolist()
+        [[0.0, 2.8717, 2.4545], [1.0, 2.0, 2.0]]
+    """
+    ordered = _ordered(jacobians)
+    expected = list(range(len(ordered)))
+    got = [r[0] for r in ordered]
+    if got != expected:
+        missing = sorted(set(range(max(got) + 1)) - set(got))
+        names = [f"({s // 2}, {KINDS[s % 2]!r})" for s in missing]
+        raise ValueError(
+            f"bottleneck needs contiguous sublayers s = 0..{max(got)}; missing (layer, kind): {', '.join(names)}"
+        )
+    cum = _Cumulative()
+    rows = []
+    d0 = None
+    for s, layer, kind, J in ordered:
+        a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
+        if d0 is None:
+            d0 = a.shape[0]
+        elif a.shape[0] != d0:
+            raise ValueError(f"jacobians[({layer}, {kind!r})] has shape {a.shape}, but the first sublayer is {d0}×{d0}")
+        sv = cum.push(a)
+        row = {
+            "s": s,
+            "layer": layer,
+            "kind": kind,
+            "d": a.shape[0],
+            "erank": effective_rank(sv),
+            "participation_ratio": participation_ratio(sv),
+            "log10_fro": cum.log10_fro,
+        }
+        if reference:
+            sv1 = _svd(a, vectors=False)
+            row["erank_single"] = effective_rank(sv1)
+            row["pr_single"] = participation_ratio(sv1)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: Per-sublayer columns of spectra.tsv compared across checkpoints by :func:`checkpoint_table`
+#: (plus every ``complex_frac_J_tol*`` column present).
+CHECKPOINT_METRICS: tuple[str, ...] = (
+    "henrici",
+    "self_alignment_kfrac",
+    "self_alignment_k1",
+    "self_alignment_kerank",
+    "erank_J",
+    "expansive_frac_eig",
+)
+
+
+def checkpoint_table(
+    tables: Mapping[str, pd.DataFrame],
+    bottlenecks: Mapping[str, pd.DataFrame] | None = None,
+    metrics: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Stack per-checkpoint spectra (and bottleneck) tables for comparison across training.
+
+    One row per (checkpoint, sublayer): ``ckpt, layer, kind, s``, every ``complex_frac_J_tol*``
+    column, the ``metrics`` columns (default :data:`CHECKPOINT_METRICS`) and, with
+    ``bottlenecks``, ``cum_erank`` and ``cum_pr`` (bottleneck ``erank`` and
+    ``participation_ratio``, joined on s). Checkpoints keep the mapping's order; rows within a
+    checkpoint are sorted by s. (Long in checkpoints; melt for one metric per row.)
+
+    Args:
+        tables: {ckpt name: spectra DataFrame from :func:`spectra_table`}.
+        bottlenecks: optional {ckpt name: DataFrame from :func:`bottleneck_table`}, same keys.
+        metrics: spectra columns to keep (default :data:`CHECKPOINT_METRICS`).
+    Returns:
+        DataFrame.
+    Example:
+        >>> t = {"step0": pd.DataFrame({"layer": [0], "kind": ["attn"], "s": [0], "henrici": [0.5]})}
+        >>> checkpoint_table(t, metrics=["henrici"]).values.tolist()
+        [['step0', 0, 'attn', 0, 0.5]]
+    """
+    if not isinstance(tables, Mapping) or len(tables) == 0:
+        raise ValueError(f"tables must be a non-empty mapping {{ckpt: spectra table}}, got {tables!r:.80}")
+    if bottlenecks is not None:
+        if not isinstance(bottlenecks, Mapping):
+            raise ValueError(
+                f"bottlenecks must be a mapping {{ckpt: bottleneck table}}, got {type(bottlenecks).__name__}"
+            )
+        if set(bottlenecks) != set(tables):
+            raise ValueError(
+                f"bottlenecks has checkpoints {sorted(bottlenecks)} but tables has {sorted(tables)}; they must match"
+            )
+    wanted = list(CHECKPOINT_METRICS if metrics is None else metrics)
+    parts = []
+    for ckpt, df in tables.items():
+        if not isinstance(df, pd.DataFrame):
+            raise ValueError(f"tables[{ckpt!r}] must be a DataFrame, got {type(df).__name__}")
+        cols = ["layer", "kind", "s"] + [c for c in df.columns if c.startswith("complex_frac_J_tol")] + wanted
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"tables[{ckpt!r}] lacks columns {missing}; it has {list(df.columns)}")
+        part = df[cols].copy()
+        if bottlenecks is not None:
+            b = bottlenecks[ckpt]
+            need = ["s", "erank", "participation_ratio"]
+            lack = [c for c in need if c not in b.columns]
+            if lack:
+                raise ValueError(f"bottlenecks[{ckpt!r}] lacks columns {lack}; it has {list(b.columns)}")
+            b = b[need].rename(columns={"erank": "cum_erank", "participation_ratio": "cum_pr"})
+            part = part.merge(b, on="s", how="left", validate="one_to_one")
+        part.insert(0, "ckpt", str(ckpt))
+        parts.append(part.sort_values("s", kind="stable"))
+    return pd.concat(parts, ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------
+# HDF5
+
+
+def _attr_value(v: Any) -> Any:
+    if isinstance(v, (str, bytes, bool, int, float, np.integer, np.floating, np.bool_)):
+        return v
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
+        return v
+    return json.dumps(v, default=str)
+
+
+def write_spectra_h5(
+    arrays: Mapping[str, Mapping[str, np.ndarray]], path: PathLike, attrs: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``spectra.h5`` atomically (:func:`resdyn.io.atomic_path`).
+
+    Schema ``resdyn.spectra/1``:
+
+    * root attrs: ``schema`` = "resdyn.spectra/1", plus ``attrs`` (provenance; scalars as is,
+      anything else JSON-encoded as a string);
+    * one group per sublayer ``L{layer:03d}_{kind}`` (kind 'attn' or 'mlp') with attrs
+      ``layer``, ``kind``, ``s`` (= 2·layer + [kind == 'mlp']) and datasets
+      ``eigenvalues`` (d,) complex128 sorted by descending |λ|, ``singular_values`` (d,) float64
+      and ``singular_values_JmI`` (d,) float64 (of J − I), both descending.
+
+    Args:
+        arrays: {group name: {dataset name: array}}, as returned by :func:`spectra_table`.
+        path: destination (.h5).
+        attrs: root attributes (provenance).
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "spectra.h5")
+        >>> _, arr = spectra_table({(0, "attn"): np.eye(2)})
+        >>> write_spectra_h5(arr, path, {"model": "zoo-8"})
+        >>> read_spectra_h5(path)[0]["L000_attn"]["singular_values"].tolist()
+        [1.0, 1.0]
+    """
+    import h5py
+
+    if not isinstance(arrays, Mapping) or len(arrays) == 0:
+        raise ValueError("arrays must be a non-empty mapping {'L000_attn': {dataset: array}, ...}")
+    required = {"eigenvalues": np.complex128, "singular_values": np.float64, "singular_values_JmI": np.float64}
+    checked = {}
+    for name, group in arrays.items():
+        m = _GROUP_RE.match(str(name))
+        if not m:
+            raise ValueError(f"group name {name!r} is not of the form L{{layer:03d}}_{{attn|mlp}}")
+        missing = [k for k in required if k not in group]
+        if missing:
+            raise ValueError(f"arrays[{name!r}] lacks datasets {missing}; required: {list(required)}")
+        ds = {}
+        for k, dtype in required.items():
+            v = np.asarray(group[k])
+            if v.ndim != 1:
+                raise ValueError(f"arrays[{name!r}][{k!r}] must be 1-D, got shape {v.shape}")
+            ds[k] = v.astype(dtype)
+        layer, kind = int(m.group(1)), m.group(2)
+        checked[str(name)] = (layer, kind, ds)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["schema"] = SPECTRA_H5_SCHEMA
+        for k, v in (attrs or {}).items():
+            f.attrs[str(k)] = _attr_value(v)
+        for name, (layer, kind, ds) in checked.items():
+            g = f.create_group(name)
+            g.attrs["layer"] = layer
+            g.attrs["kind"] = kind
+            g.attrs["s"] = sublayer_index(layer, kind)
+            for k, v in ds.items():
+                g.create_dataset(k, data=v)
+
+
+def read_spectra_h5(path: PathLike) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    """Read ``spectra.h5`` written by :func:`write_spectra_h5`.
+
+    Returns:
+        (arrays, attrs): {group: {dataset: array}} as given to :func:`write_spectra_h5`, and the
+        root attributes (including ``schema``; JSON-encoded values stay strings).
+    Raises:
+        ValueError: the file's ``schema`` attribute is not ``resdyn.spectra/1``.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        schema = f.attrs.get("schema")
+        if isinstance(schema, bytes):
+            schema = schema.decode()
+        if schema != SPECTRA_H5_SCHEMA:
+            raise ValueError(f"{path}: schema {schema!r}, expected {SPECTRA_H5_SCHEMA!r}")
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        arrays = {name: {k: g[k][()] for k in g} for name, g in f.items()}
+    return arrays, attrs
