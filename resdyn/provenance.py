@@ -152,16 +152,20 @@ def step(snakemake) -> Iterator[Step]:
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
-    if "threads" in dir(snakemake):
-        import torch
+    # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
+    # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
+    import torch
+    from threadpoolctl import threadpool_limits
 
-        torch.set_num_threads(max(1, int(snakemake.threads)))
+    threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
+    torch.set_num_threads(threads)
     s = Step(snakemake)
-    try:
-        yield s
-    except Exception:
-        logging.getLogger(snakemake.rule).exception("rule %s failed", snakemake.rule)
-        raise
+    with threadpool_limits(limits=threads):
+        try:
+            yield s
+        except Exception:
+            logging.getLogger(snakemake.rule).exception("rule %s failed", snakemake.rule)
+            raise
     s.finish()
 
 

@@ -56,11 +56,11 @@ BAD = [
     (_set(["models", "tiny_llama", "family"], "gpt2"), ["models.tiny_llama.family", "'gpt2'", "llama"]),
     (_set(["models", "tiny_llama", "train", "checkpoints"], []), ["models.tiny_llama.train.checkpoints", "[]", "non-empty"]),
     (_set(["models", "tiny_llama", "source"], "ftp"), ["models.tiny_llama.source", "'ftp'", "'hf', 'local', 'train'"]),
-    (_set(["models", "tiny_llama"], {"source": "local", "dataset": "embedded", "n_layers": 4,
+    (_set(["models", "tiny_llama"], {"source": "local", "dataset": "kjv", "n_layers": 4,
                                      "path": "/nonexistent/folder"}), ["models.tiny_llama", "/nonexistent/folder", "config.json"]),
-    (_set(["models", "tiny_llama"], {"source": "hf", "dataset": "embedded", "n_layers": 4, "repo": "a/b"}),
+    (_set(["models", "tiny_llama"], {"source": "hf", "dataset": "kjv", "n_layers": 4, "repo": "a/b"}),
      ["models.tiny_llama", "revisions", "required"]),
-    (_set(["models", "tiny_llama", "dataset"], "nope"), ["models.tiny_llama.dataset", "'nope'", "embedded"]),
+    (_set(["models", "tiny_llama", "dataset"], "nope"), ["models.tiny_llama.dataset", "'nope'", "kjv"]),
     (_set(["models", "tiny_llama", "train", "checkpoints"], [0, 999]), ["train.checkpoints", "999", "train.steps=30"]),
     (_set(["phases", "window"], 4), ["phases.window", "4", "odd"]),
     (_set(["jacobian", "positions"], "first"), ["jacobian.positions", "'first'", "last"]),
@@ -71,7 +71,7 @@ BAD = [
     (_set(["lens", "optimizer"], "lbfgs"), ["lens.optimizer", "'lbfgs'", "adam"]),
     (_set(["unknown_section"], {}), ["unknown_section", "Additional properties"]),
     (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
-    (_set(["datasets", "embedded"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.embedded.paths", "missing.txt", "does not exist"]),
+    (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),
 ]
 
 

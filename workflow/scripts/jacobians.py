@@ -1,5 +1,6 @@
 """Mean sublayer Jacobians of one layer block over the model's samples (resumable)."""
 
+import shutil
 from pathlib import Path
 
 from resdyn import config, data, io, jacobian, models, provenance
@@ -11,13 +12,16 @@ with provenance.step(snakemake) as step:
     ids, sample_ids, sattrs = data.read_samples(snakemake.input.samples)
     layers = config.block_layers(snakemake.wildcards.block)
     out = Path(snakemake.output[0])
-    # Partial sums live beside, not inside, the declared output folder: Snakemake clears the
-    # outputs of an incomplete job before rerunning it, which would discard them.
+    # Files and resumable partial sums are written to a staging folder beside the declared
+    # output and moved into place at the end: Snakemake clears the outputs of an incomplete job
+    # before rerunning it, which would discard the partial sums.
+    staging = out.with_name(f".{out.name}.staging")
     jacobian.write_layer_block(
         model, ids, sample_ids, layers,
-        {layer: out / f"layer{layer:03d}.h5" for layer in layers},
+        {layer: staging / f"layer{layer:03d}.h5" for layer in layers},
         positions=p.positions, store_dtype=p.store_dtype, store_first_n=p.store_first_n,
         checkpoint_every=p.checkpoint_every,
-        checkpoint_dir=out.with_name(f".{out.name}.partial"),
         attrs={**models.model_attrs(record), "samples_hash": sattrs["samples_hash"], "code_version": p.code},
     )
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)

@@ -1,0 +1,207 @@
+"""Integration: the smoke preset end to end with Snakemake, then incremental rebuilds and audits.
+
+One full run of configs/smoke.yaml in a temporary copy of the workflow (session fixture); the
+other tests read it. Incremental behaviour is checked with dry runs against the finished run:
+a config change must schedule exactly the jobs that depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pandas as pd
+import pytest
+import yaml
+
+from resdyn import io, provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+RESDYN = str(Path(sys.executable).parent / "resdyn")
+IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "models", "logs", ".snakemake", "report.html",
+                                "__pycache__", ".pytest_cache", "out", "*.egg-info")
+
+pytestmark = pytest.mark.slow
+
+
+def copy_workflow(dest: Path) -> Path:
+    shutil.copytree(ROOT, dest, ignore=IGNORE)
+    return dest
+
+
+def env_for(work: Path) -> dict:
+    # The copy's own resdyn must be imported (the venv's editable install points at ROOT).
+    return {**os.environ, "PYTHONPATH": str(work), "HF_HUB_OFFLINE": "1"}
+
+
+def snakemake(work: Path, *args: str, config: str = "configs/smoke.yaml", check: bool = True):
+    proc = subprocess.run([SNAKEMAKE, "--configfile", config, *args], cwd=work, env=env_for(work),
+                          capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def planned_jobs(work: Path, config: str = "configs/smoke.yaml") -> dict[str, int]:
+    """Rule -> number of jobs a dry run would execute."""
+    out = snakemake(work, "-n", config=config).stdout
+    if "Nothing to be done" in out:
+        return {}
+    stats = out.split("Job stats:", 1)[1]
+    jobs = {}
+    for line in stats.splitlines():
+        m = re.fullmatch(r"\s*([A-Za-z_][\w]*)\s+(\d+)\s*", line)
+        if m and m[1] != "total":
+            jobs[m[1]] = int(m[2])
+        if line.strip().startswith("total"):
+            break
+    return jobs
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory) -> Path:
+    work = copy_workflow(tmp_path_factory.mktemp("smoke") / "wf")
+    snakemake(work, "--cores", "2")
+    return work
+
+
+def with_config(work: Path, name: str, change) -> str:
+    cfg = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
+    change(cfg)
+    path = work / "configs" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return f"configs/{name}.yaml"
+
+
+def test_every_artifact_exists_and_parses(smoke):
+    files = [p for p in (smoke / "results").rglob("*") if p.is_file() and not p.name.endswith(".prov.json")]
+    assert files
+    for p in files:
+        if p.suffix == ".tsv":
+            assert not io.read_tsv(p).empty, p
+        elif p.suffix == ".json":
+            io.read_json(p)
+        elif p.suffix == ".h5":
+            with h5py.File(p, "r") as f:
+                assert len(f.keys()) > 0, p
+        elif p.suffix == ".png":
+            assert provenance.read(p)["rule"].startswith("figure"), p
+    for model in ("tiny_llama", "tiny_olmo"):
+        for rel in ("checkpoints.tsv", "step30/spectra.tsv", "step30/bottleneck.tsv", "step30/schur.tsv",
+                    "step30/coupling.tsv", "step0/coupling.tsv", "step30/lens_metrics.tsv", "step30/rss.tsv",
+                    "step30/resolution.tsv", "step30/phases.json", "step30/phase_metrics.tsv"):
+            assert (smoke / "results" / model / rel).is_file(), rel
+    assert (smoke / "results" / "scaling" / "phase_widths.tsv").is_file()
+    widths = io.read_tsv(smoke / "results" / "scaling" / "phase_widths.tsv")
+    assert set(widths["status"]) == {"too_few_depths"}  # one depth in the smoke preset
+
+
+def test_jacobian_files_follow_the_schema(smoke):
+    files = sorted((smoke / "results" / "tiny_llama" / "step30" / "jacobians").rglob("layer*.h5"))
+    assert [f.name for f in files] == [f"layer{i:03d}.h5" for i in range(6)]
+    with h5py.File(files[0], "r") as f:
+        for kind in ("attn", "mlp"):
+            assert f[kind]["mean"].shape == (32, 32)
+            assert int(f[kind]["count"][()]) == 6
+        assert f.attrs["samples_hash"]
+
+
+def test_every_output_has_provenance(smoke):
+    for p in (smoke / "results").rglob("*.tsv"):
+        prov = io.read_json(io.prov_path(p))
+        assert prov["rule"] and prov["versions"]["torch"] and prov["git"] is not None
+        assert all(len(h) == 64 for h in prov["inputs"].values() if h), p
+
+
+def test_provenance_chain_reaches_model_and_data(smoke, monkeypatch):
+    fig = next((smoke / "results" / "figures" / "tiny_llama" / "step30").glob("funnel.png"))
+    proc = subprocess.run([RESDYN, "provenance", str(fig.relative_to(smoke))], cwd=smoke, env=env_for(smoke),
+                          capture_output=True, text=True, check=True)
+    out = proc.stdout
+    for rule in ("figure_ckpt", "spectra", "jacobians", "resolve_checkpoint", "samples", "corpus"):
+        assert f"rule {rule} " in out, rule
+    assert "weights sha256" in out and "samples sha256" in out
+    monkeypatch.chdir(smoke)
+    rules = [prov["rule"] for _, prov in provenance.chain(fig.relative_to(smoke))]
+    assert rules[0] == "figure_ckpt" and "zoo_train" in rules
+
+
+def test_verify_detects_an_edited_upstream_table(smoke, tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    shutil.copytree(smoke / "results", work / "results")
+    shutil.copytree(smoke / "models", work / "models")
+    ok = subprocess.run([RESDYN, "verify", "results"], cwd=work, env=env_for(work), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    table = work / "results" / "tiny_llama" / "step30" / "spectra.tsv"
+    table.write_text(table.read_text().replace("\t0.", "\t1.", 1))
+    bad = subprocess.run([RESDYN, "verify", "results"], cwd=work, env=env_for(work), capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "spectra.tsv changed" in bad.stdout
+    assert "checkpoints.tsv" in bad.stdout  # the artifacts made from it are named
+
+
+def test_nothing_changed_nothing_reruns(smoke):
+    assert planned_jobs(smoke) == {}
+
+
+def test_phase_window_reruns_only_phases_and_downstream(smoke):
+    cfg = with_config(smoke, "window", lambda c: c["phases"].update(window=5))
+    jobs = planned_jobs(smoke, cfg)
+    assert set(jobs) == {"phases", "phase_metrics", "scaling", "figure_ckpt", "figure_scaling", "all"}
+    assert jobs["phases"] == 2
+
+
+def test_resolution_k_list_does_not_touch_jacobians_activations_or_lens(smoke):
+    cfg = with_config(smoke, "ks", lambda c: c["readout"].update(k_fractions=[0.1, 0.25, 0.5]))
+    jobs = planned_jobs(smoke, cfg)
+    assert {"rss", "resolution"} <= set(jobs)
+    assert not {"jacobians", "activations", "lens", "lens_metrics", "zoo_train", "samples"} & set(jobs)
+
+
+def test_leiden_resolution_reruns_only_topology(smoke):
+    cfg = with_config(smoke, "gamma", lambda c: c["topology"].update(resolution=0.1))
+    jobs = planned_jobs(smoke, cfg)
+    assert set(jobs) == {"communities", "coupling", "checkpoints", "figure_ckpt", "figure_model", "all"}
+    assert jobs["communities"] == 4  # 2 models x 2 checkpoints
+
+
+def test_sample_count_reruns_everything_downstream_of_samples(smoke):
+    cfg = with_config(smoke, "n", lambda c: c["samples"].update(n=5))
+    jobs = planned_jobs(smoke, cfg)
+    assert {"samples", "jacobians", "activations", "spectra", "schur", "communities", "coupling",
+            "lens_metrics", "phase_metrics"} <= set(jobs)
+    assert not {"zoo_train", "corpus", "tokenizer", "lens_tokens", "lens"} & set(jobs)
+
+
+def test_changing_a_resdyn_module_reruns_the_rules_using_it(smoke, tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    for d in ("results", "models", ".snakemake"):
+        shutil.copytree(smoke / d, work / d, symlinks=True)
+    assert planned_jobs(work) == {}
+    with open(work / "resdyn" / "phases.py", "a") as f:
+        f.write("\n# a change\n")
+    jobs = planned_jobs(work)
+    assert "phases" in jobs and "lens" not in jobs and "jacobians" not in jobs
+
+
+def test_lint_and_format(smoke):
+    lint = subprocess.run([SNAKEMAKE, "--lint", "--configfile", "configs/smoke.yaml"], cwd=ROOT, env=env_for(ROOT),
+                          capture_output=True, text=True)
+    assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+    fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml"])
+def test_dry_run_every_config(config):
+    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", config], cwd=ROOT, env=env_for(ROOT),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
