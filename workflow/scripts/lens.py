@@ -20,4 +20,3 @@ with provenance.step(snakemake) as step:
     out = Path(snakemake.output[0])
     fitted.save(out)
     fitted.export_tuned_lens(out / "tuned_lens")
-    io.write_tsv(fitted.curves, out / "curves.tsv")

@@ -1,0 +1,549 @@
+"""Tests of resdyn.lens: tuned-lens translators, the logit lens, persistence, export, metrics.
+
+Models are tiny (d = 32, 4 layers, vocab 100, fp32) Llama / OLMo 2 / Gemma 2 built from their
+config classes and trained a few steps on a synthetic pattern (noisy bigram chain, then a copy
+of it), so that the final distribution is peaked and the lens has something to learn.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM
+
+from resdyn import arch
+from resdyn import lens as L
+
+VOCAB, D, N_LAYERS = 100, 32, 4
+FAST = dict(steps=400, eval_every=10, patience=5, tol=1e-2, progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: OpenMP spinning under contention makes tiny matmuls 100× slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def synthetic_batches(n: int, seed: int, batch: int = 8, length: int = 32) -> list[torch.Tensor]:
+    """Noisy bigram chain x_{t+1} = 3 x_t + 7 (mod V) with 20 % random tokens, then a copy of it."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        half = length // 2
+        x = torch.zeros(batch, half, dtype=torch.long)
+        x[:, 0] = torch.randint(0, VOCAB, (batch,), generator=g)
+        for t in range(1, half):
+            noise = torch.rand(batch, generator=g) < 0.2
+            x[:, t] = torch.where(noise, torch.randint(0, VOCAB, (batch,), generator=g), (3 * x[:, t - 1] + 7) % VOCAB)
+        out.append(torch.cat([x, x], dim=1))
+    return out
+
+
+def common_config(cls, **extra):
+    return cls(
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        **extra,
+    )
+
+
+def build(family: str, seed: int = 0, pretrain_steps: int = 150) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(common_config(LlamaConfig))
+    elif family == "olmo2":
+        model = Olmo2ForCausalLM(common_config(Olmo2Config))
+    elif family == "gemma2":
+        model = Gemma2ForCausalLM(common_config(Gemma2Config, head_dim=8, final_logit_softcapping=2.0, attn_implementation="eager"))
+    else:
+        raise ValueError(family)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for ids in synthetic_batches(pretrain_steps, seed=100 + seed):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def train_data():
+    return synthetic_batches(20, seed=1)
+
+
+@pytest.fixture(scope="module")
+def heldout_data():
+    return synthetic_batches(2, seed=2)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return build("llama")
+
+
+@pytest.fixture(scope="module")
+def olmo2():
+    return build("olmo2")
+
+
+@pytest.fixture(scope="module")
+def models(llama, olmo2):
+    return {"llama": llama, "olmo2": olmo2}
+
+
+@pytest.fixture(scope="module")
+def llama_lens(llama, train_data, heldout_data):
+    return L.train_lens(llama, train_data, heldout_batches=heldout_data, model_id="tiny-llama", model_revision="r1", model_hash="abc", **FAST)
+
+
+def heldout_curve(lens: L.Lens) -> pd.DataFrame:
+    c = lens.curves
+    return c[c.split == "heldout"].pivot(index="step", columns="layer", values="kl")
+
+
+# --- readout: logit lens, identity reference ------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_logit_lens_at_last_index_is_the_models_own_logits(models, heldout_data, family):
+    model = models[family]
+    ids = heldout_data[0]
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        states = arch.residual_states(model, ids)
+        got = L.logit_lens_logits(model, states[:, N_LAYERS], N_LAYERS)
+    torch.testing.assert_close(got, own, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_cached_states_reproduce_the_models_output(models, heldout_data, family):
+    """The lens's own state capture (decoder without the head) gives the model's exact logits."""
+    model = models[family]
+    ids = heldout_data[0]
+    with torch.no_grad():
+        states = L.layer_major_states(model, ids)  # (n+1, B·T, d)
+        want = model(input_ids=ids).logits.reshape(-1, VOCAB)
+        assert torch.equal(states, arch.residual_states(model, ids).permute(1, 0, 2, 3).reshape(N_LAYERS + 1, -1, D))
+        torch.testing.assert_close(L.logit_lens_logits(model, states[N_LAYERS], N_LAYERS), want, atol=1e-6, rtol=0)
+
+
+def test_tuned_lens_reference_index_is_identity(llama, llama_lens, heldout_data):
+    ids = heldout_data[0]
+    np.testing.assert_array_equal(llama_lens.translator_matrix(N_LAYERS), np.eye(D))
+    np.testing.assert_array_equal(llama_lens.translator_bias(N_LAYERS), np.zeros(D))
+    with torch.no_grad():
+        h = arch.residual_states(llama, ids)[:, N_LAYERS]
+        assert torch.equal(llama_lens.logits(h, N_LAYERS), L.logit_lens_logits(llama, h, N_LAYERS))
+        torch.testing.assert_close(llama_lens.logits(h, N_LAYERS), llama(input_ids=ids).logits, atol=1e-6, rtol=0)
+
+
+def test_logit_lens_is_the_zero_translator(llama, heldout_data):
+    """W = 0, b = 0 through the tuned-lens path reproduces the logit lens at every layer."""
+    zero = L.Lens(llama, torch.zeros(N_LAYERS, D, D), torch.zeros(N_LAYERS, D))
+    with torch.no_grad():
+        states = arch.residual_states(llama, heldout_data[0])
+        for layer in range(N_LAYERS + 1):
+            h = states[:, layer]
+            ref = L.logit_lens_logits(llama, h, layer)
+            torch.testing.assert_close(zero.logits(h, layer), ref, atol=1e-6, rtol=0)
+            np.testing.assert_array_equal(zero.translator_matrix(layer), np.eye(D))
+
+
+def test_translator_formula(llama_lens):
+    """T_L(h) = A_L h + b_L with A_L = translator_matrix(L)."""
+    h = torch.randn(7, D, generator=torch.Generator().manual_seed(3))
+    for layer in range(N_LAYERS):
+        a, b = llama_lens.translator_matrix(layer), llama_lens.translator_bias(layer)
+        want = h.double().numpy() @ a.T + b
+        np.testing.assert_allclose(llama_lens.transform(h, layer).double().numpy(), want, atol=1e-5)
+
+
+def test_bad_layer_index_raises(llama_lens, llama):
+    with pytest.raises(ValueError, match=r"layer=5; allowed: integers 0\.\.4"):
+        llama_lens.translator_matrix(5)
+    with pytest.raises(ValueError, match="layer=-1"):
+        L.logit_lens_logits(llama, torch.zeros(1, D), -1)
+
+
+# --- training ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_heldout_kl_decreases_at_every_layer(models, llama_lens, train_data, heldout_data, family):
+    lens = llama_lens if family == "llama" else L.train_lens(models[family], train_data, heldout_batches=heldout_data, **FAST)
+    curve = heldout_curve(lens)
+    assert curve.index[0] == 0  # step 0 = logit lens
+    first, last = curve.iloc[0], curve.iloc[-1]
+    assert (first > 1e-4).all(), "the pretrained model should give the logit lens something to fix"
+    assert (last < 0.9 * first).all(), f"held-out KL did not decrease: {first.values} → {last.values}"
+    conv = lens.convergence
+    assert list(conv.columns) == L.CONVERGENCE_COLUMNS
+    np.testing.assert_allclose(conv.final_heldout_kl.to_numpy(), last.to_numpy())
+    train = lens.curves[lens.curves.split == "train"]
+    assert len(train) == N_LAYERS * (len(curve) - 1)
+
+
+def test_identity_layer_translator_stays_identity(train_data, heldout_data):
+    """If the last layer is the identity map, the stream entering it *is* the final stream.
+
+    Then the logit lens at n−1 already matches p_final exactly (KL = 0), the KL gradient at
+    W = 0 vanishes, and the trained translator n−1 stays the identity.
+    """
+    model = build("llama", pretrain_steps=150)
+    last = arch.decoder_layers(model)[-1]
+    with torch.no_grad():
+        last.self_attn.o_proj.weight.zero_()
+        last.mlp.down_proj.weight.zero_()
+    lens = L.train_lens(model, train_data[:5], heldout_batches=heldout_data, steps=60, eval_every=10, patience=3, tol=1e-2, progress=False)
+    w = lens.translator_matrix(N_LAYERS - 1) - np.eye(D)
+    assert np.linalg.norm(w) < 1e-5
+    assert np.linalg.norm(lens.translator_bias(N_LAYERS - 1)) < 1e-5
+    curve = heldout_curve(lens)
+    assert curve.loc[0, N_LAYERS - 1] == 0.0  # logit lens: bit-identical to the final readout
+    # Afterwards W_{n−1} ~ 1e-7 (gradients of float32 rounding), so the KL is rounding noise:
+    # float32 log-softmax errors ~ eps32 · |log p| ≈ 1e-7 per token, far below the other layers.
+    assert curve[N_LAYERS - 1].abs().max() < 1e-6
+    assert curve.iloc[-1, 0] < curve.iloc[0, 0]  # the other layers do learn
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_nesterov", "adam"])
+def test_both_optimizers_reduce_kl(llama, train_data, heldout_data, optimizer):
+    lens = L.train_lens(llama, train_data, heldout_batches=heldout_data, optimizer=optimizer, steps=40, eval_every=10, warmup_steps=5, progress=False)
+    curve = heldout_curve(lens)
+    assert (curve.iloc[-1] < curve.iloc[0]).all()
+    assert lens.options["optimizer"] == optimizer
+    assert lens.options["lr"] == L.DEFAULT_LR[optimizer]
+
+
+def test_same_seed_gives_identical_translators(llama, train_data, heldout_data):
+    kw = dict(steps=30, eval_every=10, tokens_per_step=100, progress=False, seed=7)
+    a = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
+    b = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    pd.testing.assert_frame_equal(a.curves, b.curves)
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_all_layers_in_one_pass_equal_a_per_layer_loop(llama, train_data, scope):
+    """Oracle: a naive loop, one nn.Linear and one backward per layer, autograd's KL, same SGD.
+
+    scope "layer": n independent trainings (one optimizer and one clip per layer); "global":
+    tuned-lens's trainer (one clip over all translators, one optimizer step).
+    """
+    steps, clip, wd, lr, mom = 5, 1.0, 1e-3, 1.0, 0.9
+    ours = L.train_lens(llama, train_data, steps=steps, weight_decay=wd, lr=lr, momentum=mom, clip_grad_norm=clip, clip_scope=scope, progress=False)
+    translators = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(N_LAYERS))
+    for t in translators:
+        torch.nn.init.zeros_(t.weight)
+        torch.nn.init.zeros_(t.bias)
+    groups = [list(t.parameters()) for t in translators] if scope == "layer" else [list(translators.parameters())]
+    opts = [torch.optim.SGD(g, lr=lr * (1 - mom), momentum=mom, nesterov=True, weight_decay=wd) for g in groups]
+    for p in llama.parameters():
+        p.requires_grad_(False)
+    for ids in train_data[:steps]:
+        states = arch.residual_states(llama, ids)
+        with torch.no_grad():
+            logp = torch.log_softmax(arch.unembed_logits(llama, states[:, N_LAYERS]), -1)
+        for layer, t in enumerate(translators):
+            h = states[:, layer]
+            logq = torch.log_softmax(arch.unembed_logits(llama, h + t(h)), -1)
+            F.kl_div(logq.flatten(0, 1), logp.flatten(0, 1), log_target=True, reduction="batchmean").backward()
+        for g, o in zip(groups, opts):
+            torch.nn.utils.clip_grad_norm_(g, clip)
+            o.step()
+            o.zero_grad()
+    for p in llama.parameters():
+        p.requires_grad_(True)
+    for layer, t in enumerate(translators):
+        torch.testing.assert_close(ours.weight[layer], t.weight.detach(), atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(ours.bias[layer], t.bias.detach(), atol=1e-6, rtol=1e-4)
+
+
+def test_chunked_readout_matches_unchunked(llama, train_data):
+    """A logits budget below one layer's tokens × vocab forces (layer, token) chunks."""
+    kw = dict(steps=5, progress=False)
+    whole = L.train_lens(llama, train_data, **kw)
+    chunked = L.train_lens(llama, train_data, chunk_elements=3 * VOCAB * 17, **kw)
+    torch.testing.assert_close(chunked.weight, whole.weight, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(chunked.bias, whole.bias, atol=1e-6, rtol=1e-4)
+
+
+def test_token_stream_serves_exact_slices_in_order(llama, train_data):
+    batches = train_data[:2]  # 2 × 256 tokens, cycled
+    stream = L._TokenStream(llama, batches, k=100)
+    got = torch.cat([stream.take() for _ in range(7)], dim=1)  # 700 tokens: wraps once
+    full = torch.cat([L.layer_major_states(llama, b) for b in batches + batches], dim=1)[:, :700]
+    assert got.shape == (N_LAYERS + 1, 700, D)
+    assert torch.equal(got, full)
+
+
+def test_model_is_left_untouched(llama, train_data):
+    before = {k: v.clone() for k, v in llama.state_dict().items()}
+    flags = [p.requires_grad for p in llama.parameters()]
+    llama.train()
+    L.train_lens(llama, train_data, steps=3, progress=False)
+    assert llama.training
+    llama.eval()
+    assert [p.requires_grad for p in llama.parameters()] == flags
+    assert all(p.grad is None for p in llama.parameters())
+    assert all(torch.equal(before[k], v) for k, v in llama.state_dict().items())
+
+
+# --- convergence ---------------------------------------------------------------------------------
+
+
+def test_convergence_window_known_answer():
+    # layer 0 plateaus (1.0 → best 0.999 over the window: r = 1e-3), layer 1 still falls (r = 0.5).
+    history = np.array([[2.0, 8.0], [1.0, 4.0], [1.0, 3.0], [0.999, 2.0]])
+    rel, conv = L.convergence_window(history, patience=2, tol=1e-2)
+    np.testing.assert_allclose(rel, [1e-3, 0.5])
+    assert conv.tolist() == [True, False]
+    rel, conv = L.convergence_window(history[:2], patience=2, tol=1e-2)  # too short
+    assert np.isnan(rel).all() and not conv.any()
+    rel, _ = L.convergence_window(np.zeros((3, 1)), patience=2, tol=0.0)
+    assert rel.tolist() == [0.0]
+
+
+def test_training_stops_when_converged(llama_lens):
+    assert llama_lens.meta["stop_reason"] == "converged"
+    steps = llama_lens.meta["steps_trained"]
+    assert steps < FAST["steps"]
+    conv = llama_lens.convergence
+    assert conv.converged.all() and (conv.steps == steps).all()
+    assert ((conv.converged_step > 0) & (conv.converged_step <= steps)).all()
+    assert (conv.rel_change < FAST["tol"]).all()
+
+
+def test_without_heldout_runs_all_steps_and_reports_unconverged(llama, train_data):
+    lens = L.train_lens(llama, train_data, steps=12, eval_every=5, progress=False)
+    assert lens.meta["steps_trained"] == 12 and lens.meta["stop_reason"] == "max_steps"
+    assert not lens.convergence.converged.any()
+    assert lens.convergence.final_heldout_kl.isna().all()
+    assert set(lens.curves.split) == {"train"}
+    assert sorted(set(lens.curves.step)) == [5, 10, 12]
+
+
+def test_lr_schedule():
+    opt = L.LensOptions(steps=10, warmup_steps=4, lr_schedule="linear")
+    assert [L.lr_factor(s, opt) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert L.lr_factor(9, opt) == pytest.approx(1 / 6)
+    assert L.lr_factor(3, L.LensOptions(warmup_steps=0)) == 1.0
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"optimizer": "lbfgs"}, r"optimizer='lbfgs'; allowed: \('sgd_nesterov', 'adam'\)"),
+        ({"lr_schedule": "cosine"}, "lr_schedule='cosine'"),
+        ({"clip_scope": "model"}, r"clip_scope='model'; allowed: \('layer', 'global'\)"),
+        ({"steps": 0}, "steps=0"),
+        ({"tokens_per_step": 0}, "tokens_per_step=0"),
+        ({"learning_rate": 1.0}, r"unknown lens option\(s\) \['learning_rate'\]"),
+    ],
+)
+def test_bad_options_raise(llama, train_data, options, message):
+    with pytest.raises(ValueError, match=message):
+        L.train_lens(llama, train_data, **options)
+
+
+def test_bad_batches_raise(llama):
+    with pytest.raises(ValueError, match=r"token_batches\[0\]: expected an integer torch tensor"):
+        L.train_lens(llama, [torch.zeros(2, 3)])
+    with pytest.raises(ValueError, match="token_batches: no batches given"):
+        L.train_lens(llama, [])
+
+
+# --- KL ------------------------------------------------------------------------------------------
+
+
+def test_fused_kl_value_and_gradient():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 5, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    target = L._Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64))
+    kl = L.fused_kl(z, target.p, target.neg_entropy)
+    logp = torch.log(target.p)
+    want = F.kl_div(torch.log_softmax(z, -1), logp.expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
+    torch.testing.assert_close(kl, want)
+    torch.testing.assert_close(L.kl_to_target(z, target), want)
+    # Gradient against autograd of the reference, for a unit and a general upstream gradient
+    # (gradcheck cannot be used: the backward is in place and runs once per forward).
+    for upstream in (torch.ones(3, 5, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)):
+        (got,) = torch.autograd.grad(L.fused_kl(z, target.p, target.neg_entropy), z, upstream)
+        (ref,) = torch.autograd.grad(F.kl_div(torch.log_softmax(z, -1), logp.expand(3, 5, 11), log_target=True, reduction="none").sum(-1), z, upstream)
+        torch.testing.assert_close(got, ref)
+    kl = L.fused_kl(z, target.p, target.neg_entropy).sum()
+    kl.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward may run only once"):
+        kl.backward()
+
+
+# --- persistence -----------------------------------------------------------------------------------
+
+
+def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data):
+    llama_lens.save(tmp_path / "lens")
+    assert sorted(p.name for p in (tmp_path / "lens").iterdir()) == ["config.json", "curves.tsv", "translators.safetensors"]
+    cfg = json.loads((tmp_path / "lens" / "config.json").read_text())
+    assert (cfg["model_id"], cfg["model_revision"], cfg["model_hash"]) == ("tiny-llama", "r1", "abc")
+    assert (cfg["d_model"], cfg["n_layers"], cfg["vocab_size"]) == (D, N_LAYERS, VOCAB)
+    assert cfg["training"]["optimizer"] == "sgd_nesterov" and cfg["unembed_hash"] == L.unembed_hash(llama)
+    back = L.Lens.load(tmp_path / "lens", llama)
+    assert torch.equal(back.weight, llama_lens.weight) and torch.equal(back.bias, llama_lens.bias)
+    for layer in range(N_LAYERS + 1):
+        np.testing.assert_array_equal(back.translator_matrix(layer), llama_lens.translator_matrix(layer))
+    pd.testing.assert_frame_equal(back.curves, llama_lens.curves, check_dtype=False, check_exact=True)
+    pd.testing.assert_frame_equal(back.convergence, llama_lens.convergence, check_dtype=False, check_exact=True)
+    assert back.options == llama_lens.options and back.meta == llama_lens.meta
+    h = arch.residual_states(llama, heldout_data[0])[:, 1]
+    assert torch.equal(back.logits(h, 1), llama_lens.logits(h, 1))
+
+
+def test_pipeline_helpers(llama_lens, tmp_path):
+    llama_lens.save(tmp_path / "lens")
+    mats = L.read_translator_matrices(tmp_path / "lens")
+    assert len(mats) == N_LAYERS
+    for layer, a in enumerate(mats):
+        np.testing.assert_array_equal(a, llama_lens.translator_matrix(layer))
+    ids = np.arange(7 * 5, dtype=np.int32).reshape(7, 5)
+    batches = L.token_batches(ids, 3)
+    assert [tuple(b.shape) for b in batches] == [(3, 5), (3, 5), (1, 5)]
+    assert all(b.dtype == torch.int64 for b in batches)
+    assert torch.equal(torch.cat(batches), torch.as_tensor(ids).long())
+    with pytest.raises(ValueError, match="batch_size=0"):
+        L.token_batches(ids, 0)
+
+
+def test_load_with_another_model_raises(llama_lens, tmp_path):
+    llama_lens.save(tmp_path / "lens")
+    other = build("llama", seed=1, pretrain_steps=0)
+    with pytest.raises(ValueError, match="unembed_hash mismatch"):
+        L.Lens.load(tmp_path / "lens", other)
+    cfg = common_config(LlamaConfig)
+    cfg.num_hidden_layers = 5
+    with pytest.raises(ValueError, match="lens has n_layers=4 but the model has n_layers=5"):
+        L.Lens.load(tmp_path / "lens", LlamaForCausalLM(cfg))
+    with pytest.raises(FileNotFoundError, match="no lens config"):
+        L.Lens.load(tmp_path / "missing", other)
+
+
+def test_unembed_hash_covers_norm_and_softcap(llama):
+    base = L.unembed_hash(llama)
+    assert L.unembed_hash(llama) == base
+    norm = arch.final_norm(llama)
+    with torch.no_grad():
+        norm.weight[0] += 1e-3
+    try:
+        assert L.unembed_hash(llama) != base
+    finally:
+        with torch.no_grad():
+            norm.weight[0] -= 1e-3
+    assert L.unembed_hash(llama) == base
+
+
+# --- Gemma softcap -----------------------------------------------------------------------------------
+
+
+def test_gemma_softcap_readout(train_data, heldout_data):
+    model = build("gemma2", pretrain_steps=60)
+    cap = model.config.final_logit_softcapping
+    ids = heldout_data[0]
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        states = arch.residual_states(model, ids)
+        got = L.logit_lens_logits(model, states[:, N_LAYERS], N_LAYERS)
+        uncapped = model.lm_head(arch.final_norm(model)(states[:, N_LAYERS]))
+    torch.testing.assert_close(got, own, atol=1e-6, rtol=0)
+    assert got.abs().max() < cap < uncapped.abs().max()  # the cap is active on this model
+    torch.testing.assert_close(got, cap * torch.tanh(uncapped / cap), atol=1e-6, rtol=0)
+    lens = L.train_lens(model, train_data, heldout_batches=heldout_data, steps=30, eval_every=10, progress=False)
+    curve = heldout_curve(lens)
+    assert (curve.iloc[-1] < curve.iloc[0]).all()
+    with torch.no_grad():
+        assert lens.logits(states[:, 0], 0).abs().max() < cap
+
+
+# --- tuned-lens export -----------------------------------------------------------------------------
+
+
+def test_export_tuned_lens_format(llama, llama_lens, tmp_path):
+    out = llama_lens.export_tuned_lens(tmp_path / "tl")
+    state = torch.load(out / "params.pt", weights_only=True)
+    assert list(state) == [f"{i}.{k}" for i in range(N_LAYERS) for k in ("weight", "bias")]
+    assert all(state[f"{i}.weight"].shape == (D, D) and state[f"{i}.bias"].shape == (D,) for i in range(N_LAYERS))
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg == {
+        "base_model_name_or_path": "tiny-llama",
+        "d_model": D,
+        "num_hidden_layers": N_LAYERS,
+        "bias": True,
+        "base_model_revision": "r1",
+        "unembed_hash": L.tuned_lens_unembed_hash(llama),
+        "lens_type": "linear_tuned_lens",
+    }
+    h = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0))
+    for i in range(N_LAYERS):  # tuned-lens's transform_hidden: h + Linear_i(h)
+        theirs = h + F.linear(h, state[f"{i}.weight"], state[f"{i}.bias"])
+        torch.testing.assert_close(theirs, llama_lens.transform(h, i), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2", "gemma2"])
+def test_export_loads_in_tuned_lens_package(models, train_data, tmp_path, family):
+    tl = pytest.importorskip("tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)")
+    model = models[family] if family in models else build(family, pretrain_steps=20)
+    ours = L.train_lens(model, train_data, steps=10, progress=False)
+    ours.export_tuned_lens(tmp_path / "tl")
+    # Any family, softcap included: our readout in the shape of tuned-lens's Unembed.
+    theirs = tl.TunedLens.from_unembed_and_pretrained(L.TunedLensReadout(model), str(tmp_path / "tl"))
+    assert len(theirs) == N_LAYERS and not list(theirs.unembed.parameters())
+    h = arch.residual_states(model, train_data[0])
+    with torch.no_grad():
+        for i in range(N_LAYERS):
+            torch.testing.assert_close(theirs.transform_hidden(h[:, i], i), ours.transform(h[:, i], i), atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(theirs(h[:, i], i), ours.logits(h[:, i], i), atol=1e-5, rtol=1e-5)
+    if family == "llama":  # a family tuned-lens resolves itself: its own Unembed, its own hash
+        native = tl.TunedLens.from_model_and_pretrained(model, str(tmp_path / "tl"))
+        assert native.config.unembed_hash == L.tuned_lens_unembed_hash(model)
+        with torch.no_grad():
+            torch.testing.assert_close(native(h[:, 1], 1), ours.logits(h[:, 1], 1), atol=1e-5, rtol=1e-5)
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+def test_lens_metrics(llama, llama_lens, heldout_data):
+    m = L.lens_metrics(llama, llama_lens, heldout_data)
+    assert list(m.columns) == L.METRIC_COLUMNS
+    assert len(m) == 2 * (N_LAYERS + 1) and set(m.lens) == {"tuned", "logit"}
+    ref = m[m.layer == N_LAYERS]
+    assert (ref.kl == 0.0).all() and (ref.hit1 == 1.0).all() and (ref.hit5 == 1.0).all()
+    assert ref.ce.nunique() == 1
+    tuned = m[(m.lens == "tuned") & (m.layer < N_LAYERS)].set_index("layer")
+    logit = m[(m.lens == "logit") & (m.layer < N_LAYERS)].set_index("layer")
+    assert (tuned.kl < logit.kl).all()
+    # Same held-out tokens as training's curve: tuned = final held-out KL, logit = the step-0 curve.
+    np.testing.assert_allclose(tuned.kl, tuned.final_heldout_kl, rtol=1e-5)
+    np.testing.assert_allclose(logit.kl, heldout_curve(llama_lens).iloc[0], rtol=1e-5)
+    assert tuned.converged.all() and (tuned.steps == llama_lens.meta["steps_trained"]).all()
+    assert logit.converged.isna().all()
+    assert ((m.hit1 >= 0) & (m.hit1 <= m.hit5) & (m.hit5 <= 1)).all()
+    assert (m.n_tokens == sum(b.numel() for b in heldout_data)).all()
+    # Token chunks of 37 (the target is computed per chunk): same numbers, reference still 0.
+    small = L.lens_metrics(llama, llama_lens, heldout_data, chunk_elements=37 * VOCAB)
+    assert (small[small.layer == N_LAYERS].kl == 0.0).all()
+    np.testing.assert_allclose(small.kl, m.kl, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(small[["ce", "hit1", "hit5"]], m[["ce", "hit1", "hit5"]], rtol=1e-5)
