@@ -1,13 +1,74 @@
-"""Architecture adapters: where a decoder's layers, final norm and unembedding live.
+"""Architecture adapters: where a decoder's layers, final norm and unembedding live, and how
+each decoder layer splits into two ordered sublayers.
 
-(Stub written by the lead so that other modules can rely on these names; the sublayer split
-per family is added alongside.)
+Boundaries (DESIGN.md, "Sublayers and boundaries"). Layer L reads ``h_L`` (pre-attention
+boundary) and its attention half writes ``m_L`` (pre-MLP boundary); the MLP half maps
+``m_L -> h_{L+1}``. Per family (``n(.)`` an RMSNorm module of the layer, ``A`` self-attention
+on the whole sequence, ``F`` the gated MLP ``down(act(gate(x)) * up(x))``):
+
+=========================  =====================================  ==========================================
+family                     attention half  h -> m                 MLP half  m -> h'
+=========================  =====================================  ==========================================
+llama, mistral, qwen2      m = h + A(n_in(h))                     h' = m + F(n_post_attn(m))
+olmo2, olmo3 (post-norm)   m = h + n_post_attn(A(h))              h' = m + n_post_ff(F(m))
+gemma4 (sandwich)          m = h + n_post_attn(A(n_in(h)))        y = m + n_post_ff(F(n_pre_ff(m)));
+                                                                  y = y + n_ple(P(act(G(y)) * e_L));
+                                                                  h' = layer_scalar * y
+=========================  =====================================  ==========================================
+
+(``e_L``: Gemma 4's per-layer input of layer L, a function of the token ids and the embedding
+only, hence a constant of the MLP half; ``G``/``P`` its gate and projection.) Attention details
+per family: Qwen2 q/k/v biases (carried by the projection modules); OLMo 2/3 RMSNorm over the
+full q and k width before the head split; Gemma 4 per-head q/k RMSNorm, an unscaled per-head
+v-norm, attention scale 1, optional ``attention_k_eq_v`` (v from the raw k projection) and
+KV-shared layers that attend over the keys/values of the last non-shared layer of the same
+layer type. Sliding-window layers (Mistral, Qwen2 and OLMo 3 ``sliding_attention`` layers, Gemma
+4 sliding layers) let query ``t`` see keys ``s`` with ``t - window < s <= t``; full layers see
+``s <= t``. Masks are always built here, explicitly (HF's eager attention is not causal when it
+is given ``attention_mask=None``).
+
+The sublayers are built from the layer's own HF submodules (norms, projections, MLP, rotary
+tables); only the attention core (scores, mask, softmax in fp32 then cast back, weighted values,
+as HF's eager path does) is written here, so the composition reproduces HF's eager forward bit
+for bit in fp32 and bf16, and its sdpa forward to that kernel's rounding. Families whose
+residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel (GPT-NeoX
+parallel residual), MoE blocks and unknown families are refused with a ValueError.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
+
+#: family name -> (HF config model types, HF decoder-layer class name)
+SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "llama": (("llama",), "LlamaDecoderLayer"),
+    "mistral": (("mistral",), "MistralDecoderLayer"),
+    "qwen2": (("qwen2",), "Qwen2DecoderLayer"),
+    "olmo2": (("olmo2",), "Olmo2DecoderLayer"),
+    "olmo3": (("olmo3",), "Olmo3DecoderLayer"),
+    "gemma4": (("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer"),
+}
+
+# Known model types we refuse, with the reason (the residual is not one d-vector, or the two
+# halves are not sequential, so there is no pre-MLP boundary m_L to split at).
+_REFUSED: dict[str, str] = {
+    "gpt_neox": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
+    "gptj": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
+    "phi": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
+    "falcon": "parallel attention/MLP: there is no pre-MLP boundary",
+    "gemma3n": "AltUp: the residual stream is several d-vectors, not one",
+    "gemma3n_text": "AltUp: the residual stream is several d-vectors, not one",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Locating the parts of a causal LM (the lead's stub; others rely on these names)
+# ----------------------------------------------------------------------------------------------
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -54,6 +115,7 @@ def residual_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     Returns a tensor of shape (B, n_layers + 1, T, d): index L < n_layers is the state entering
     layer L (L = 0: embedding output), index n_layers is the last layer's output *before* the
     final norm (HF's ``hidden_states[-1]`` is after the final norm, so it is not used).
+    Hook-based (runs HF's own forward); :func:`boundary_states` is the sublayer-split version.
     """
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
@@ -81,3 +143,569 @@ def residual_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         for h in handles:
             h.remove()
     return torch.stack(captured, dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Family detection
+# ----------------------------------------------------------------------------------------------
+
+
+def _text_config(model: nn.Module):
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _supported_list() -> str:
+    return ", ".join(SUPPORTED_FAMILIES)
+
+
+def family(model: nn.Module) -> str:
+    """The sublayer family of a causal LM: one of ``SUPPORTED_FAMILIES``.
+
+    Raises ValueError naming the model type (and why, for known unsupported designs) and
+    listing the supported families when the model cannot be split into attention/MLP halves
+    of a single d-dimensional residual stream.
+    """
+    config = _text_config(model)
+    model_type = getattr(config, "model_type", None)
+    outer_type = getattr(getattr(model, "config", None), "model_type", None)
+    for mt in (model_type, outer_type):
+        if mt in _REFUSED:
+            raise ValueError(
+                f"model type {mt!r} is not supported: {_REFUSED[mt]}; " f"supported families: {_supported_list()}"
+            )
+    found = next((fam for fam, (types, _) in SUPPORTED_FAMILIES.items() if model_type in types), None)
+    if found is None:
+        raise ValueError(
+            f"model type {model_type!r} ({type(model).__name__}) is not supported: its decoder layer has "
+            f"not been split into attention/MLP sublayers; supported families: {_supported_list()}"
+        )
+    expected_layer = SUPPORTED_FAMILIES[found][1]
+    layers = decoder_layers(model)
+    bad = sorted({type(layer).__name__ for layer in layers} - {expected_layer})
+    if bad:
+        # Same model type, different code (e.g. trust_remote_code): the split would be a guess.
+        raise ValueError(
+            f"model type {model_type!r}: decoder layers are {bad}, expected {expected_layer!r} "
+            f"(transformers' implementation); supported families: {_supported_list()}"
+        )
+    if found == "gemma4":
+        if getattr(config, "enable_moe_block", False):
+            raise ValueError(
+                "gemma4 with enable_moe_block=True is not supported: the MoE block runs in parallel "
+                f"with the dense MLP from a router on m_L; supported families: {_supported_list()} "
+                "(gemma4 dense models only)"
+            )
+        if getattr(config, "use_bidirectional_attention", None) == "all":
+            raise ValueError(
+                "gemma4 with use_bidirectional_attention='all' is not a causal decoder; "
+                f"supported families: {_supported_list()} (causal models only)"
+            )
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-sequence context: positions, rotary tables, Gemma 4 per-layer inputs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SequenceContext:
+    """What a layer needs besides its input state, for one batch of token sequences.
+
+    ``embeddings`` (B, T, d) is h_0 in the model's dtype. ``per_layer_inputs`` (B, T, n_layers,
+    p) is Gemma 4's per-layer input (None for other families). Rotary tables are computed on
+    demand per (layer type, dtype) by the model's own rotary module, as (cos, sin) of shape
+    (1, T, head_dim).
+    """
+
+    family: str
+    stack: nn.Module
+    position_ids: torch.Tensor
+    embeddings: torch.Tensor
+    per_layer_inputs: torch.Tensor | None
+    _rope: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return self.position_ids.shape[-1]
+
+    def rope(self, layer_type: str | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (1, T, head_dim), as the model's rotary module returns them for
+        activations of ``dtype`` (Llama-style modules cast to it, OLMo keeps fp32)."""
+        key = (layer_type, dtype)
+        if key not in self._rope:
+            dummy = torch.empty(0, dtype=dtype, device=self.position_ids.device)
+            rotary = self.stack.rotary_emb
+            if self.family in ("olmo3", "gemma4"):
+                cos, sin = rotary(dummy, self.position_ids, layer_type)
+            else:
+                cos, sin = rotary(dummy, self.position_ids)
+            self._rope[key] = (cos, sin)
+        return self._rope[key]
+
+    def per_layer_input(self, layer: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Gemma 4's per-layer input of ``layer``, (B, T, p) in ``dtype``; None elsewhere."""
+        if self.per_layer_inputs is None:
+            return None
+        return self.per_layer_inputs[:, :, layer, :].to(dtype)
+
+
+@torch.no_grad()
+def prepare(model: nn.Module, input_ids: torch.Tensor) -> SequenceContext:
+    """Embed a (B, T) batch of token ids and build its :class:`SequenceContext`."""
+    fam = family(model)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+    stack = text_model(model)
+    device = stack.embed_tokens.weight.device
+    input_ids = input_ids.to(device)
+    # Multimodal wrappers (Gemma 4) splice encoder features in at placeholder tokens; the split
+    # here is for text, so refuse those ids rather than embed them as words.
+    placeholders = {
+        name: getattr(model.config, name)
+        for name in ("image_token_id", "video_token_id", "audio_token_id")
+        if isinstance(getattr(model.config, name, None), int)
+    }
+    present = sorted(name for name, tid in placeholders.items() if bool((input_ids == tid).any()))
+    if present:
+        raise ValueError(
+            f"input_ids contain multimodal placeholder tokens ({', '.join(present)}); only text inputs are supported"
+        )
+    embeddings = stack.embed_tokens(input_ids)
+    per_layer = None
+    if fam == "gemma4" and getattr(stack, "hidden_size_per_layer_input", 0):
+        # Token-identity part plus the projection of the embedding (HF's own two methods).
+        per_layer = stack.project_per_layer_inputs(embeddings, stack.get_per_layer_inputs(input_ids, embeddings))
+    positions = torch.arange(input_ids.shape[1], device=device)[None]
+    return SequenceContext(fam, stack, positions, embeddings, per_layer)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention core
+# ----------------------------------------------------------------------------------------------
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the last dimension split in halves (HF's RoPE convention)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x cos + rotate_half(x) sin`` over heads: x (..., H, hd), cos/sin (..., hd); result in
+    x's dtype (OLMo's fp32 tables promote, then cast back, exactly as HF does)."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+def allowed_keys(length: int, window: int | None, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean (T, T) mask, True where query t may attend to key s: ``s <= t`` and, with a
+    sliding window w, ``t - s < w`` (HF's ``sliding_window_overlay``)."""
+    t = torch.arange(length, device=device)
+    allowed = t[None, :] <= t[:, None]
+    if window is not None:
+        allowed &= (t[:, None] - t[None, :]) < window
+    return allowed
+
+
+def window_start(t: int, window: int | None) -> int:
+    """First key position visible from query position t."""
+    return 0 if window is None else max(0, t - window + 1)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int | None
+) -> torch.Tensor:
+    """Masked softmax attention as HF's eager path computes it.
+
+    q (B, T, H, hd), k/v (B, T, Hkv, hd) with H a multiple of Hkv (query head j uses kv head
+    j // (H/Hkv)); scores ``q·k * scaling`` masked by :func:`allowed_keys`, softmax in fp32 then
+    cast to q's dtype, weighted sum of v. Returns (B, T, H·hd).
+    """
+    batch, length, heads, hd = q.shape
+    groups = heads // k.shape[2]
+    q = q.transpose(1, 2)
+    k = k.transpose(1, 2).repeat_interleave(groups, dim=1)
+    v = v.transpose(1, 2).repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+    mask = allowed_keys(length, window, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, v)
+    return out.transpose(1, 2).reshape(batch, length, heads * v.shape[-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer adapters
+# ----------------------------------------------------------------------------------------------
+
+KV = tuple[torch.Tensor, torch.Tensor]
+TokenFunction = Callable[[torch.Tensor], torch.Tensor]
+#: Attention core of one position: raw projections (q, k, v) -> heads output (H·hd,), or
+#: q alone for KV-shared layers.
+CoreFunction = Callable[..., torch.Tensor]
+
+#: RMSNorm classes whose math is ``w ⊙ x / sqrt(mean(x²) + eps)`` (w absent: no scale). The
+#: closed-form Jacobians in resdyn.jacobian rely on this; any other norm class is refused there.
+RMS_NORM_CLASSES = frozenset(
+    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Olmo2RMSNorm", "Olmo3RMSNorm", "Gemma4RMSNorm"}
+)
+
+
+def rms_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, float]:
+    """(scale weight or None, eps) of an RMSNorm ``w ⊙ x / sqrt(mean(x²) + eps)``.
+
+    Raises ValueError for a norm class not in :data:`RMS_NORM_CLASSES` (its math is unknown)."""
+    name = type(norm).__name__
+    if name not in RMS_NORM_CLASSES:
+        raise ValueError(f"norm {name!r} is not a known RMSNorm; known: {sorted(RMS_NORM_CLASSES)}")
+    eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+    weight = norm.weight if getattr(norm, "with_scale", True) else None
+    return weight, float(eps)
+
+
+class LayerSublayers:
+    """The two sublayers of one decoder layer.
+
+    Attributes: ``index`` (layer number), ``family``, ``layer_type`` ("full_attention" or
+    "sliding_attention"), ``window`` (sliding window or None), ``kv_source`` (index of the
+    layer whose keys/values this layer attends over: itself, or an earlier layer for Gemma 4
+    KV-shared layers). Methods run each half on a full sequence (``attn``, ``mlp``) or give the
+    per-token function of one position's state with every other position frozen
+    (``attn_token_fn``, ``mlp_token_fn``), the function whose Jacobian is the sublayer Jacobian.
+
+    The layer's structure is declared by class attributes naming its modules (None: absent):
+    ``attn_pre``/``attn_post`` norms around self-attention, ``mlp_pre``/``mlp_post`` norms around
+    the MLP, ``qk_norm`` ("full": RMSNorm over the whole q/k width before the head split;
+    "head": per-head q/k norms and an unscaled per-head v-norm). The base class is the pre-norm
+    Llama/Mistral/Qwen2 layer.
+    """
+
+    attn_pre: str | None = "input_layernorm"
+    attn_post: str | None = None
+    mlp_pre: str | None = "post_attention_layernorm"
+    mlp_post: str | None = None
+    qk_norm: str | None = None
+
+    def __init__(self, layer: nn.Module, index: int, fam: str, config) -> None:
+        self.layer = layer
+        self.index = index
+        self.family = fam
+        self.config = config
+        self.attention = layer.self_attn
+        self.head_dim: int = self.attention.head_dim
+        self.scaling: float = float(self.attention.scaling)
+        layer_types = getattr(config, "layer_types", None)
+        self.layer_type: str = layer_types[index] if layer_types else "full_attention"
+        self.window: int | None = self._window()
+        self.kv_source: int = index
+
+    def _window(self) -> int | None:
+        if self.family == "mistral":
+            return getattr(self.config, "sliding_window", None)
+        if self.family in ("llama", "olmo2"):
+            return None
+        return getattr(self.config, "sliding_window", None) if self.layer_type == "sliding_attention" else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(index={self.index}, family={self.family!r}, layer_type={self.layer_type!r}, "
+            f"window={self.window}, kv_source={self.kv_source})"
+        )
+
+    @property
+    def shares_kv(self) -> bool:
+        """True if keys/values come from an earlier layer (Gemma 4 KV sharing)."""
+        return self.kv_source != self.index
+
+    # -- dtype ------------------------------------------------------------------------------
+
+    def to_float32(self) -> LayerSublayers:
+        """This adapter over an fp32 copy of the layer (itself if the layer is already fp32).
+
+        Jacobians are taken in fp32 even for bf16 weights (DESIGN.md, Conventions)."""
+        tensors = [*self.layer.parameters(), *(b for b in self.layer.buffers() if b.is_floating_point())]
+        if all(x.dtype == torch.float32 for x in tensors):
+            return self
+        clone = copy.copy(self)
+        clone.layer = copy.deepcopy(self.layer).float()
+        clone.attention = clone.layer.self_attn
+        return clone
+
+    # -- building blocks --------------------------------------------------------------------
+
+    def norm(self, slot: str) -> nn.Module | None:
+        """The norm module in ``slot`` ("attn_pre", "attn_post", "mlp_pre", "mlp_post") or None."""
+        name = getattr(self, slot)
+        return None if name is None else getattr(self.layer, name)
+
+    def _apply_norm(self, slot: str, x: torch.Tensor) -> torch.Tensor:
+        module = self.norm(slot)
+        return x if module is None else module(x)
+
+    def project_q(self, n: torch.Tensor) -> torch.Tensor:
+        """Raw query projection (..., H·hd) of the attention input n (..., d)."""
+        return self.attention.q_proj(n)
+
+    def project_kv(self, n: torch.Tensor) -> KV:
+        """Raw key and value projections (..., Hkv·hd); Gemma 4's ``attention_k_eq_v`` layers
+        (no v_proj) use the raw key as the value."""
+        k = self.attention.k_proj(n)
+        v_proj = getattr(self.attention, "v_proj", None)
+        return k, (k if v_proj is None else v_proj(n))
+
+    def shape_q(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Raw queries -> per-head normed (if any) and rotated queries (..., H, hd)."""
+        if self.qk_norm == "full":
+            q = self.attention.q_norm(q)
+        q = q.unflatten(-1, (-1, self.head_dim))
+        if self.qk_norm == "head":
+            q = self.attention.q_norm(q)
+        return apply_rope(q, cos, sin)
+
+    def shape_kv(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Raw keys/values -> rotated keys and values, each (..., Hkv, hd)."""
+        if self.qk_norm == "full":
+            k = self.attention.k_norm(k)
+        k = k.unflatten(-1, (-1, self.head_dim))
+        v = v.unflatten(-1, (-1, self.head_dim))
+        if self.qk_norm == "head":
+            k, v = self.attention.k_norm(k), self.attention.v_norm(v)
+        return apply_rope(k, cos, sin), v
+
+    def mlp_core(self, x: torch.Tensor, per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """``x + n_post(F(n_pre(x)))`` (the whole MLP half except Gemma 4's extras)."""
+        return x + self._apply_norm("mlp_post", self.layer.mlp(self._apply_norm("mlp_pre", x)))
+
+    def mlp_fn(self, m: torch.Tensor, per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        """MLP half on states m (..., d); ``per_layer_input`` (..., p) only for Gemma 4."""
+        return self.mlp_core(m, per_layer_input)
+
+    # -- full sequence -----------------------------------------------------------------------
+
+    def kv(self, h: torch.Tensor, ctx: SequenceContext) -> KV:
+        """Keys and values (B, T, Hkv, hd) this layer computes from its input h (B, T, d)."""
+        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        return self.shape_kv(*self.project_kv(self._apply_norm("attn_pre", h)), cos, sin)
+
+    def attn(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> torch.Tensor:
+        """Attention half on a full sequence: h (B, T, d) -> m (B, T, d).
+
+        ``kv`` is required for KV-shared layers (the source layer's keys/values, see ``kv``);
+        otherwise keys/values come from h."""
+        n = self._apply_norm("attn_pre", h)
+        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        q = self.shape_q(self.project_q(n), cos, sin)
+        if self.shares_kv:
+            if kv is None:
+                raise ValueError(f"layer {self.index} attends over layer {self.kv_source}'s keys/values: pass kv=")
+            k, v = kv
+        else:
+            k, v = self.shape_kv(*self.project_kv(n), cos, sin)
+        out = causal_attention(q, k, v, self.scaling, self.window)
+        return h + self._apply_norm("attn_post", self.attention.o_proj(out))
+
+    def mlp(self, m: torch.Tensor, ctx: SequenceContext) -> torch.Tensor:
+        """MLP half on a full sequence: m (B, T, d) -> h_{L+1} (B, T, d)."""
+        return self.mlp_fn(m, ctx.per_layer_input(self.index, m.dtype))
+
+    # -- one position, the rest frozen ------------------------------------------------------
+
+    def attention_core(self, h: torch.Tensor, t: int, ctx: SequenceContext, kv: KV | None = None) -> CoreFunction:
+        """The attention of position t from its raw projections, the other positions frozen.
+
+        h (T, d) is one sample's layer input. Returns ``core(q_raw, k_raw, v_raw) -> o`` (H·hd,)
+        (``core(q_raw)`` for KV-shared layers), o being the concatenated head outputs before
+        o_proj. The keys/values of the other visible positions (``t - window < s < t``) are
+        computed from h (or taken from ``kv``, the source layer's (T, Hkv, hd) pair, for
+        KV-shared layers, which then include position t) and frozen.
+        """
+        length = h.shape[0]
+        if not 0 <= t < length:
+            raise ValueError(f"position {t} outside the sequence (length {length})")
+        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        cos_t, sin_t = cos[0, t], sin[0, t]
+        lo = window_start(t, self.window)
+        shared = self.shares_kv
+        with torch.no_grad():
+            if shared:
+                if kv is None:
+                    raise ValueError(f"layer {self.index} attends over layer {self.kv_source}'s keys/values: pass kv=")
+                keys, values = kv[0][lo : t + 1], kv[1][lo : t + 1]
+            else:
+                n_ctx = self._apply_norm("attn_pre", h[lo:t])
+                keys, values = self.shape_kv(*self.project_kv(n_ctx), cos[0, lo:t], sin[0, lo:t])
+        # Per kv head: keys (S, hd) and values transposed (hd, S), contiguous, so that under vmap
+        # each score/value product is one GEMM with the tangent batch folded into its rows
+        # (an einsum over a broadcast context would copy the context once per tangent).
+        n_kv = keys.shape[1]
+        keys_h = [keys[:, k].detach().contiguous() for k in range(n_kv)]
+        values_t = [values[:, k].detach().transpose(0, 1).contiguous() for k in range(n_kv)]
+        n_ctx = keys.shape[0]
+        scaling = self.scaling
+
+        def core(q_raw: torch.Tensor, k_raw: torch.Tensor | None = None, v_raw: torch.Tensor | None = None):
+            q = self.shape_q(q_raw, cos_t, sin_t).unflatten(0, (n_kv, -1))  # (Hkv, G, hd)
+            if not shared:
+                k_t, v_t = self.shape_kv(k_raw, v_raw, cos_t, sin_t)  # (Hkv, hd) each
+            heads = []
+            for k in range(n_kv):
+                scores = nn.functional.linear(q[k], keys_h[k]) * scaling  # (G, S)
+                if not shared:
+                    own = (q[k] * k_t[k]).sum(-1, keepdim=True) * scaling
+                    scores = torch.cat((scores, own), dim=-1)
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+                out = nn.functional.linear(probs[:, :n_ctx], values_t[k])  # (G, hd)
+                if not shared:
+                    out = out + probs[:, n_ctx:] * v_t[k]
+                heads.append(out)
+            return torch.cat(heads, dim=0).reshape(-1)
+
+        return core
+
+    def attn_token_fn(self, h: torch.Tensor, t: int, ctx: SequenceContext, kv: KV | None = None) -> TokenFunction:
+        """x (d,) -> m[t] (d,): the attention half at position t as a function of h[t] alone.
+
+        The other positions are frozen (see :meth:`attention_core`); the position's own query,
+        key and value are functions of x (only the query for KV-shared layers). At x = h[t] it
+        returns ``attn(h)[t]``. Dtype: that of h and of the layer (see :meth:`to_float32`).
+        """
+        core = self.attention_core(h, t, ctx, kv)
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            n = self._apply_norm("attn_pre", x)
+            q = self.project_q(n)
+            out = core(q) if self.shares_kv else core(q, *self.project_kv(n))
+            return x + self._apply_norm("attn_post", self.attention.o_proj(out))
+
+        return fn
+
+    def mlp_token_fn(self, m: torch.Tensor, t: int, ctx: SequenceContext) -> TokenFunction:
+        """x (d,) -> h_{L+1}[t]: the MLP half at position t (per-token already; m (T, d) is only
+        used for its length, Gemma 4's per-layer input of position t is a constant)."""
+        length = m.shape[0]
+        if not 0 <= t < length:
+            raise ValueError(f"position {t} outside the sequence (length {length})")
+        pli = ctx.per_layer_input(self.index, m.dtype)
+        pli_t = None if pli is None else pli[0, t]
+        return lambda x: self.mlp_fn(x, pli_t)
+
+
+class _PostNormSublayers(LayerSublayers):
+    """OLMo 2 / OLMo 3: norms after each block, full-width q/k RMSNorm before the head split."""
+
+    attn_pre = None
+    attn_post = "post_attention_layernorm"
+    mlp_pre = None
+    mlp_post = "post_feedforward_layernorm"
+    qk_norm = "full"
+
+
+class _Gemma4Sublayers(LayerSublayers):
+    """Gemma 4 text: sandwich norms, per-head q/k norms and v-norm, KV sharing, and the
+    per-layer-input block and ``layer_scalar`` at the end of the MLP half."""
+
+    attn_pre = "input_layernorm"
+    attn_post = "post_attention_layernorm"
+    mlp_pre = "pre_feedforward_layernorm"
+    mlp_post = "post_feedforward_layernorm"
+    qk_norm = "head"
+
+    def __init__(self, layer, index, fam, config) -> None:
+        super().__init__(layer, index, fam, config)
+        modes = config.kv_sharing_modes
+        if modes[index] == "reuse":
+            sources = [j for j in range(index) if modes[j] == "store" and config.layer_types[j] == self.layer_type]
+            if not sources:
+                raise ValueError(
+                    f"gemma4 layer {index} ({self.layer_type}) reuses keys/values but no earlier layer of that "
+                    f"type stores them (num_kv_shared_layers={config.num_kv_shared_layers})"
+                )
+            self.kv_source = sources[-1]
+
+    @property
+    def has_per_layer_input(self) -> bool:
+        return bool(self.layer.hidden_size_per_layer_input)
+
+    def mlp_fn(self, m, per_layer_input=None):
+        """``y = m + n_post(F(n_pre(m)))``; ``y += n_ple(P(act(G(y)) ⊙ e))``; ``h' = s · y``."""
+        layer = self.layer
+        y = self.mlp_core(m)
+        if self.has_per_layer_input:
+            gate = layer.act_fn(layer.per_layer_input_gate(y)) * per_layer_input
+            y = y + layer.post_per_layer_input_norm(layer.per_layer_projection(gate))
+        return y * layer.layer_scalar
+
+
+_ADAPTERS: dict[str, type[LayerSublayers]] = {
+    "llama": LayerSublayers,
+    "mistral": LayerSublayers,
+    "qwen2": LayerSublayers,
+    "olmo2": _PostNormSublayers,
+    "olmo3": _PostNormSublayers,
+    "gemma4": _Gemma4Sublayers,
+}
+
+
+def sublayers(model: nn.Module) -> list[LayerSublayers]:
+    """One :class:`LayerSublayers` per decoder layer, in order (sublayer s = 2L attn, 2L+1 mlp).
+
+    Raises ValueError for unsupported families (see :func:`family`)."""
+    fam = family(model)
+    config = _text_config(model)
+    layers = decoder_layers(model)[: config.num_hidden_layers]
+    cls = _ADAPTERS[fam]
+    return [cls(layer, i, fam, config) for i, layer in enumerate(layers)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Boundary states
+# ----------------------------------------------------------------------------------------------
+
+
+def forward_boundaries(adapters: list[LayerSublayers], ctx: SequenceContext, upto: int | None = None) -> torch.Tensor:
+    """Run the sublayers from h_0 = ``ctx.embeddings`` through layer ``upto`` (inclusive; default
+    the last) and return (B, 2·(upto+1)+1, T, d): index 2L = h_L, 2L+1 = m_L, last = raw output
+    of layer ``upto``. Keys/values of layers that others reuse (Gemma 4) are kept on the way."""
+    last = len(adapters) - 1 if upto is None else upto
+    sources = {a.kv_source for a in adapters if a.kv_source != a.index}
+    stored: dict[int, KV] = {}
+    h = ctx.embeddings
+    states = [h]
+    for adapter in adapters[: last + 1]:
+        if adapter.index in sources:
+            stored[adapter.index] = adapter.kv(h, ctx)
+        m = adapter.attn(h, ctx, kv=stored.get(adapter.kv_source))
+        h = adapter.mlp(m, ctx)
+        states += [m, h]
+    return torch.stack(states, dim=1)
+
+
+@torch.no_grad()
+def boundary_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Residual states at every sublayer boundary, computed through the sublayer split.
+
+    input_ids (T,) -> (2·n_layers + 1, T, d); (B, T) -> (B, 2·n_layers + 1, T, d), in the
+    model's dtype. Index 2L = h_L (entering layer L; 0 = embeddings), 2L + 1 = m_L (pre-MLP of
+    layer L), last = the last layer's raw output (before the final norm). Update norms follow
+    as Δ_attn = m_L − h_L and Δ_mlp = h_{L+1} − m_L. Equals :func:`residual_states` at even
+    indices.
+    """
+    squeeze = input_ids.dim() == 1
+    ids = input_ids[None] if squeeze else input_ids
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be (T,) or (B, T), got shape {tuple(input_ids.shape)}")
+    ctx = prepare(model, ids)
+    states = forward_boundaries(sublayers(model), ctx)
+    return states[0] if squeeze else states
+
+
+def n_layers(model: nn.Module) -> int:
+    """Number of decoder layers that run (``config.num_hidden_layers``)."""
+    return _text_config(model).num_hidden_layers
+
+
+def hidden_size(model: nn.Module) -> int:
+    """Residual width d."""
+    return _text_config(model).hidden_size

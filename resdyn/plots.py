@@ -754,10 +754,11 @@ def _parse_sizes(v: Any, row: int) -> np.ndarray:
         text = v.strip()
         if not text:
             return np.zeros(0)
+        # communities_summary.tsv writes sizes comma-joined (one TSV cell); JSON lists also accepted
         try:
-            v = json.loads(text)
+            v = json.loads(text if text.startswith("[") else f"[{text}]")
         except json.JSONDecodeError as err:
-            raise ValueError(f"community summary row {row}: sizes {text[:60]!r} is not a JSON list ({err})") from None
+            raise ValueError(f"community summary row {row}: sizes {text[:60]!r} is not a list of sizes ({err})") from None
     arr = _num(np.ravel(np.asarray(v, dtype=object)))
     return arr[np.isfinite(arr)]
 

@@ -972,9 +972,9 @@ def write_spectra_h5(
         layer, kind = int(m.group(1)), m.group(2)
         checked[str(name)] = (layer, kind, ds)
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        f.attrs["schema"] = SPECTRA_H5_SCHEMA
         for k, v in (attrs or {}).items():
             f.attrs[str(k)] = _attr_value(v)
+        f.attrs["schema"] = SPECTRA_H5_SCHEMA  # last: provenance attrs may carry an upstream schema
         for name, (layer, kind, ds) in checked.items():
             g = f.create_group(name)
             g.attrs["layer"] = layer

@@ -1,0 +1,762 @@
+"""Exact per-sample sublayer Jacobians and their HDF5 accumulation (with resume).
+
+Definition (DESIGN.md, "Sublayers and boundaries"). For layer L, token position t and
+sublayer kind ``attn`` (h_L -> m_L) or ``mlp`` (m_L -> h_{L+1}),
+
+    J = ∂ out[t] / ∂ in[t]        (d × d, fp32; J[i, j] = ∂ out_i / ∂ in_j)
+
+with every other position of ``in`` held fixed: their keys/values are frozen, the position's
+own query, key and value depend on ``in[t]`` (for Gemma 4 KV-shared layers only the query
+does: their keys/values are the source layer's). The (T·d)² Jacobian of the full sequence is
+never formed. Two methods, equal to rounding (tests check both against autograd through HF's
+layer):
+
+* "structured" (default): the linear maps are applied explicitly and forward mode is used only
+  where it is cheap. Attention: ``J = I + J_post W_o J_core (W_qkv J_pre)`` — the pre-norm
+  Jacobian is diagonal plus rank one, so ``W J_pre`` costs O(size of W); the core (q/k/v norms,
+  RoPE, softmax over the frozen context) is differentiated by ``torch.func.jvp`` batched over
+  the d input directions with ``vmap``; W_o is one GEMM. MLP: closed form
+  ``W_down (diag(act'(g) ⊙ up) W_gate + diag(act(g)) W_up)``, one GEMM instead of three.
+* "jvp": forward mode through the whole per-token function
+  (:meth:`resdyn.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
+
+The differentiated sublayer runs in fp32 (bf16 weights are upcast on a copy of the layer, TF32
+is disabled); the boundary states come from one forward pass per sample in the model's dtype
+(:func:`resdyn.arch.forward_boundaries`).
+
+HDF5 schema (one file per layer, ``layer{L:03d}.h5``, written by :func:`write_layer_block`)
+----------------------------------------------------------------------------------------------
+N samples, P positions per sample (default P = 1: the last token), d = hidden size.
+
+file attrs      everything in the caller's ``attrs`` (model id, revision, content hash, dtype,
+                samples hash, code version, ...; dicts/lists as JSON strings), plus
+                ``layer`` (int), ``family`` (str), ``d_model`` (int), ``positions`` (int array,
+                P), ``n_samples`` (int N), ``store_dtype`` (str), ``spectral_norm_method`` (str),
+                ``schema`` (str, "resdyn.jacobian/1").
+/positions      (P,) int64       token positions the Jacobians are taken at
+/sample_ids     (N,) int64 or utf-8 str   the samples, in processing order
+/attn/, /mlp/   one group per sublayer kind, each with
+  mean                (d, d) float32|float64   Σ_{samples, positions} J / (N·P), summed in float64
+  count               () int64     number of samples N (attr ``n_jacobians`` = N·P)
+  sample_ids          (N,)         same as /sample_ids (kept per group for self-contained reads)
+  fro_minus_identity  (N, P) float64   ‖J − I‖_F per sample and position
+  trace               (N, P) float64   tr J
+  spectral_norm       (N, P) float64   σ_max(J): exact (SVD) for d ≤ 512, else a 64-step power
+                                       iteration on JᵀJ (a lower bound; see file attr)
+  per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
+                      Jacobians, chunked (1, 1, d, d) and gzip-compressed
+
+Resume: every ``checkpoint_every`` samples the float64 sums, the per-sample arrays and the
+next sample index are saved atomically to ``.{first output name}.partial.npz`` next to the
+first output; a rerun with the same inputs (samples, ids, layers, positions, options, attrs)
+continues from it, an inconsistent one is ignored with a warning; it is removed on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+from resdyn import arch
+from resdyn.io import atomic_path, sha256_array
+
+log = logging.getLogger(__name__)
+
+KINDS: tuple[str, str] = ("attn", "mlp")
+SCHEMA = "resdyn.jacobian/1"
+#: d at or below which the spectral norm is exact (SVD); above it, power iteration.
+EXACT_SPECTRAL_MAX_D = 512
+POWER_ITERATIONS = 64
+#: Memory budget for one chunk of forward-mode tangents (bytes).
+TANGENT_BUDGET_BYTES = 1 << 30
+
+PositionsArg = None | int | str | Sequence[int]
+
+
+# ----------------------------------------------------------------------------------------------
+# Positions
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_positions(positions: PositionsArg, length: int) -> list[int]:
+    """Token positions as non-negative ints, in the order given.
+
+    ``None`` or ``"last"`` -> [T − 1]; ``"all"`` -> [0, …, T − 1]; an int or a list of ints
+    (negative counts from the end, as in Python). Raises ValueError for anything else, for
+    duplicates and for positions outside [−T, T).
+    """
+    if positions is None or positions == "last":
+        return [length - 1]
+    if positions == "all":
+        return list(range(length))
+    if isinstance(positions, str):
+        raise ValueError(f"positions={positions!r}: allowed are None, 'last', 'all', an int or a list of ints")
+    items = [positions] if isinstance(positions, (int, np.integer)) else list(positions)
+    if not items:
+        raise ValueError("positions is an empty list: give at least one position")
+    out = []
+    for p in items:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+            raise ValueError(f"position {p!r} is not an int (positions={positions!r})")
+        if not -length <= p < length:
+            raise ValueError(f"position {p} outside a sequence of length {length} (allowed {-length}..{length - 1})")
+        out.append(int(p) % length)
+    if len(set(out)) != len(out):
+        raise ValueError(f"positions {items} name the same token twice")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def full_fp32_matmul() -> Iterator[None]:
+    """Disable TF32 (and other reduced-precision fp32 matmuls) while Jacobians are computed.
+
+    Also silences the DeprecationWarning torch's forward-mode decompositions emit on first use
+    (they call torch.jit.script internally; nothing for us to change)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=DeprecationWarning)
+            yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def forward_jacobian(fn, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Dense Jacobian J (d_out, d_in) of ``fn`` at x (d_in,) by forward mode.
+
+    One JVP per basis direction e_j gives column J[:, j]; ``vmap`` batches them, ``chunk_size``
+    directions at a time (None: all at once). Cost: d_in JVPs, i.e. the matmuls of ``fn`` with
+    a (chunk, ·) batch in place of a vector.
+    """
+    # A fresh copy: JVP tangents are allocated with the primal's storage layout, and x is often a
+    # view into the (2n+1, T, d) boundary states (that would make every tangent T·(2n+1) times too big).
+    x = x.detach().clone()
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+
+    def column(direction: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(fn, (x,), (direction,))[1]
+
+    columns = torch.func.vmap(column, chunk_size=chunk_size)(eye)  # row j = J[:, j]
+    return columns.transpose(0, 1).contiguous()
+
+
+# -- closed-form pieces ------------------------------------------------------------------------
+
+
+def rms_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``a @ J_N(x)`` for an RMSNorm N(x) = w ⊙ x / r, r = sqrt(mean(x²) + eps), without forming J_N.
+
+    ``J_N(x) = diag(w)/r − (w ⊙ x) xᵀ / (d r³)`` (diagonal plus rank one), so for a (k, d):
+    ``a J_N = (a ⊙ w/r) − (a (w ⊙ x)) xᵀ / (d r³)`` in O(k·d).
+    """
+    weight, eps = arch.rms_norm_params(norm)
+    d = x.shape[-1]
+    inv_r = torch.rsqrt(x.pow(2).mean() + eps)
+    w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
+    out = a * (w * inv_r)
+    return out.sub_(torch.outer(a @ (w * x), x), alpha=float(inv_r**3) / d)
+
+
+def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``J_N(z) @ a`` for an RMSNorm at z (d,) and a (d, k): ``(w/r) ⊙ a − (w ⊙ z)(zᵀ a) / (d r³)``."""
+    weight, eps = arch.rms_norm_params(norm)
+    d = z.shape[-1]
+    inv_r = torch.rsqrt(z.pow(2).mean() + eps)
+    w = torch.ones_like(z) if weight is None else weight.to(z.dtype)
+    out = a * (w * inv_r)[:, None]
+    return out.sub_(torch.outer(w * z, z @ a), alpha=float(inv_r**3) / d)
+
+
+def _elementwise_derivative(act: nn.Module, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(act(g), act'(g)) for an elementwise activation (one JVP with an all-ones tangent)."""
+    return torch.func.jvp(act, (g,), (torch.ones_like(g),))
+
+
+def gated_mlp_jacobian(mlp: nn.Module, u: torch.Tensor) -> torch.Tensor:
+    """∂F/∂u (d_out, d_in) of ``F(u) = W_d (act(W_g u + b_g) ⊙ (W_u u + b_u)) + b_d`` at u (d,).
+
+    ``= W_d M`` with ``M = diag(act'(g) ⊙ up) W_g + diag(act(g)) W_u`` (d_ff, d): one GEMM of
+    2·d_out·d_ff·d FLOPs (forward mode through F would cost three such GEMMs).
+    """
+    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+        if not hasattr(mlp, name):
+            raise ValueError(f"{type(mlp).__name__} has no {name!r}: not a gated MLP down(act(gate(x)) * up(x))")
+    g, up = mlp.gate_proj(u), mlp.up_proj(u)
+    act, dact = _elementwise_derivative(mlp.act_fn, g)
+    m = mlp.gate_proj.weight * (dact * up)[:, None]
+    m.addcmul_(mlp.up_proj.weight, act[:, None])
+    return mlp.down_proj.weight @ m
+
+
+def _input_tangents(weight: torch.Tensor, x: torch.Tensor, pre: nn.Module | None) -> torch.Tensor:
+    """Rows j = ∂(W n(x))/∂x_j, i.e. (W J_pre)ᵀ as a contiguous (d, out) matrix."""
+    jac = weight if pre is None else rms_right(weight, x, pre)
+    return jac.transpose(0, 1).contiguous()
+
+
+def attn_jacobian(
+    adapter: arch.LayerSublayers,
+    h: torch.Tensor,
+    t: int,
+    ctx: arch.SequenceContext,
+    kv: arch.KV | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """J = ∂m[t]/∂h[t] (d, d) of the attention half, other positions frozen.
+
+    ``J = I + J_post(a) W_o J_core (W_qkv J_pre(x))`` with x = h[t], a the o_proj output. The
+    projections of the tangents are explicit (``W J_pre`` is W rescaled plus a rank-one term),
+    the small nonlinear core (q/k/v norms, RoPE, softmax over the frozen context) is
+    differentiated by forward mode, batched over the d input directions (``chunk_size`` at a
+    time), and W_o is applied once to the result: 2·d·(H·hd)·d FLOPs for W_o plus
+    O(d·(T·H·hd)) for the core.
+    """
+    x = h[t].detach().clone()
+    attention = adapter.attention
+    pre, post = adapter.norm("attn_pre"), adapter.norm("attn_post")
+    core = adapter.attention_core(h, t, ctx, kv)
+    n = x if pre is None else pre(x)
+    primals = [adapter.project_q(n)]
+    tangents = [_input_tangents(attention.q_proj.weight, x, pre)]
+    if not adapter.shares_kv:
+        primals += list(adapter.project_kv(n))
+        tk = _input_tangents(attention.k_proj.weight, x, pre)
+        v_proj = getattr(attention, "v_proj", None)
+        tangents += [tk, tk if v_proj is None else _input_tangents(v_proj.weight, x, pre)]
+    primals = tuple(primals)
+
+    def column(*directions: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(core, primals, directions)[1]
+
+    chunk = chunk_size or _attn_chunk(adapter, h.shape[0], x.shape[-1])
+    heads = torch.func.vmap(column, chunk_size=chunk)(*tangents)  # (d, H·hd): row j = ∂o/∂x_j
+    jac = nn.functional.linear(heads, attention.o_proj.weight).transpose(0, 1)  # W_o ∂o/∂x
+    if post is not None:
+        jac = rms_left(attention.o_proj(core(*primals)), jac, post)
+    else:
+        jac = jac.contiguous()
+    jac.diagonal().add_(1.0)
+    return jac
+
+
+def mlp_jacobian(adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arch.SequenceContext) -> torch.Tensor:
+    """J = ∂h_{L+1}[t]/∂m[t] (d, d) of the MLP half, in closed form.
+
+    ``J_y = I + J_post(z) (W_d M) J_pre(x)`` (see :func:`gated_mlp_jacobian`), x = m[t],
+    z the MLP output; for Gemma 4 then ``J = s (I + A B) J_y`` with the per-layer-input block
+    ``A = J_norm W_proj`` (d, p), ``B = diag(act'(G y) ⊙ e) W_gate`` (p, d) (rank p, applied as
+    ``J_y + A (B J_y)``) and s = ``layer_scalar``.
+    """
+    x = m[t].detach().clone()
+    layer = adapter.layer
+    pre, post = adapter.norm("mlp_pre"), adapter.norm("mlp_post")
+    u = x if pre is None else pre(x)
+    jac = gated_mlp_jacobian(layer.mlp, u)
+    if pre is not None:
+        jac = rms_right(jac, x, pre)
+    if post is not None:
+        jac = rms_left(layer.mlp(u), jac, post)
+    jac.diagonal().add_(1.0)
+    if adapter.family == "gemma4":
+        if adapter.has_per_layer_input:
+            pli = ctx.per_layer_input(adapter.index, x.dtype)[0, t]
+            y = adapter.mlp_core(x)
+            g = layer.per_layer_input_gate(y)
+            act, dact = _elementwise_derivative(layer.act_fn, g)
+            projected = layer.per_layer_projection(act * pli)
+            a = rms_left(projected, layer.per_layer_projection.weight, layer.post_per_layer_input_norm)
+            b = layer.per_layer_input_gate.weight * (dact * pli)[:, None]
+            jac = jac + a @ (b @ jac)
+        jac = jac * layer.layer_scalar.to(jac.dtype)
+    return jac
+
+
+def _attn_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
+    """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`: per tangent
+    ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations."""
+    heads = adapter.attention.q_proj.out_features // adapter.head_dim
+    per_tangent = 4 * (8 * heads * (length + 1) + 8 * heads * adapter.head_dim)
+    return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
+
+
+def _jvp_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
+    """Tangent chunk for the reference forward-mode path: per tangent ≈ 4 bytes ×
+    (8·d_ff + 8·d + 8·H·(T+1))."""
+    d_ff = max(m.out_features for m in adapter.layer.modules() if isinstance(m, nn.Linear))
+    heads = adapter.attention.q_proj.out_features // adapter.head_dim
+    per_tangent = 4 * (8 * d_ff + 8 * d + 8 * heads * (length + 1))
+    return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
+
+
+METHODS = ("structured", "jvp")
+
+
+class JacobianEngine:
+    """Sublayer Jacobians of a model, one sample at a time.
+
+    Holds the model's sublayer adapters and fp32 adapters for the layers to differentiate
+    (and the layers whose keys/values they reuse). ``compute`` runs one forward pass through
+    the sublayers (to layer max(layers)) and returns every requested Jacobian.
+
+    ``method``: "structured" (default; :func:`attn_jacobian`, :func:`mlp_jacobian`: explicit
+    projections, forward mode only through the attention core) or "jvp" (forward mode through
+    the whole per-token function, :func:`forward_jacobian`; the simple reference, ~2.5–3× the
+    FLOPs).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[int] | None = None,
+        chunk_size: int | None = None,
+        method: str = "structured",
+    ):
+        if method not in METHODS:
+            raise ValueError(f"method={method!r}: allowed are {METHODS}")
+        self.model = model
+        self.method = method
+        self.adapters = arch.sublayers(model)
+        n = len(self.adapters)
+        self.layers = list(range(n)) if layers is None else [int(x) for x in layers]
+        bad = [x for x in self.layers if not 0 <= x < n]
+        if bad:
+            raise ValueError(f"layers {bad} outside the model's {n} layers (allowed 0..{n - 1})")
+        if not self.layers or len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"layers {self.layers}: give distinct layers, at least one")
+        needed = set(self.layers) | {self.adapters[x].kv_source for x in self.layers}
+        self.fp32 = {x: self.adapters[x].to_float32() for x in sorted(needed)}
+        self.chunk_size = chunk_size
+        self.d = arch.hidden_size(model)
+
+    def compute(self, input_ids: torch.Tensor, positions: PositionsArg = None) -> dict[tuple[int, str], torch.Tensor]:
+        """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,)."""
+        if input_ids.dim() != 1:
+            raise ValueError(f"input_ids must be one sample (T,), got shape {tuple(input_ids.shape)}")
+        pos = resolve_positions(positions, input_ids.shape[0])
+        with torch.no_grad():
+            ctx = arch.prepare(self.model, input_ids[None].long())
+            states = arch.forward_boundaries(self.adapters, ctx, upto=max(self.layers))[0].float()
+        out: dict[tuple[int, str], torch.Tensor] = {}
+        with full_fp32_matmul(), torch.no_grad():
+            for layer in self.layers:
+                out.update(self._layer(layer, states, ctx, pos))
+        return out
+
+    def _layer(self, layer: int, states: torch.Tensor, ctx: arch.SequenceContext, pos: list[int]):
+        adapter = self.fp32[layer]
+        kv = None
+        if adapter.shares_kv:
+            k, v = self.fp32[adapter.kv_source].kv(states[2 * adapter.kv_source][None], ctx)
+            kv = (k[0], v[0])
+        h, m = states[2 * layer], states[2 * layer + 1]
+        if self.method == "structured":
+            attn = [attn_jacobian(adapter, h, t, ctx, kv, self.chunk_size) for t in pos]
+            mlp = [mlp_jacobian(adapter, m, t, ctx) for t in pos]
+        else:
+            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d)
+            attn = [forward_jacobian(adapter.attn_token_fn(h, t, ctx, kv=kv), h[t], chunk) for t in pos]
+            mlp = [forward_jacobian(adapter.mlp_token_fn(m, t, ctx), m[t], chunk) for t in pos]
+        return {(layer, "attn"): torch.stack(attn), (layer, "mlp"): torch.stack(mlp)}
+
+
+def sublayer_jacobians(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    positions: PositionsArg = None,
+    *,
+    layers: Sequence[int] | None = None,
+    chunk_size: int | None = None,
+    method: str = "structured",
+) -> dict[tuple[int, str], torch.Tensor]:
+    """Exact per-sample Jacobians of every sublayer at the given token positions.
+
+    input_ids: one sample, (T,) LongTensor. positions: None (last token), 'last', 'all', an int
+    or a list of ints. Returns {(layer, kind): J} with kind in {"attn", "mlp"} and J of shape
+    (P, d, d), fp32, ``J[p] = ∂ out[t_p] / ∂ in[t_p]`` with the other positions frozen (see the
+    module docstring). ``layers`` restricts the layers (default all); ``chunk_size`` is the
+    number of tangent directions per vmap batch (default: sized to ~1 GiB of activations);
+    ``method`` "structured" (default) or "jvp" (see :class:`JacobianEngine`).
+    """
+    return JacobianEngine(model, layers, chunk_size, method).compute(input_ids, positions)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-sample summaries
+# ----------------------------------------------------------------------------------------------
+
+
+def spectral_norm(jac: torch.Tensor) -> torch.Tensor:
+    """σ_max of each (d, d) matrix in a (P, d, d) batch, float64.
+
+    Exact (SVD) for d ≤ :data:`EXACT_SPECTRAL_MAX_D`; otherwise :data:`POWER_ITERATIONS` steps of
+    power iteration on JᵀJ from a fixed seeded start (deterministic; converges from below).
+    """
+    j = jac.double()
+    d = j.shape[-1]
+    if d <= EXACT_SPECTRAL_MAX_D:
+        return torch.linalg.matrix_norm(j, ord=2)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    v = torch.randn(j.shape[0], d, 1, generator=gen, dtype=torch.float64).to(j.device)
+    v = v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+    for _ in range(POWER_ITERATIONS):
+        w = j.transpose(1, 2) @ (j @ v)
+        v = w / torch.linalg.vector_norm(w, dim=1, keepdim=True).clamp_min(1e-300)
+    return torch.linalg.vector_norm(j @ v, dim=(1, 2))
+
+
+def spectral_norm_method(d: int) -> str:
+    """Human-readable description of how :func:`spectral_norm` computes σ_max for this d."""
+    if d <= EXACT_SPECTRAL_MAX_D:
+        return "exact (singular value decomposition, float64)"
+    return f"power iteration on J^T J, {POWER_ITERATIONS} steps, fixed seed 0, float64 (lower bound)"
+
+
+def summaries(jac: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per-position scalars of a (P, d, d) batch: ‖J − I‖_F, tr J, σ_max (float64 arrays (P,))."""
+    j = jac.double()
+    eye = torch.eye(j.shape[-1], dtype=torch.float64, device=j.device)
+    return {
+        "fro_minus_identity": torch.linalg.matrix_norm(j - eye).cpu().numpy(),
+        "trace": torch.diagonal(j, dim1=-2, dim2=-1).sum(-1).cpu().numpy(),
+        "spectral_norm": spectral_norm(j).cpu().numpy(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Block writer with checkpoint/resume
+# ----------------------------------------------------------------------------------------------
+
+_SUMMARY_KEYS = ("fro_minus_identity", "trace", "spectral_norm")
+
+
+def checkpoint_path(out_paths: dict[int, os.PathLike | str], layers: Sequence[int]) -> Path:
+    """``.{name}.partial.npz`` next to the block's first output file."""
+    first = Path(out_paths[layers[0]])
+    return first.parent / f".{first.name}.partial.npz"
+
+
+def _describe_model(attrs: dict[str, Any]) -> str:
+    """'model <id> (checkpoint <c>, revision <r>)' from the caller's attrs (see models.model_attrs)."""
+    model_id = attrs.get("model_id", attrs.get("model", "?"))
+    where = [f"{key} {attrs[key]!r}" for key in ("checkpoint", "revision") if key in attrs]
+    return f"model {model_id!r} ({', '.join(where) or 'checkpoint/revision unknown'})"
+
+
+def _fingerprint(
+    samples: np.ndarray,
+    sample_ids: np.ndarray,
+    layers: list[int],
+    positions: list[int],
+    store_dtype: str,
+    store_first_n: int,
+    attrs: dict[str, Any],
+    engine: dict[str, Any],
+) -> str:
+    """What a checkpoint must agree on to be resumed: inputs, options (the engine's too: its
+    method and chunking decide the rounding) and the caller's attrs."""
+    meta = json.dumps(
+        {
+            "layers": layers,
+            "positions": positions,
+            "store_dtype": store_dtype,
+            "store_first_n": store_first_n,
+            "attrs": attrs,
+            "engine": engine,
+            "schema": SCHEMA,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    h = hashlib.sha256(meta.encode())
+    h.update(sha256_array(samples, sample_ids.astype(str)).encode())
+    return h.hexdigest()
+
+
+class _Accumulator:
+    """Float64 sums and per-sample arrays for a block of layers (numpy, host memory)."""
+
+    def __init__(self, layers: list[int], n_samples: int, n_positions: int, d: int, first_n: int):
+        self.layers = layers
+        self.next_index = 0
+        self.sums = {(L, k): np.zeros((d, d), np.float64) for L in layers for k in KINDS}
+        self.per = {
+            (L, k, s): np.full((n_samples, n_positions), np.nan) for L in layers for k in KINDS for s in _SUMMARY_KEYS
+        }
+        self.first = {(L, k): np.zeros((first_n, n_positions, d, d), np.float32) for L in layers for k in KINDS}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {"next_index": np.array(self.next_index)}
+        for (L, k), a in self.sums.items():
+            out[f"sum_{L}_{k}"] = a
+        for (L, k, s), a in self.per.items():
+            out[f"{s}_{L}_{k}"] = a
+        for (L, k), a in self.first.items():
+            out[f"per_sample_{L}_{k}"] = a
+        return out
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Fill from a checkpoint's arrays; raises KeyError/ValueError if they do not fit."""
+        for name, target in self.arrays().items():
+            if name == "next_index":
+                continue
+            source = arrays[name]
+            if source.shape != target.shape or source.dtype != target.dtype:
+                raise ValueError(f"{name}: {source.dtype}{source.shape}, expected {target.dtype}{target.shape}")
+        for L, k in self.sums:
+            self.sums[(L, k)] = arrays[f"sum_{L}_{k}"].copy()
+            self.first[(L, k)] = arrays[f"per_sample_{L}_{k}"].copy()
+            for s in _SUMMARY_KEYS:
+                self.per[(L, k, s)] = arrays[f"{s}_{L}_{k}"].copy()
+        self.next_index = int(arrays["next_index"])
+
+
+def _save_checkpoint(path: Path, acc: _Accumulator, fingerprint: str) -> None:
+    arrays = acc.arrays()
+    arrays["fingerprint"] = np.array(fingerprint)
+    with atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _resume(path: Path, fresh, fingerprint: str, n_samples: int) -> _Accumulator:
+    """A fresh accumulator, or one filled from the checkpoint at ``path`` if it exists and
+    matches ``fingerprint`` (warn and ignore it otherwise)."""
+    acc = fresh()
+    if not path.exists():
+        return acc
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        if str(arrays["fingerprint"]) != fingerprint:
+            raise ValueError("it was written for other samples, layers, positions, options or attrs")
+        if not 0 < int(arrays["next_index"]) <= n_samples:
+            raise ValueError(f"next sample index {int(arrays['next_index'])} outside 1..{n_samples}")
+        acc.load(arrays)
+    except (OSError, KeyError, ValueError) as err:
+        warnings.warn(f"ignoring checkpoint {path}: {err}", stacklevel=3)
+        log.warning("ignoring checkpoint %s: %s", path, err)
+        return fresh()
+    log.info("resuming from %s at sample %d of %d", path, acc.next_index, n_samples)
+    return acc
+
+
+def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_id: Any) -> None:
+    if not bool(torch.isfinite(jac).all()):
+        n_nan = int(torch.isnan(jac).sum())
+        n_inf = int(torch.isinf(jac).sum())
+        raise FloatingPointError(
+            f"{_describe_model(attrs)}: layer {layer} sublayer {kind!r} sample id {sample_id!r}: the Jacobian has "
+            f"{n_nan} NaN and {n_inf} Inf entries (allowed: finite values only)"
+        )
+
+
+def _h5_attr(value: Any) -> Any:
+    """A value h5py can store as an attribute: scalars/strings/numeric arrays as is, else JSON."""
+    if isinstance(value, (str, bool, int, float, np.generic)):
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        return np.asarray(value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _ids_for_h5(sample_ids: np.ndarray) -> np.ndarray:
+    if sample_ids.dtype.kind in "iu":
+        return sample_ids.astype(np.int64)
+    return np.array([str(s) for s in sample_ids], dtype=h5py.string_dtype("utf-8"))
+
+
+def _write_layer_file(
+    path: os.PathLike | str,
+    layer: int,
+    acc: _Accumulator,
+    sample_ids: np.ndarray,
+    positions: list[int],
+    store_dtype: str,
+    attrs: dict[str, Any],
+    fam: str,
+    d: int,
+) -> None:
+    n_samples, n_positions = len(sample_ids), len(positions)
+    ids = _ids_for_h5(sample_ids)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for key, value in attrs.items():
+            f.attrs[key] = _h5_attr(value)
+        f.attrs.update(
+            {
+                "layer": layer,
+                "family": fam,
+                "d_model": d,
+                "positions": np.asarray(positions, np.int64),
+                "n_samples": n_samples,
+                "store_dtype": store_dtype,
+                "spectral_norm_method": spectral_norm_method(d),
+                "schema": SCHEMA,
+            }
+        )
+        f.create_dataset("positions", data=np.asarray(positions, np.int64))
+        f.create_dataset("sample_ids", data=ids)
+        for kind in KINDS:
+            g = f.create_group(kind)
+            g.create_dataset("mean", data=(acc.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype))
+            g.create_dataset("count", data=np.int64(n_samples))
+            g["count"].attrs["n_jacobians"] = n_samples * n_positions
+            g.create_dataset("sample_ids", data=ids)
+            for s in _SUMMARY_KEYS:
+                g.create_dataset(s, data=acc.per[(layer, kind, s)])
+            first = acc.first[(layer, kind)]
+            if first.shape[0]:
+                g.create_dataset("per_sample", data=first, chunks=(1, 1, d, d), compression="gzip")
+
+
+def write_layer_block(
+    model: nn.Module,
+    samples: np.ndarray,
+    sample_ids: Sequence | np.ndarray,
+    layers: Sequence[int],
+    out_paths: dict[int, os.PathLike | str],
+    positions: PositionsArg = None,
+    store_dtype: str = "float32",
+    store_first_n: int = 0,
+    checkpoint_every: int = 50,
+    attrs: dict[str, Any] | None = None,
+    progress: bool = True,
+    chunk_size: int | None = None,
+    method: str = "structured",
+) -> None:
+    """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
+
+    samples (N, T) int token ids; sample_ids (N,) ints or strings; ``layers`` the block;
+    ``out_paths[L]`` the file of layer L (schema in the module docstring). Per sample: one
+    forward pass for the boundary states, then each sublayer's Jacobian at ``positions``
+    (see :func:`resolve_positions`); sums in float64, ``mean`` stored as ``store_dtype``
+    ("float32" or "float64"); the first ``store_first_n`` samples' Jacobians kept whole.
+    Checkpoints every ``checkpoint_every`` samples and resumes from a consistent checkpoint
+    (module docstring). A NaN/Inf Jacobian raises FloatingPointError naming the model
+    (``attrs['model_id']``, ``attrs['revision']``), layer, sublayer and sample id; no output
+    file is written then. ``attrs`` must be deterministic (no timestamps): they are part of the
+    checkpoint fingerprint. The model is used as given (already on its device, eval mode).
+    ``chunk_size``/``method``: see :class:`JacobianEngine`.
+    """
+    attrs = dict(attrs or {})
+    samples = np.asarray(samples)
+    if samples.ndim != 2 or samples.dtype.kind not in "iu":
+        raise ValueError(f"samples must be an (N, T) integer array, got {samples.dtype}{samples.shape}")
+    n_samples, length = samples.shape
+    if n_samples == 0:
+        raise ValueError("samples is empty: give at least one sample")
+    ids = np.asarray(sample_ids)
+    if ids.shape != (n_samples,):
+        raise ValueError(f"sample_ids has shape {ids.shape}, expected ({n_samples},) to match samples")
+    if len(set(ids.tolist())) != n_samples:
+        raise ValueError("sample_ids are not unique")
+    layers = [int(x) for x in layers]
+    if not layers:
+        raise ValueError("layers is empty: give at least one layer")
+    missing = [x for x in layers if x not in out_paths]
+    if missing:
+        raise ValueError(f"out_paths has no file for layers {missing}")
+    if store_dtype not in ("float32", "float64"):
+        raise ValueError(f"store_dtype={store_dtype!r}: allowed are 'float32' and 'float64'")
+    if not 0 <= int(store_first_n) <= n_samples:
+        raise ValueError(f"store_first_n={store_first_n}: allowed 0..{n_samples} (the number of samples)")
+    if int(checkpoint_every) < 1:
+        raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
+    pos = resolve_positions(positions, length)
+    engine = JacobianEngine(model, layers, chunk_size, method)
+    device = arch.text_model(model).embed_tokens.weight.device
+    d = engine.d
+    fam = arch.family(model)
+
+    options = {"method": method, "chunk_size": chunk_size, "device": str(device)}
+    fingerprint = _fingerprint(samples, ids, layers, pos, store_dtype, int(store_first_n), attrs, options)
+    ckpt = checkpoint_path(out_paths, layers)
+    acc = _resume(
+        ckpt, lambda: _Accumulator(layers, n_samples, len(pos), d, int(store_first_n)), fingerprint, n_samples
+    )
+
+    bar = _progress(n_samples, acc.next_index, progress, f"jacobians L{layers[0]}-{layers[-1]}")
+    try:
+        for i in range(acc.next_index, n_samples):
+            jacs = engine.compute(torch.as_tensor(samples[i], dtype=torch.long, device=device), pos)
+            for (layer, kind), jac in jacs.items():
+                _check_finite(jac, attrs, layer, kind, ids[i].item())
+                acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
+                for s, values in summaries(jac).items():
+                    acc.per[(layer, kind, s)][i] = values
+                if i < store_first_n:
+                    acc.first[(layer, kind)][i] = jac.cpu().numpy()
+            acc.next_index = i + 1
+            bar.update(1)
+            if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
+                _save_checkpoint(ckpt, acc, fingerprint)
+    finally:
+        bar.close()
+    for layer in layers:
+        _write_layer_file(out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, d)
+    with contextlib.suppress(FileNotFoundError):
+        ckpt.unlink()
+
+
+def _progress(total: int, initial: int, enabled: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, file=sys.stderr, unit="sample")
+
+
+def mean_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[dict[tuple[int, str], Any], dict[str, Any]]:
+    """Lazy loaders of every sublayer's mean Jacobian from block folders of ``layer*.h5`` files.
+
+    Returns ({(layer, kind): zero-argument callable → (d, d) float64}, attrs of the first file).
+    Loaders read one matrix at a time, so a model's d×d matrices are never all in memory.
+    A missing layer, a non-finite mean or an unreadable file raises naming the file.
+    """
+    files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
+    if not files:
+        raise FileNotFoundError(f"no layer*.h5 Jacobian files in {list(map(str, folders))}")
+    loaders: dict[tuple[int, str], Any] = {}
+    attrs: dict[str, Any] = {}
+    for path in files:
+        try:
+            with h5py.File(path, "r") as f:
+                layer = int(f.attrs["layer"])
+                if not attrs:
+                    attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
+        for kind in KINDS:
+            loaders[(layer, kind)] = _mean_loader(path, kind)
+    layers = sorted({layer for layer, _ in loaders})
+    if layers != list(range(len(layers))):
+        raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
+    return loaders, attrs
+
+
+def _mean_loader(path: Path, kind: str):
+    def load() -> np.ndarray:
+        with h5py.File(path, "r") as f:
+            mean = f[kind]["mean"][()].astype(np.float64)
+        if not np.isfinite(mean).all():
+            raise FloatingPointError(f"{path}: {kind}/mean has non-finite entries")
+        return mean
+
+    return load

@@ -1,0 +1,399 @@
+"""resdyn.arch: the sublayer split reproduces each family's HF decoder layer.
+
+Oracles are HF's own forward passes: hooks on the decoder layers (h_L, the raw last output) and
+on the submodule that receives the pre-MLP state (m_L). Tiny random fp32 models, eager attention
+(HF's eager path is the one the split mirrors, so recomposition is exact; the sdpa path is
+checked too, to fused-kernel rounding).
+
+The builders and oracles here are reused by tests/test_jacobian.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+from resdyn import arch
+
+VOCAB = 100
+LENGTH = 9
+WINDOW = 3  # < LENGTH, so sliding windows matter
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    initializer_range=0.2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _configs() -> dict[str, tuple[type, object]]:
+    gemma4 = dict(_COMMON)
+    gemma4.update(
+        head_dim=8,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,  # full layers: v from the raw k projection
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=WINDOW,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
+        num_kv_shared_layers=2,  # layers 2, 3 reuse the K/V of layers 0, 1
+        final_logit_softcapping=30.0,
+    )
+    return {
+        "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(**_COMMON, attention_bias=True, mlp_bias=True)),
+        "mistral": (tf.MistralForCausalLM, tf.MistralConfig(**_COMMON, sliding_window=WINDOW)),
+        "qwen2": (
+            tf.Qwen2ForCausalLM,
+            tf.Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2),
+        ),
+        "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**_COMMON)),
+        "olmo3": (tf.Olmo3ForCausalLM, tf.Olmo3Config(**_COMMON, sliding_window=WINDOW)),
+        "gemma4": (tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(**gemma4)),
+    }
+
+
+FAMILIES = list(_configs())
+
+
+def make_model(name: str, seed: int = 0, attn_implementation: str = "eager") -> torch.nn.Module:
+    """A tiny random fp32 model of a family, eval mode. Norm scales are randomised around 1 and
+    Gemma 4's layer_scalar set ≠ 1, so that a misplaced norm or scalar cannot go unnoticed."""
+    cls, config = _configs()[name]
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for mod_name, param in model.named_parameters():
+            if "norm" in mod_name:
+                param.add_(0.2 * torch.randn_like(param))
+        for i, layer in enumerate(arch.decoder_layers(model)):
+            if hasattr(layer, "layer_scalar"):
+                layer.layer_scalar.fill_(0.7 + 0.1 * i)
+    return model
+
+
+def sample_ids(seed: int = 1, length: int = LENGTH, batch: int | None = None) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    shape = (length,) if batch is None else (batch, length)
+    return torch.randint(3, VOCAB, shape, generator=gen)
+
+
+# Where HF's layer holds m_L: the module whose *input* is m_L, and the module whose output is
+# added to h_L to form m_L (for substituting a given m_L, see mlp_half_oracle).
+M_INPUT_MODULE = {
+    "llama": "post_attention_layernorm",
+    "mistral": "post_attention_layernorm",
+    "qwen2": "post_attention_layernorm",
+    "olmo2": "mlp",
+    "olmo3": "mlp",
+    "gemma4": "pre_feedforward_layernorm",
+}
+ATTN_OUTPUT_MODULE = {
+    "llama": "self_attn",
+    "mistral": "self_attn",
+    "qwen2": "self_attn",
+    "olmo2": "post_attention_layernorm",
+    "olmo3": "post_attention_layernorm",
+    "gemma4": "post_attention_layernorm",
+}
+
+
+def capture_layer_calls(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple]:
+    """(args, kwargs) each decoder layer is called with in HF's forward (use_cache=False)."""
+    calls: dict[int, tuple] = {}
+    handles = []
+    for i, layer in enumerate(arch.decoder_layers(model)):
+
+        def hook(_mod, args, kwargs, i=i):
+            calls[i] = (args, dict(kwargs))
+
+        handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids.reshape(1, -1), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def call_layer(layer: torch.nn.Module, call: tuple, h: torch.Tensor) -> torch.Tensor:
+    """Run an HF decoder layer on h (1, T, d) with the arguments HF gave it."""
+    args, kwargs = call
+    kwargs = dict(kwargs)
+    if "shared_kv_states" in kwargs:  # Gemma 4: a copy, so a storing layer cannot overwrite it
+        kwargs["shared_kv_states"] = type(kwargs["shared_kv_states"])(dict(kwargs["shared_kv_states"]))
+    out = layer(h, *args[1:], **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def attn_half_oracle(name: str, layer: torch.nn.Module, call: tuple):
+    """h (T, d) -> m (T, d) through HF's layer, m read by a hook on the module that receives it."""
+
+    def fn(h: torch.Tensor) -> torch.Tensor:
+        box = {}
+        module = getattr(layer, M_INPUT_MODULE[name])
+        handle = module.register_forward_pre_hook(lambda _m, args: box.__setitem__("m", args[0]))
+        try:
+            call_layer(layer, call, h[None])
+        finally:
+            handle.remove()
+        return box["m"][0]
+
+    return fn
+
+
+def mlp_half_oracle(name: str, layer: torch.nn.Module, call: tuple, h: torch.Tensor):
+    """m (T, d) -> h_{L+1} (T, d) through HF's layer: a forward hook replaces the attention
+    branch output by m − h, so HF's own residual add yields m and the rest of the layer runs."""
+
+    def fn(m: torch.Tensor) -> torch.Tensor:
+        def replace(_mod, _args, output):
+            delta = m[None] - h[None]
+            return (delta, *output[1:]) if isinstance(output, tuple) else delta
+
+        handle = getattr(layer, ATTN_OUTPUT_MODULE[name]).register_forward_hook(replace)
+        try:
+            return call_layer(layer, call, h[None])[0]
+        finally:
+            handle.remove()
+
+    return fn
+
+
+def hf_pre_mlp_states(name: str, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """m_L of every layer from HF's forward: (n_layers, T, d)."""
+    captured = {}
+    handles = []
+    for i, layer in enumerate(arch.decoder_layers(model)):
+        module = getattr(layer, M_INPUT_MODULE[name])
+        handles.append(module.register_forward_pre_hook(lambda _m, args, i=i: captured.__setitem__(i, args[0])))
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids.reshape(1, -1), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([captured[i][0] for i in range(len(captured))])
+
+
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-5) -> None:
+    """max |actual − expected| ≤ rel · max |expected|, per leading index (one boundary each).
+
+    For comparisons between mathematically equal computations done in a different fp32 order
+    (batched vs single GEMMs, HF's fused sdpa kernel): in float64 they agree exactly (checked
+    when this test was written), in fp32 the rounding grows with depth in proportion to the
+    state's scale, so an absolute 1e-5 would be below one ulp of Gemma's larger states.
+    """
+    err = (actual - expected).abs().flatten(1).amax(1)
+    scale = expected.abs().flatten(1).amax(1)
+    assert bool((err <= rel * scale).all()), f"errors {err.tolist()} vs scales {scale.tolist()}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models gain nothing from threads, and on a shared machine the OpenMP threads'
+    spin-waiting under oversubscription slows the many tiny ops by orders of magnitude."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, make_model(request.param)
+
+
+def test_family_detected(family_model):
+    name, model = family_model
+    assert arch.family(model) == name
+    adapters = arch.sublayers(model)
+    assert [a.index for a in adapters] == list(range(4))
+
+
+def test_boundary_states_recompose_hf_layers(family_model):
+    name, model = family_model
+    ids = sample_ids()
+    states = arch.boundary_states(model, ids)
+    n = len(arch.decoder_layers(model))
+    assert states.shape == (2 * n + 1, LENGTH, 32)
+    assert states.dtype == torch.float32
+    reference = arch.residual_states(model, ids)[0]  # hooks on HF's layers
+    torch.testing.assert_close(states[0::2], reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(states[1::2], hf_pre_mlp_states(name, model, ids), atol=1e-5, rtol=0)
+
+
+def test_boundary_states_batch(family_model):
+    _, model = family_model
+    ids = sample_ids(batch=2)
+    states = arch.boundary_states(model, ids)
+    assert states.shape[:2] == (2, 9)
+    for b in range(2):
+        assert_close_to_scale(states[b], arch.boundary_states(model, ids[b]))
+
+
+def test_last_state_is_raw_layer_output(family_model):
+    """The last boundary is the last layer's output, not HF's hidden_states[-1] (after the norm)."""
+    _, model = family_model
+    ids = sample_ids()
+    last = {}
+    handle = arch.decoder_layers(model)[-1].register_forward_hook(
+        lambda _m, _a, out: last.__setitem__("h", out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids[None], use_cache=False, output_hidden_states=True)
+    finally:
+        handle.remove()
+    states = arch.boundary_states(model, ids)
+    torch.testing.assert_close(states[-1], last["h"][0], atol=1e-5, rtol=0)
+    assert (states[-1] - out.hidden_states[-1][0]).abs().max() > 1e-2
+    # ... and the model's own readout of it gives the model's logits.
+    torch.testing.assert_close(arch.unembed_logits(model, states[-1]), out.logits[0], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma4"])
+def test_boundary_states_match_sdpa_model(name):
+    """Default attention (sdpa): equal up to the fused kernel's summation order."""
+    model = make_model(name, attn_implementation="sdpa")
+    ids = sample_ids()
+    assert_close_to_scale(arch.boundary_states(model, ids)[0::2], arch.residual_states(model, ids)[0])
+
+
+def test_causal_mask_is_explicit():
+    """Changing a later token leaves every earlier state unchanged (eager attention without a
+    mask would not be causal)."""
+    model = make_model("llama")
+    ids = sample_ids()
+    changed = ids.clone()
+    changed[6] = (ids[6] + 1) % VOCAB
+    a, b = arch.boundary_states(model, ids), arch.boundary_states(model, changed)
+    assert torch.equal(a[:, :6], b[:, :6])
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "olmo3", "gemma4"])
+def test_sliding_window_applied(name):
+    """A sliding layer's m_L at the last position ignores tokens older than the window."""
+    model = make_model(name)
+    layer = next(a.index for a in arch.sublayers(model) if a.window == WINDOW)
+    ids = sample_ids()
+    changed = ids.clone()
+    changed[: LENGTH - WINDOW] = (ids[: LENGTH - WINDOW] + 1) % VOCAB
+    a, b = arch.boundary_states(model, ids), arch.boundary_states(model, changed)
+    assert layer == 0 or name == "qwen2"
+    if layer == 0:  # h_0 at the window's positions is unchanged, so m_0 there must be too
+        torch.testing.assert_close(a[1, -1], b[1, -1], atol=0, rtol=0)
+    assert (a[2 * layer, : LENGTH - WINDOW] - b[2 * layer, : LENGTH - WINDOW]).abs().max() > 1e-3
+
+
+def test_sublayer_metadata():
+    windows = {name: [a.window for a in arch.sublayers(make_model(name))] for name in FAMILIES}
+    assert windows["llama"] == [None] * 4
+    assert windows["mistral"] == [WINDOW] * 4
+    assert windows["qwen2"] == [None, None, WINDOW, WINDOW]
+    assert windows["olmo3"] == [WINDOW, WINDOW, WINDOW, None]
+    assert windows["gemma4"] == [WINDOW, None, WINDOW, None]
+    gemma = arch.sublayers(make_model("gemma4"))
+    assert [a.kv_source for a in gemma] == [0, 1, 0, 1]
+    layer = arch.decoder_layers(make_model("gemma4"))[1]
+    assert layer.self_attn.v_proj is None and hasattr(layer.self_attn, "v_norm")  # k_eq_v + v-norm
+    assert layer.hidden_size_per_layer_input == 8
+
+
+def test_bf16_boundaries_follow_hf():
+    """bf16 weights: the split runs in bf16 like HF (eager); states agree to bf16 rounding."""
+    for name in ("llama", "olmo2", "gemma4"):
+        model = make_model(name).to(torch.bfloat16)
+        ids = sample_ids()
+        states = arch.boundary_states(model, ids)
+        assert states.dtype == torch.bfloat16
+        reference = arch.residual_states(model, ids)[0]
+        torch.testing.assert_close(states[0::2], reference, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Refusals
+# ----------------------------------------------------------------------------------------------
+
+
+def _assert_refused(model, *needles):
+    with pytest.raises(ValueError) as err:
+        arch.sublayers(model)
+    message = str(err.value)
+    for needle in needles:
+        assert needle in message, message
+    for fam in arch.SUPPORTED_FAMILIES:
+        assert fam in message, message
+
+
+def test_refuses_gpt_neox():
+    config = tf.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    _assert_refused(tf.GPTNeoXForCausalLM(config), "gpt_neox", "parallel")
+
+
+def test_refuses_gemma3n():
+    config = tf.Gemma3nTextConfig(
+        vocab_size=VOCAB,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size=32,
+        hidden_size_per_layer_input=8,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_kv_shared_layers=0,
+        layer_types=["sliding_attention", "full_attention"],
+        activation_sparsity_pattern=[0.0, 0.0],
+        laurel_rank=4,
+    )
+    _assert_refused(tf.Gemma3nForCausalLM(config), "gemma3n", "AltUp")
+
+
+def test_refuses_unknown_family():
+    config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
+    with pytest.raises(ValueError, match="llama, mistral, qwen2, olmo2, olmo3, gemma4"):
+        arch.family(tf.GPT2LMHeadModel(config))
+
+
+def test_refuses_gemma4_moe():
+    _, config = _configs()["gemma4"]
+    config = tf.Gemma4TextConfig(
+        **{**config.to_dict(), "enable_moe_block": True, "num_experts": 2, "top_k_experts": 1,
+           "moe_intermediate_size": 16}  # fmt: skip
+    )
+    with pytest.raises(ValueError, match="enable_moe_block"):
+        arch.family(tf.Gemma4ForCausalLM(config))
+
+
+def test_gemma4_multimodal_wrapper_text_inputs():
+    """Gemma4ForConditionalGeneration: the text stack is found and split like Gemma4ForCausalLM;
+    multimodal placeholder ids are refused."""
+    _, text_config = _configs()["gemma4"]
+    config = tf.Gemma4Config(text_config=text_config.to_dict(), vision_config=None, audio_config=None)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = tf.Gemma4ForConditionalGeneration(config).eval()
+    assert arch.family(model) == "gemma4"
+    ids = sample_ids()
+    states = arch.boundary_states(model, ids)
+    torch.testing.assert_close(states[0::2], arch.residual_states(model, ids)[0], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="image_token_id"):
+        arch.boundary_states(model, torch.tensor([5, config.image_token_id, 6]))

@@ -1,0 +1,367 @@
+"""resdyn.jacobian: exact per-token sublayer Jacobians and their HDF5 accumulation.
+
+Oracle: ``torch.autograd.functional.jacobian`` of HF's full-sequence decoder layer (the attention
+half read out by a hook, the MLP half by substituting m_L, see tests/test_arch.py), whose
+diagonal (t, t) block is the Jacobian with the other positions held fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from resdyn import arch, jacobian
+from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
+    FAMILIES,
+    LENGTH,
+    WINDOW,
+    attn_half_oracle,
+    call_layer,
+    capture_layer_calls,
+    make_model,
+    mlp_half_oracle,
+    sample_ids,
+    single_thread,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+POSITIONS = [LENGTH - 1, 4]
+
+
+def hf_oracles(name: str, model, ids: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
+    """Full (T, d, T, d) Jacobians of HF's attention half, MLP half and whole layer."""
+    calls = capture_layer_calls(model, ids)
+    hf_layer = arch.decoder_layers(model)[layer]
+    states = arch.residual_states(model, ids)[0]
+    h = states[layer]
+    m = arch.boundary_states(model, ids)[2 * layer + 1]
+
+    def jac(fn, x):
+        return torch.autograd.functional.jacobian(fn, x, vectorize=True)
+
+    return {
+        "attn": jac(attn_half_oracle(name, hf_layer, calls[layer]), h),
+        "mlp": jac(mlp_half_oracle(name, hf_layer, calls[layer], h), m),
+        "layer": jac(lambda x: call_layer(hf_layer, calls[layer], x[None])[0], h),
+    }
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_case(request):
+    name = request.param
+    model = make_model(name)
+    ids = sample_ids()
+    jacs = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS)
+    oracles = {layer: hf_oracles(name, model, ids, layer) for layer in range(4)}
+    return name, model, ids, jacs, oracles
+
+
+def test_shapes_and_dtype(family_case):
+    _, _, _, jacs, _ = family_case
+    assert sorted(jacs) == [(layer, kind) for layer in range(4) for kind in ("attn", "mlp")]
+    for jac in jacs.values():
+        assert jac.shape == (len(POSITIONS), 32, 32) and jac.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["attn", "mlp"])
+def test_equals_autograd_diagonal_block(family_case, kind):
+    _, _, _, jacs, oracles = family_case
+    for layer in range(4):
+        for p, t in enumerate(POSITIONS):
+            expected = oracles[layer][kind][t, :, t, :]
+            torch.testing.assert_close(jacs[(layer, kind)][p], expected, atol=1e-5, rtol=0)
+
+
+def test_chain_rule_gives_layer_jacobian(family_case):
+    """J_mlp J_attn = ∂h_{L+1}[t]/∂h_L[t] of the whole HF layer (the MLP half is per-token)."""
+    _, _, _, jacs, oracles = family_case
+    for layer in range(4):
+        for p, t in enumerate(POSITIONS):
+            product = jacs[(layer, "mlp")][p] @ jacs[(layer, "attn")][p]
+            torch.testing.assert_close(product, oracles[layer]["layer"][t, :, t, :], atol=1e-5, rtol=0)
+
+
+def test_reference_method_agrees(family_case):
+    """Forward mode through the whole per-token function gives the same Jacobians."""
+    _, model, ids, jacs, _ = family_case
+    reference = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS, method="jvp", chunk_size=7)
+    for key, jac in jacs.items():
+        torch.testing.assert_close(reference[key], jac, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mistral", "olmo3", "gemma4"])
+def test_sliding_window_matters(name):
+    """On a sliding layer the window changes the Jacobian, and the windowed one is the oracle's."""
+    model = make_model(name)
+    ids = sample_ids()
+    layer = 0
+    engine = jacobian.JacobianEngine(model, [layer])
+    assert engine.fp32[layer].window == WINDOW
+    windowed = engine.compute(ids)[(layer, "attn")][0]
+    oracle = hf_oracles(name, model, ids, layer)["attn"][LENGTH - 1, :, LENGTH - 1, :]
+    torch.testing.assert_close(windowed, oracle, atol=1e-5, rtol=0)
+    engine.fp32[layer].window = None  # pretend the layer were full
+    full = engine.compute(ids)[(layer, "attn")][0]
+    assert (full - windowed).abs().max() > 1e-3
+
+
+def test_kv_shared_layer_depends_on_query_only():
+    """Gemma 4 KV-shared layers: keys/values come from the source layer, so J_attn is the
+    oracle's (which reads HF's shared K/V) — checked above — and differs from treating the
+    layer's own projections as K/V."""
+    model = make_model("gemma4")
+    adapters = arch.sublayers(model)
+    assert adapters[2].shares_kv and adapters[2].kv_source == 0
+
+
+def test_positions_argument():
+    model = make_model("llama")
+    ids = sample_ids()
+    default = jacobian.sublayer_jacobians(model, ids, layers=[1])
+    assert default[(1, "attn")].shape == (1, 32, 32)
+    every = jacobian.sublayer_jacobians(model, ids, positions="all", layers=[1])
+    assert every[(1, "mlp")].shape == (LENGTH, 32, 32)
+    torch.testing.assert_close(every[(1, "attn")][-1], default[(1, "attn")][0], atol=1e-6, rtol=0)
+    negative = jacobian.sublayer_jacobians(model, ids, positions=[-1], layers=[1])
+    assert torch.equal(negative[(1, "attn")], default[(1, "attn")])
+    assert jacobian.resolve_positions(None, 5) == [4]
+    assert jacobian.resolve_positions([0, -2], 5) == [0, 3]
+    for bad in (5, [1, 1], "first", [1.5], []):
+        with pytest.raises(ValueError):
+            jacobian.resolve_positions(bad, 5)
+
+
+def test_bf16_weights_give_fp32_jacobians():
+    """bf16 model: Jacobians are fp32, taken on an fp32 copy (the model stays bf16), and equal
+    those of an fp32 model with the same (bf16-rounded) weights at the bf16 model's states up
+    to the bf16 rounding of those states."""
+    model = make_model("olmo2").to(torch.bfloat16)
+    ids = sample_ids()
+    jacs = jacobian.sublayer_jacobians(model, ids, layers=[1])
+    assert all(j.dtype == torch.float32 and torch.isfinite(j).all() for j in jacs.values())
+    assert next(model.parameters()).dtype == torch.bfloat16
+    upcast = jacobian.sublayer_jacobians(model.float(), ids, layers=[1])
+    for key in jacs:
+        torch.testing.assert_close(jacs[key], upcast[key], atol=0.05, rtol=0.05)
+
+
+def test_spectral_norm_power_iteration():
+    gen = torch.Generator().manual_seed(0)
+    d = jacobian.EXACT_SPECTRAL_MAX_D + 88
+    u, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    s = torch.linspace(0.1, 1.0, d, dtype=torch.float64)
+    s[-1] = 3.0
+    j = (u * s) @ v.T
+    assert jacobian.spectral_norm(j[None]).item() == pytest.approx(3.0, rel=1e-12)
+    small = j[:64, :64]
+    assert jacobian.spectral_norm(small[None]).item() == pytest.approx(torch.linalg.svdvals(small)[0].item(), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# HDF5 block writer
+# ----------------------------------------------------------------------------------------------
+
+ATTRS = {"model_id": "tiny-llama", "revision": "step0", "content_hash": "abc", "code_version": "test"}
+
+
+def _samples(n: int = 5) -> np.ndarray:
+    return np.stack([sample_ids(seed=10 + i).numpy() for i in range(n)])
+
+
+def test_write_layer_block_schema(tmp_path):
+    model = make_model("llama")
+    samples = _samples()
+    ids = np.arange(100, 105)
+    paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in (1, 3)}
+    jacobian.write_layer_block(
+        model, samples, ids, [1, 3], paths, positions=[-1, 2], store_first_n=2, checkpoint_every=2,
+        attrs=ATTRS, progress=False,
+    )  # fmt: skip
+    per_sample = [jacobian.sublayer_jacobians(model, torch.as_tensor(s), [-1, 2], layers=[1, 3]) for s in samples]
+    assert not list(tmp_path.glob(".*")), "temporary or checkpoint files left behind"
+    for layer, path in paths.items():
+        with h5py.File(path) as f:
+            assert f.attrs["model_id"] == "tiny-llama" and f.attrs["layer"] == layer
+            assert list(f.attrs["positions"]) == [LENGTH - 1, 2]
+            assert list(f["sample_ids"][()]) == list(ids)
+            for kind in ("attn", "mlp"):
+                g = f[kind]
+                stack = torch.stack([p[(layer, kind)] for p in per_sample]).double()  # (N, P, d, d)
+                assert g["mean"].dtype == np.float32 and g["mean"].shape == (32, 32)
+                np.testing.assert_allclose(g["mean"][()], stack.mean((0, 1)).numpy(), atol=1e-6)
+                assert g["count"][()] == 5 and g["count"].attrs["n_jacobians"] == 10
+                eye = torch.eye(32, dtype=torch.float64)
+                np.testing.assert_allclose(
+                    g["fro_minus_identity"][()], torch.linalg.matrix_norm(stack - eye), atol=1e-6
+                )
+                np.testing.assert_allclose(g["trace"][()], stack.diagonal(dim1=-2, dim2=-1).sum(-1), atol=1e-6)
+                np.testing.assert_allclose(g["spectral_norm"][()], torch.linalg.matrix_norm(stack, ord=2), atol=1e-6)
+                assert g["per_sample"].shape == (2, 2, 32, 32) and g["per_sample"].compression == "gzip"
+                np.testing.assert_array_equal(g["per_sample"][()], stack[:2].float().numpy())
+
+
+def test_store_dtype_float64_and_string_ids(tmp_path):
+    model = make_model("gemma4")
+    paths = {2: tmp_path / "layer002.h5"}
+    jacobian.write_layer_block(
+        model, _samples(2), ["a", "b"], [2], paths, store_dtype="float64", attrs=ATTRS, progress=False
+    )
+    with h5py.File(paths[2]) as f:
+        assert f["attn/mean"].dtype == np.float64
+        assert [s.decode() for s in f["mlp/sample_ids"][()]] == ["a", "b"]
+        assert "per_sample" not in f["attn"]
+
+
+def test_non_finite_jacobian_raises_and_writes_nothing(tmp_path):
+    model = make_model("llama")
+    with torch.no_grad():
+        arch.decoder_layers(model)[1].mlp.up_proj.weight[0, 0] = float("nan")
+    paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in (0, 1)}
+    with pytest.raises(FloatingPointError) as err:
+        jacobian.write_layer_block(model, _samples(2), [7, 8], [0, 1], paths, attrs=ATTRS, progress=False)
+    message = str(err.value)
+    for needle in ("tiny-llama", "step0", "layer 1", "'mlp'", "sample id 7"):
+        assert needle in message, message
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".h5" or ".h5." in p.name]
+
+
+def test_bad_arguments(tmp_path):
+    model = make_model("llama")
+    paths = {0: tmp_path / "layer000.h5"}
+    cases = [
+        dict(samples=_samples(2).astype(float)),
+        dict(sample_ids=[1, 1]),
+        dict(layers=[0, 9], out_paths={0: paths[0], 9: tmp_path / "x.h5"}),
+        dict(out_paths={}),
+        dict(store_dtype="float16"),
+        dict(store_first_n=3),
+        dict(checkpoint_every=0),
+        dict(positions=[LENGTH]),
+    ]
+    for override in cases:
+        kwargs = dict(samples=_samples(2), sample_ids=[1, 2], layers=[0], out_paths=paths, progress=False)
+        kwargs.update(override)
+        with pytest.raises(ValueError):
+            jacobian.write_layer_block(model, **kwargs)
+
+
+_RUNNER = textwrap.dedent("""
+    import logging, sys, time
+    import numpy as np, torch
+    sys.path.insert(0, {tests!r})
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    from test_arch import make_model, sample_ids
+    from resdyn import jacobian
+
+    out, slow = sys.argv[1], sys.argv[2] == "slow"
+    if slow:  # test-only: make each sample slow enough to be killed between checkpoints
+        compute = jacobian.JacobianEngine.compute
+        def slow_compute(self, *args, **kwargs):
+            time.sleep(0.4)
+            return compute(self, *args, **kwargs)
+        jacobian.JacobianEngine.compute = slow_compute
+    model = make_model("qwen2")
+    samples = np.stack([sample_ids(seed=10 + i).numpy() for i in range(8)])
+    paths = {{layer: f"{{out}}/layer{{layer:03d}}.h5" for layer in (0, 2)}}
+    jacobian.write_layer_block(
+        model, samples, np.arange(8), [0, 2], paths, positions=[-1, 3], store_first_n=3,
+        checkpoint_every=2, attrs={{"model_id": "tiny-qwen2", "revision": "r"}}, progress=True,
+    )
+    """)
+
+
+def _run(script: Path, out: Path, mode: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(
+        [sys.executable, str(script), str(out), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def _contents(folder: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for path in sorted(folder.glob("layer*.h5")):
+        with h5py.File(path) as f:
+            f.visititems(
+                lambda name, obj: (
+                    out.__setitem__(f"{path.name}/{name}", obj[()]) if isinstance(obj, h5py.Dataset) else None
+                )
+            )
+            out.update({f"{path.name}@{k}": v for k, v in f.attrs.items()})
+    return out
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(_RUNNER.format(tests=str(REPO / "tests")))
+    resumed, reference = tmp_path / "resumed", tmp_path / "reference"
+    resumed.mkdir()
+    reference.mkdir()
+    ref_proc = _run(script, reference, "fast")  # uninterrupted, runs alongside
+
+    proc = _run(script, resumed, "slow")
+    checkpoint = resumed / ".layer000.h5.partial.npz"
+    deadline = time.monotonic() + 60
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert checkpoint.exists(), proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not list(resumed.glob("layer*.h5")), "killed run left outputs"
+
+    rerun = _run(script, resumed, "fast")
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err[-3000:]
+    assert "resuming from" in err, err[-3000:]
+    assert not checkpoint.exists()
+    _, ref_err = ref_proc.communicate(timeout=120)
+    assert ref_proc.returncode == 0, ref_err[-3000:]
+
+    got, expected = _contents(resumed), _contents(reference)
+    assert sorted(got) == sorted(expected) and len(got) > 20
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_inconsistent_checkpoint_is_ignored(tmp_path):
+    model = make_model("llama")
+    paths = {0: tmp_path / "layer000.h5"}
+    kwargs = dict(layers=[0], out_paths=paths, checkpoint_every=1, attrs=ATTRS, progress=False)
+    jacobian.write_layer_block(model, _samples(3), [1, 2, 3], **kwargs)
+    with h5py.File(paths[0]) as f:
+        expected = f["attn/mean"][()]
+    # A checkpoint from other samples: written by a run that is stopped after its first sample.
+    checkpoint = jacobian.checkpoint_path(paths, [0])
+    original = jacobian.write_layer_block.__globals__["_save_checkpoint"]
+    saved = []
+
+    def save_then_stop(path, acc, fingerprint):
+        original(path, acc, fingerprint)
+        saved.append(path)
+        raise KeyboardInterrupt
+
+    jacobian.write_layer_block.__globals__["_save_checkpoint"] = save_then_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jacobian.write_layer_block(model, _samples(4)[1:], [1, 2, 3], **kwargs)
+    finally:
+        jacobian.write_layer_block.__globals__["_save_checkpoint"] = original
+    assert saved and checkpoint.exists()
+    with pytest.warns(UserWarning, match="ignoring checkpoint"):
+        jacobian.write_layer_block(model, _samples(3), [1, 2, 3], **kwargs)
+    with h5py.File(paths[0]) as f:
+        np.testing.assert_array_equal(f["attn/mean"][()], expected)
+    assert not checkpoint.exists()
