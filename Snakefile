@@ -27,6 +27,6 @@ report: "workflow/report/workflow.rst"
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

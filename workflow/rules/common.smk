@@ -59,3 +59,34 @@ def all_targets():
     targets.append("results/scaling/phase_widths.tsv")
     targets += figure_targets()
     return targets
+
+
+def tokenizer_input(w):
+    """Zoo models use the dataset's trained tokenizer; others their first checkpoint's."""
+    if config["models"][w.model]["source"] == "train":
+        return f"results/data/{dataset_of(w)}/tokenizer"
+    return f"models/{w.model}/{ckpts(w.model)[0]}/checkpoint.json"
+
+
+def jacobian_blocks(w):
+    return expand(
+        "results/{model}/{ckpt}/jacobians/{block}",
+        model=w.model,
+        ckpt=w.ckpt,
+        block=rc.layer_blocks(config, w.model),
+    )
+
+
+def figure_targets():
+    out = ["results/figures/scaling/phase_widths.png"]
+    for m in MODELS:
+        figs = ["checkpoints", "significant"] + (["training"] if m in ZOO else [])
+        out += [f"results/figures/{m}/{f}.png" for f in figs]
+        lens_ckpts = rc.lens_checkpoints(config, m)
+        for c in ckpts(m):
+            out += [
+                f"results/figures/{m}/{c}/{f}.png"
+                for f in rc.CKPT_FIGURES
+                if f not in rc.LENS_FIGURES or c in lens_ckpts
+            ]
+    return out

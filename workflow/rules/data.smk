@@ -1,22 +1,17 @@
 # Corpora, the zoo tokenizer, and the fixed samples each model's analyses share.
 
 
-def tokenizer_input(w):
-    """Zoo models use the dataset's trained tokenizer; others their first checkpoint's."""
-    if config["models"][w.model]["source"] == "train":
-        return f"results/data/{dataset_of(w)}/tokenizer"
-    return f"models/{w.model}/{ckpts(w.model)[0]}/checkpoint.json"
-
-
 rule corpus:
     output:
         train="results/data/{dataset}/train.jsonl",
         heldout="results/data/{dataset}/heldout.jsonl",
+    log:
+        "logs/corpus/{dataset}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         spec=lambda w: config["datasets"][w.dataset],
         code=code("data"),
-    log:
-        "logs/corpus/{dataset}.log",
     script:
         "../scripts/corpus.py"
 
@@ -26,11 +21,13 @@ rule tokenizer:
         train="results/data/{dataset}/train.jsonl",
     output:
         directory("results/data/{dataset}/tokenizer"),
+    log:
+        "logs/tokenizer/{dataset}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
         code=code("data"),
-    log:
-        "logs/tokenizer/{dataset}.log",
     script:
         "../scripts/tokenizer.py"
 
@@ -41,14 +38,16 @@ rule samples:
         tokenizer=tokenizer_input,
     output:
         "results/{model}/samples.h5",
+    log:
+        "logs/samples/{model}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         n=config["samples"]["n"],
         length=config["samples"]["length"],
         seed=config["samples"]["seed"],
         dataset=dataset_of,
         code=code("data"),
-    log:
-        "logs/samples/{model}.log",
     script:
         "../scripts/samples.py"
 
@@ -59,13 +58,16 @@ rule lens_tokens:
         tokenizer=tokenizer_input,
     output:
         "results/{model}/lens_tokens.h5",
+    log:
+        "logs/lens_tokens/{model}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
-        n=lambda w: config["lens"]["n_train_blocks"] + config["lens"]["n_heldout_blocks"],
+        n=lambda w: config["lens"]["n_train_blocks"]
+        + config["lens"]["n_heldout_blocks"],
         length=config["samples"]["length"],
         seed=config["lens"]["seed"],
         dataset=dataset_of,
         code=code("data"),
-    log:
-        "logs/lens_tokens/{model}.log",
     script:
         "../scripts/samples.py"

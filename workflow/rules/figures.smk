@@ -1,7 +1,5 @@
 # Figures: PNG + PDF with provenance in the metadata; one generic script, one rule per figure.
 
-FIG = "results/figures/{model}/{ckpt}/"
-
 
 rule figure_ckpt:
     input:
@@ -31,19 +29,25 @@ rule figure_ckpt:
             "results/figures/{model}/{ckpt}/{figure}.png",
             caption="../report/figure.rst",
             category=lambda w: rc.figure_category(w.figure),
-            labels=lambda w: {"model": w.model, "checkpoint": w.ckpt, "figure": w.figure},
+            labels=lambda w: {
+                "model": w.model,
+                "checkpoint": w.ckpt,
+                "figure": w.figure,
+            },
         ),
         pdf="results/figures/{model}/{ckpt}/{figure}.pdf",
+    log:
+        "logs/figures/{model}/{ckpt}/{figure}.log",
     wildcard_constraints:
         figure="|".join(rc.CKPT_FIGURES),
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         plot=lambda w: rc.CKPT_FIGURES[w.figure],
         title=lambda w: f"{w.model} · {w.ckpt} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
         code=code("plots"),
-    log:
-        "logs/figures/{model}/{ckpt}/{figure}.log",
     script:
         "../scripts/figure.py"
 
@@ -63,16 +67,18 @@ rule figure_model:
             labels=lambda w: {"model": w.model, "figure": w.figure},
         ),
         pdf="results/figures/{model}/{figure}.pdf",
+    log:
+        "logs/figures/{model}/{figure}.log",
     wildcard_constraints:
         figure="|".join(rc.MODEL_FIGURES),
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         plot=lambda w: rc.MODEL_FIGURES[w.figure],
         title=lambda w: f"{w.model} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
         code=code("plots"),
-    log:
-        "logs/figures/{model}/{figure}.log",
     script:
         "../scripts/figure.py"
 
@@ -85,32 +91,20 @@ rule figure_scaling:
         png=report(
             "results/figures/scaling/phase_widths.png",
             caption="../report/figure.rst",
-            category="Study B: phases",
+            category="Study B",
+            subcategory="phases",
             labels={"figure": "phase width vs depth"},
         ),
         pdf="results/figures/scaling/phase_widths.pdf",
+    log:
+        "logs/figures/scaling.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         plot="phase_width_scaling",
         title="phase width vs depth",
         caption=rc.FIGURE_CAPTIONS["scaling"],
         dpi=config["figures"]["dpi"],
         code=code("plots"),
-    log:
-        "logs/figures/scaling.log",
     script:
         "../scripts/figure.py"
-
-
-def figure_targets():
-    out = ["results/figures/scaling/phase_widths.png"]
-    for m in MODELS:
-        figs = ["checkpoints", "significant"] + (["training"] if m in ZOO else [])
-        out += [f"results/figures/{m}/{f}.png" for f in figs]
-        lens_ckpts = rc.lens_checkpoints(config, m)
-        for c in ckpts(m):
-            out += [
-                f"results/figures/{m}/{c}/{f}.png"
-                for f in rc.CKPT_FIGURES
-                if f not in rc.LENS_FIGURES or c in lens_ckpts
-            ]
-    return out

@@ -1,21 +1,22 @@
 # Study A inputs: exact sublayer Jacobians and boundary activations (GPU rules on SLURM).
 
 
-def jacobian_blocks(w):
-    return expand(
-        "results/{model}/{ckpt}/jacobians/{block}",
-        model=w.model,
-        ckpt=w.ckpt,
-        block=rc.layer_blocks(config, w.model),
-    )
-
-
 rule jacobians:
     input:
         ckpt=ckpt_record,
         samples="results/{model}/samples.h5",
     output:
         directory("results/{model}/{ckpt}/jacobians/{block}"),
+    log:
+        "logs/jacobians/{model}/{ckpt}/{block}.log",
+    benchmark:
+        "benchmarks/out/jacobians/{model}/{ckpt}/{block}.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=240,
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
@@ -23,14 +24,6 @@ rule jacobians:
         checkpoint_every=config["jacobian"]["checkpoint_every"],
         device=config["device"],
         code=code("arch", "jacobian", "models"),
-    threads: config["threads"]
-    resources:
-        mem_mb=8000,
-        runtime=240,
-    benchmark:
-        "benchmarks/out/jacobians/{model}/{ckpt}/{block}.tsv"
-    log:
-        "logs/jacobians/{model}/{ckpt}/{block}.log",
     script:
         "../scripts/jacobians.py"
 
@@ -41,16 +34,18 @@ rule activations:
         samples="results/{model}/samples.h5",
     output:
         directory("results/{model}/{ckpt}/activations"),
+    log:
+        "logs/activations/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=120,
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
         device=config["device"],
         code=code("arch", "activations", "models"),
-    threads: config["threads"]
-    resources:
-        mem_mb=8000,
-        runtime=120,
-    log:
-        "logs/activations/{model}/{ckpt}.log",
     script:
         "../scripts/activations.py"

@@ -7,6 +7,16 @@ rule lens:
         tokens="results/{model}/lens_tokens.h5",
     output:
         directory("results/{model}/{ckpt}/lens"),
+    log:
+        "logs/lens/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/lens/{model}/{ckpt}.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=240,
     params:
         options=lambda w: {
             k: v
@@ -16,14 +26,6 @@ rule lens:
         n_train=config["lens"]["n_train_blocks"],
         device=config["device"],
         code=code("lens", "arch", "models"),
-    threads: config["threads"]
-    resources:
-        mem_mb=8000,
-        runtime=240,
-    benchmark:
-        "benchmarks/out/lens/{model}/{ckpt}.tsv"
-    log:
-        "logs/lens/{model}/{ckpt}.log",
     script:
         "../scripts/lens.py"
 
@@ -37,16 +39,23 @@ rule lens_metrics:
         report(
             "results/{model}/{ckpt}/lens_metrics.tsv",
             caption="../report/lens_metrics.rst",
-            category="Study B: lens",
-            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "lens metrics"},
+            category="Study B",
+            subcategory="lens",
+            labels={
+                "model": "{model}",
+                "checkpoint": "{ckpt}",
+                "table": "lens metrics",
+            },
         ),
-    params:
-        device=config["device"],
-        code=code("lens", "arch", "models"),
+    log:
+        "logs/lens_metrics/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
         mem_mb=8000,
-    log:
-        "logs/lens_metrics/{model}/{ckpt}.log",
+    params:
+        device=config["device"],
+        code=code("lens", "arch", "models"),
     script:
         "../scripts/lens_metrics.py"

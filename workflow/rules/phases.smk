@@ -6,13 +6,15 @@ rule phases:
         "results/{model}/{ckpt}/rss.tsv",
     output:
         "results/{model}/{ckpt}/phases.json",
+    log:
+        "logs/phases/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
         code=code("phases", "readout"),
-    log:
-        "logs/phases/{model}/{ckpt}.log",
     script:
         "../scripts/phases.py"
 
@@ -27,15 +29,22 @@ rule phase_metrics:
         table=report(
             "results/{model}/{ckpt}/phase_metrics.tsv",
             caption="../report/phase_metrics.rst",
-            category="Study B: phases",
-            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "phase metrics"},
+            category="Study B",
+            subcategory="phases",
+            labels={
+                "model": "{model}",
+                "checkpoint": "{ckpt}",
+                "table": "phase metrics",
+            },
         ),
-    params:
-        code=code("geometry", "activations", "phases"),
-    resources:
-        mem_mb=4000,
     log:
         "logs/phase_metrics/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
+    params:
+        code=code("geometry", "activations", "phases"),
     script:
         "../scripts/phase_metrics.py"
 
@@ -52,14 +61,17 @@ rule scaling:
         fits=report(
             "results/scaling/phase_widths.tsv",
             caption="../report/scaling.rst",
-            category="Study B: phases",
+            category="Study B",
+            subcategory="phases",
             labels={"table": "phase width vs depth"},
         ),
+    log:
+        "logs/scaling/scaling.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         groups=config["scaling"]["groups"],
         n_layers={m: config["models"][m]["n_layers"] for m in MODELS},
         code=code("geometry", "phases"),
-    log:
-        "logs/scaling/scaling.log",
     script:
         "../scripts/scaling.py"

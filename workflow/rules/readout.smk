@@ -8,14 +8,17 @@ rule rss:
         report(
             "results/{model}/{ckpt}/rss.tsv",
             caption="../report/rss.rst",
-            category="Study B: readout",
+            category="Study B",
+            subcategory="readout",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "RSS"},
         ),
+    log:
+        "logs/rss/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         k_fractions=config["readout"]["k_fractions"],
         code=code("readout", "lens"),
-    log:
-        "logs/rss/{model}/{ckpt}.log",
     script:
         "../scripts/rss.py"
 
@@ -25,10 +28,12 @@ rule resolution:
         "results/{model}/{ckpt}/lens",
     output:
         "results/{model}/{ckpt}/resolution.tsv",
+    log:
+        "logs/resolution/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         k_fractions=config["readout"]["k_fractions"],
         code=code("readout", "lens"),
-    log:
-        "logs/resolution/{model}/{ckpt}.log",
     script:
         "../scripts/resolution.py"

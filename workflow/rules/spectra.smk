@@ -8,19 +8,22 @@ rule spectra:
         table=report(
             "results/{model}/{ckpt}/spectra.tsv",
             caption="../report/spectra.rst",
-            category="Study A: spectra",
+            category="Study A",
+            subcategory="spectra",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "spectra"},
         ),
         arrays="results/{model}/{ckpt}/spectra.h5",
         bottleneck="results/{model}/{ckpt}/bottleneck.tsv",
+    log:
+        "logs/spectra/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
         code=code("spectral", "jacobian"),
-    resources:
-        mem_mb=4000,
-    log:
-        "logs/spectra/{model}/{ckpt}.log",
     script:
         "../scripts/spectra.py"
 
@@ -30,13 +33,15 @@ rule schur:
         blocks=jacobian_blocks,
     output:
         "results/{model}/{ckpt}/schur.tsv",
+    log:
+        "logs/schur/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
     params:
         alphas=config["schur"]["alphas"],
         code=code("schur", "spectral", "jacobian"),
-    resources:
-        mem_mb=4000,
-    log:
-        "logs/schur/{model}/{ckpt}.log",
     script:
         "../scripts/schur.py"
 
@@ -50,14 +55,17 @@ rule checkpoints:
         table=report(
             "results/{model}/checkpoints.tsv",
             caption="../report/checkpoints.rst",
-            category="Study A: checkpoints",
+            category="Study A",
+            subcategory="checkpoints",
             labels={"model": "{model}", "table": "checkpoint comparison"},
         ),
         counts="results/{model}/coupling_counts.tsv",
+    log:
+        "logs/checkpoints/{model}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
         code=code("spectral", "topology"),
-    log:
-        "logs/checkpoints/{model}.log",
     script:
         "../scripts/checkpoints.py"

@@ -9,9 +9,20 @@ rule communities:
         summary=report(
             "results/{model}/{ckpt}/communities_summary.tsv",
             caption="../report/communities.rst",
-            category="Study A: topology",
-            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "communities"},
+            category="Study A",
+            subcategory="topology",
+            labels={
+                "model": "{model}",
+                "checkpoint": "{ckpt}",
+                "table": "communities",
+            },
         ),
+    log:
+        "logs/communities/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
     params:
         top_k=config["topology"]["top_k"],
         min_abs_r=config["topology"]["min_abs_r"],
@@ -20,10 +31,6 @@ rule communities:
         boundary_rule=config["topology"]["boundary_rule"],
         participation_quantile=config["topology"]["participation_quantile"],
         code=code("topology", "activations"),
-    resources:
-        mem_mb=4000,
-    log:
-        "logs/communities/{model}/{ckpt}.log",
     script:
         "../scripts/communities.py"
 
@@ -37,14 +44,17 @@ rule coupling:
         report(
             "results/{model}/{ckpt}/coupling.tsv",
             caption="../report/coupling.rst",
-            category="Study A: topology",
+            category="Study A",
+            subcategory="topology",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "coupling"},
         ),
+    log:
+        "logs/coupling/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         gain=config["topology"]["gain"],
         fdr_q=config["topology"]["fdr_q"],
         code=code("topology", "jacobian"),
-    log:
-        "logs/coupling/{model}/{ckpt}.log",
     script:
         "../scripts/coupling.py"

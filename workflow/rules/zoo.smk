@@ -14,21 +14,31 @@ rule zoo_train:
             category="Zoo",
             labels={"model": "{model}", "table": "training loss"},
         ),
-    params:
-        arch=lambda w: {
-            k: config["models"][w.model].get(k)
-            for k in ("family", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "max_position")
-        },
-        train=lambda w: config["models"][w.model]["train"],
-        code=code("zoo"),
+    log:
+        "logs/zoo_train/{model}.log",
+    benchmark:
+        "benchmarks/out/zoo_train/{model}.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
         mem_mb=4000,
         runtime=120,
-    benchmark:
-        "benchmarks/out/zoo_train/{model}.tsv"
-    log:
-        "logs/zoo_train/{model}.log",
+    params:
+        arch=lambda w: {
+            k: config["models"][w.model].get(k)
+            for k in (
+                "family",
+                "n_layers",
+                "d_model",
+                "n_heads",
+                "n_kv_heads",
+                "d_ff",
+                "max_position",
+            )
+        },
+        train=lambda w: config["models"][w.model]["train"],
+        code=code("zoo"),
     script:
         "../scripts/zoo_train.py"
 
@@ -42,10 +52,12 @@ rule resolve_checkpoint:
         ),
     output:
         "models/{model}/{ckpt}/checkpoint.json",
+    log:
+        "logs/resolve_checkpoint/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
     params:
         spec=lambda w: rc.checkpoint_spec(config, w.model, w.ckpt),
         code=code("models"),
-    log:
-        "logs/resolve_checkpoint/{model}/{ckpt}.log",
     script:
         "../scripts/resolve_checkpoint.py"
