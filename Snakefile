@@ -21,6 +21,7 @@ include: "workflow/rules/lens.smk"
 include: "workflow/rules/readout.smk"
 include: "workflow/rules/phases.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/beyond.smk"
 
 
 report: "workflow/report/workflow.rst"

@@ -120,6 +120,16 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
         bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
         if bad:
             out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    tols = config["spectra"]["complex_tolerances"]
+    for section in ("bridge", "bootstrap"):
+        tol = config[section]["complex_tol"]
+        if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
+            out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
+    if config["jacobian"]["store_first_n"] < 2:
+        out.append(
+            f"config key 'jacobian.store_first_n': {config['jacobian']['store_first_n']} — the bootstrap needs the "
+            "per-sample Jacobians of at least 2 samples (set it to samples.n to bootstrap over all)"
+        )
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
@@ -219,8 +229,11 @@ CKPT_FIGURES = {
     "rss": "rss_profile_plot",
     "resolution": "resolution_frontier",
     "phase_metrics": "phase_metric_profiles",
+    "bridge": "bridge_profiles",
+    "causal": "causal_effects",
+    "uncertainty": "uncertainty_bands",
 }
-LENS_FIGURES = ("lens", "rss", "resolution", "phase_metrics")
+LENS_FIGURES = ("lens", "rss", "resolution", "phase_metrics", "bridge", "causal")
 MODEL_FIGURES = {"training": "training_curve", "checkpoints": "checkpoint_comparison", "significant": "significant_counts"}
 FIGURE_CAPTIONS = {
     "eigenvalues": "Eigenvalues of each sublayer's mean Jacobian in the complex plane (unit circle drawn)",
@@ -238,6 +251,9 @@ FIGURE_CAPTIONS = {
     "checkpoints": "Study A metrics vs depth, one line per checkpoint (step 0 = null)",
     "significant": "FDR-significant coupling boundaries per checkpoint",
     "scaling": "Phase width vs depth with OLS slope and 95% CI",
+    "bridge": "Study A and B profiles on one depth axis: RSS, Jacobian transport of readout subspaces vs random, operator type, cumulative rank",
+    "causal": "Causal test: KL and top-1 flips after projecting off / patching the readout subspace vs random subspaces",
+    "uncertainty": "Bootstrap percentile intervals (over samples) of the Jacobian metrics vs depth",
 }
 
 
@@ -245,6 +261,8 @@ def figure_category(figure: str) -> str:
     """Report category of a figure: per study."""
     if figure in ("training",):
         return "Zoo"
+    if figure in ("bridge", "causal", "uncertainty"):
+        return "Beyond the studies"
     if figure in LENS_FIGURES or figure == "scaling":
         return "Study B"
     return "Study A"

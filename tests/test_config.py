@@ -24,7 +24,8 @@ def test_shipped_configs_validate(name):
 def test_defaults_are_filled():
     cfg = rc.validate_config({"datasets": {"e": {"source": "embedded"}},
                               "models": {"m": {"source": "train", "dataset": "e", "family": "llama",
-                                               "n_layers": 8, "d_model": 32, "n_heads": 4, "d_ff": 64}}})
+                                               "n_layers": 8, "d_model": 32, "n_heads": 4, "d_ff": 64}},
+                              "jacobian": {"store_first_n": 2}})
     assert cfg["samples"] == {"n": 64, "length": 64, "seed": 0}
     assert cfg["models"]["m"]["train"]["checkpoints"] == [0, 300, 600]
     assert cfg["phases"]["window"] == 3
@@ -69,6 +70,8 @@ BAD = [
     (_set(["models", "tiny_llama", "n_heads"], 5), ["models.tiny_llama.n_heads", "5", "d_model=32"]),
     (_set(["scaling", "groups"], {"llama": ["ghost"]}), ["scaling.groups.llama", "ghost", "tiny_llama"]),
     (_set(["lens", "optimizer"], "lbfgs"), ["lens.optimizer", "'lbfgs'", "adam"]),
+    (_set(["bootstrap"], {"complex_tol": 0.05}), ["bootstrap.complex_tol", "0.05", "spectra.complex_tolerances"]),
+    (_set(["jacobian", "store_first_n"], 0), ["jacobian.store_first_n", "0", "at least 2"]),
     (_set(["unknown_section"], {}), ["unknown_section", "Additional properties"]),
     (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
     (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),

@@ -323,8 +323,12 @@ def test_community_sizes():
     # without quality: two axes; NaN sizes and counts are fine
     _check(plots.community_sizes(df.drop(columns="quality").assign(sizes=[np.nan, "[]", "[2]", None],
                                                                      n_communities=[np.nan, 0, 1, np.nan]), "t"), 2)
-    with pytest.raises(ValueError, match="not a JSON list"):
+    with pytest.raises(ValueError, match="not a list of sizes"):
         plots.community_sizes(df.assign(sizes=["[1, 2", "[1]", "[1]", "[1]"]), "t")
+    # the pipeline's communities_summary.tsv writes sizes comma-joined
+    ax_c = _check(plots.community_sizes(df.assign(sizes=["5,2,1", "6,2", "3,2,2", "1,8"]), "t"), 3)[0]
+    pts = np.concatenate([c.get_offsets()[:, 1] for c in ax_c.collections])
+    assert sorted(pts.tolist()) == sorted([5, 2, 1, 6, 2, 3, 2, 2, 1, 8])
 
 
 def test_coupling_profile_filled_vs_hollow():

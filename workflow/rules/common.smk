@@ -45,6 +45,8 @@ def all_targets():
         targets += per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", m)
         targets += per_ckpt("results/{model}/{ckpt}/schur.tsv", m)
         targets += per_ckpt("results/{model}/{ckpt}/coupling.tsv", m)
+        targets += per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", m)
+        targets.append(f"results/{m}/scorecard.tsv")
         targets.append(f"results/{m}/checkpoints.tsv")
         for c in rc.lens_checkpoints(config, m):
             targets += [
@@ -53,6 +55,8 @@ def all_targets():
                 f"results/{m}/{c}/resolution.tsv",
                 f"results/{m}/{c}/phases.json",
                 f"results/{m}/{c}/phase_metrics.tsv",
+                f"results/{m}/{c}/bridge.tsv",
+                f"results/{m}/{c}/causal.tsv",
             ]
         if m in ZOO:
             targets.append(f"models/{m}/training.tsv")

@@ -18,6 +18,12 @@ rule figure_ckpt:
                     f"results/{w.model}/{w.ckpt}/phases.json",
                 ],
                 "resolution": [f"results/{w.model}/{w.ckpt}/resolution.tsv"],
+                "bridge": [
+                    f"results/{w.model}/{w.ckpt}/bridge.tsv",
+                    f"results/{w.model}/{w.ckpt}/phases.json",
+                ],
+                "causal": [f"results/{w.model}/{w.ckpt}/causal.tsv"],
+                "uncertainty": [f"results/{w.model}/{w.ckpt}/bootstrap.tsv"],
                 "phase_metrics": [
                     f"results/{w.model}/{w.ckpt}/geometry.tsv",
                     f"results/{w.model}/{w.ckpt}/phases.json",

@@ -1,0 +1,251 @@
+"""resdyn.bootstrap: percentile intervals (calibration, constants, determinism) and the Jacobian bootstrap."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import transformers as tf
+
+from resdyn import bootstrap as bs
+from resdyn import jacobian, spectral
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- generic utilities
+
+
+def test_percentile_ci_matches_numpy_quantiles():
+    x = np.random.default_rng(0).standard_normal(1000)
+    low, high = bs.percentile_ci(x, 0.9)
+    assert (low, high) == (np.quantile(x, 0.05), np.quantile(x, 0.95))
+    lo2, hi2 = bs.percentile_ci(np.column_stack([x, 2 * x]), 0.9)
+    np.testing.assert_array_equal(lo2, [low, np.quantile(2 * x, 0.05)])
+    np.testing.assert_array_equal(hi2, [high, np.quantile(2 * x, 0.95)])
+
+
+def test_percentile_ci_of_constant_has_zero_width_and_nan_propagates():
+    assert bs.percentile_ci(np.full(200, 2.5), 0.95) == (2.5, 2.5)
+    low, high = bs.percentile_ci(np.array([1.0, np.nan, 3.0]))
+    assert np.isnan(low) and np.isnan(high)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "x", float("nan")])
+def test_percentile_ci_rejects_bad_levels(bad):
+    with pytest.raises(ValueError, match="level"):
+        bs.percentile_ci(np.arange(3.0), bad)
+
+
+def test_bootstrap_ci_of_constant_statistic_has_zero_width():
+    x = np.random.default_rng(1).standard_normal(20)
+    r = bs.bootstrap_ci(lambda i: 4.0 + 0 * x[i].sum(), 20, n_resamples=100, seed=3)
+    assert r["estimate"] == r["ci_low"] == r["ci_high"] == 4.0
+    # a statistic of constant data, too
+    c = np.full(15, 7.0)
+    r = bs.bootstrap_ci(lambda i: c[i].mean(), 15, n_resamples=100)
+    assert r["ci_low"] == r["ci_high"] == 7.0
+
+
+def test_bootstrap_is_deterministic_given_the_seed():
+    x = np.random.default_rng(2).standard_normal(30)
+    a = bs.bootstrap(lambda i: x[i].mean(), 30, 50, seed=11)
+    b = bs.bootstrap(lambda i: x[i].mean(), 30, 50, seed=11)
+    c = bs.bootstrap(lambda i: x[i].mean(), 30, 50, seed=12)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    # indices depend on (n, R, seed) only
+    assert np.array_equal(bs.bootstrap_indices(30, 50, 11), bs.bootstrap_indices(30, 50, 11))
+
+
+def test_bootstrap_replicates_are_resamples_with_replacement():
+    idx = bs.bootstrap_indices(5, 2000, seed=0)
+    assert idx.shape == (2000, 5) and idx.min() == 0 and idx.max() == 4
+    # each draw is uniform on 0..4: every index appears ≈ 1/5 of the time
+    freq = np.bincount(idx.ravel(), minlength=5) / idx.size
+    np.testing.assert_allclose(freq, 0.2, atol=0.01)
+
+
+def test_percentile_ci_of_the_mean_covers_at_nominal_rate():
+    """Calibration: 95 % percentile intervals of the mean of 50 N(0, 1) draws, 200 datasets.
+
+    The percentile interval of the mean is ≈ x̄ ± 1.96·s/√n·√((n−1)/n): coverage ≈ 0.945 for
+    n = 50. With 200 datasets the binomial sd of the coverage is ≈ 0.016, so [0.89, 0.99]
+    is ±3 sd around nominal."""
+    rng = np.random.default_rng(123)
+    n, reps = 50, 200
+    covered = 0
+    for rep in range(reps):
+        x = rng.standard_normal(n)
+        idx = bs.bootstrap_indices(n, 1000, seed=rep)
+        low, high = bs.percentile_ci(x[idx].mean(axis=1), 0.95)
+        covered += low <= 0.0 <= high
+    assert 0.89 <= covered / reps <= 0.99
+
+
+def test_early_late_thirds():
+    e, l = bs.early_late(9)
+    assert e.tolist() == [0, 1, 2] and l.tolist() == [6, 7, 8]
+    with pytest.raises(ValueError, match="n_sublayers"):
+        bs.early_late(1)
+
+
+# ---------------------------------------------------------------- the Jacobian bootstrap
+
+
+def _rotation(theta: float) -> np.ndarray:
+    return np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+
+
+def _blockdiag(*blocks: np.ndarray) -> np.ndarray:
+    d = sum(b.shape[0] for b in blocks)
+    out = np.zeros((d, d))
+    i = 0
+    for b in blocks:
+        out[i: i + b.shape[0], i: i + b.shape[0]] = b
+        i += b.shape[0]
+    return out
+
+
+def test_identical_samples_give_zero_width_intervals_and_known_values():
+    """Every sample has the same Jacobians → each replicate equals the estimate."""
+    rng = np.random.default_rng(0)
+    d, n = 4, 5
+    mats = {
+        (0, "attn"): _blockdiag(0.9 * _rotation(0.5), 0.8 * _rotation(1.0)),  # all complex
+        (0, "mlp"): np.array([[1.0, 0.5, 0, 0], [0, 1.0, 0, 0], [0, 0, 0.7, 0], [0, 0, 0, 0.2]]),  # real, non-normal
+        (1, "attn"): np.diag([1.0, 0.9, 0.5, 0.1]),
+        (1, "mlp"): np.eye(d) + 0.1 * rng.standard_normal((d, d)),
+    }
+    per = {key: np.repeat(J[None], n, axis=0) for key, J in mats.items()}
+    table, reps = bs.jacobian_bootstrap(per, n_resamples=50, seed=1, means=mats)
+    assert list(table.columns) == bs.BOOTSTRAP_COLUMNS
+    boot = table[table["bootstrapped"]]
+    np.testing.assert_allclose(boot["ci_low"], boot["estimate"], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(boot["ci_high"], boot["estimate"], rtol=1e-12, atol=1e-12)
+    by = table.set_index(["metric", "layer", "kind"])
+    for (layer, kind), J in mats.items():
+        assert by.loc[("henrici", layer, kind), "estimate"] == pytest.approx(spectral.henrici_departure(J), abs=1e-12)
+        cf = spectral.complex_fraction(np.linalg.eigvals(J), 1e-6)
+        assert by.loc[("complex_fraction", layer, kind), "estimate"] == cf
+    assert by.loc[("complex_fraction", 0, "attn"), "estimate"] == 1.0
+    assert by.loc[("complex_fraction", 1, "attn"), "estimate"] == 0.0
+    order = [mats[k] for k in sorted(mats, key=lambda k: spectral.sublayer_index(*k))]
+    erank = spectral.cumulative_effective_rank(order)[-1]
+    assert by.loc[("cum_erank_full_depth", 1, "mlp"), "estimate"] == pytest.approx(erank, rel=1e-10)
+    # S = 4: early = s 0, late = s 3
+    cf_mlp1 = spectral.complex_fraction(np.linalg.eigvals(mats[(1, "mlp")]), 1e-6)
+    row = table[table["metric"] == "complex_fraction_early_minus_late"].iloc[0]
+    assert row["estimate"] == pytest.approx(1.0 - cf_mlp1) and row["kind"] == "all"
+    assert set(reps["metric"]) == set(bs.SCALAR_METRICS) and len(reps) == 3 * 50
+    assert (boot["n_bootstrap_samples"] == n).all() and (boot["n_samples_total"] == n).all()
+
+
+def test_two_samples_replicates_are_the_three_possible_means():
+    """With n = 2 a resample is (J1, J1), (J2, J2) or (J1, J2): the replicate mean is J1, J2 or
+    their average, for all sublayers at once, with probabilities 1/4, 1/4, 1/2."""
+    rng = np.random.default_rng(5)
+    d = 5
+    keys = [(0, "attn"), (0, "mlp"), (1, "attn"), (1, "mlp")]
+    J1 = {k: np.eye(d) + 0.4 * rng.standard_normal((d, d)) for k in keys}
+    J2 = {k: np.eye(d) + 0.4 * rng.standard_normal((d, d)) for k in keys}
+    per = {k: np.stack([J1[k], J2[k]]) for k in keys}
+    R, seed = 400, 9
+    table, reps = bs.jacobian_bootstrap(per, n_resamples=R, seed=seed)
+
+    def erank(which):
+        return spectral.cumulative_effective_rank([which[k] for k in keys])[-1]
+
+    avg = {k: 0.5 * (J1[k] + J2[k]) for k in keys}
+    expected = {"J1": erank(J1), "J2": erank(J2), "avg": erank(avg)}
+    vals = reps[reps["metric"] == "cum_erank_full_depth"].sort_values("replicate")["value"].to_numpy()
+    idx = bs.bootstrap_indices(2, R, seed)
+    kind = np.where(idx[:, 0] != idx[:, 1], "avg", np.where(idx[:, 0] == 0, "J1", "J2"))
+    np.testing.assert_allclose(vals, [expected[k] for k in kind], rtol=1e-10)
+    est = table[table["metric"] == "cum_erank_full_depth"]["estimate"].iloc[0]
+    assert est == pytest.approx(expected["avg"], rel=1e-10)  # the plug-in: mean of the 2 samples
+    low, high = bs.percentile_ci(vals, 0.95)
+    assert min(expected.values()) - 1e-9 <= low <= high <= max(expected.values()) + 1e-9
+
+
+def test_chunked_passes_give_the_same_table():
+    rng = np.random.default_rng(7)
+    per = {(0, "attn"): rng.standard_normal((3, 4, 4)), (0, "mlp"): rng.standard_normal((3, 4, 4))}
+    a, ra = bs.jacobian_bootstrap(per, n_resamples=30, seed=2)
+    b, rb = bs.jacobian_bootstrap(per, n_resamples=30, seed=2, memory_budget=1)  # one replicate per pass
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(ra, rb)
+
+
+def test_validation_messages():
+    with pytest.raises(ValueError, match="at least 2 stored samples"):
+        bs.jacobian_bootstrap({(0, "attn"): np.ones((1, 3, 3)), (0, "mlp"): np.ones((1, 3, 3))})
+    with pytest.raises(ValueError, match="without gaps"):
+        bs.jacobian_bootstrap({(0, "attn"): np.ones((2, 3, 3)), (1, "attn"): np.ones((2, 3, 3))})
+    with pytest.raises(ValueError, match="n_resamples"):
+        bs.jacobian_bootstrap({(0, "attn"): np.ones((2, 3, 3))}, n_resamples=0)
+
+
+# ---------------------------------------------------------------- from the Jacobian files
+
+
+def _tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                         initializer_range=0.2)
+    cfg._attn_implementation = "eager"
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+def test_bootstrap_from_jacobian_files(tmp_path):
+    """Files written by resdyn.jacobian (4 samples, 2 positions, first 3 kept whole)."""
+    model = _tiny_llama()
+    samples = np.random.default_rng(0).integers(3, 50, size=(4, 8))
+    folder = tmp_path / "layers000-001"
+    folder.mkdir()
+    jacobian.write_layer_block(model, samples, np.arange(4) * 10, [0, 1],
+                               {L: folder / f"layer{L:03d}.h5" for L in (0, 1)},
+                               positions=[-1, -2], store_first_n=3, progress=False)
+    table, reps = bs.jacobian_bootstrap_files([folder], n_resamples=40, seed=0, level=0.9)
+    boot = table[table["bootstrapped"]]
+    assert (boot["n_bootstrap_samples"] == 3).all() and (boot["n_samples_total"] == 4).all()
+    assert boot["note"].str.contains("first 3 of 4 samples").all()
+    assert (boot["ci_low"] <= boot["ci_high"]).all() and (boot["level"] == 0.9).all()
+    # estimate_all_samples = the metric of the stored all-N mean (what spectra.tsv reports)
+    means, _ = jacobian.mean_jacobians([folder])
+    by = table.set_index(["metric", "layer", "kind"])
+    for (layer, kind), load in means.items():
+        assert by.loc[("henrici", layer, kind), "estimate_all_samples"] == pytest.approx(
+            spectral.henrici_departure(load()), rel=1e-12)
+    # estimate = the metric of the mean of the 3 stored samples (each averaged over its 2 positions)
+    with h5py.File(folder / "layer001.h5") as f:
+        stored = f["mlp"]["per_sample"][()].astype(np.float64)
+    assert stored.shape == (3, 2, 16, 16)
+    assert by.loc[("henrici", 1, "mlp"), "estimate"] == pytest.approx(
+        spectral.henrici_departure(stored.mean(axis=(0, 1))), rel=1e-12)
+    # Study B rows are present and say they were not bootstrapped
+    rest = table[~table["bootstrapped"]]
+    assert set(rest["metric"]) == {"rss_profile", "b1", "b2"}
+    assert rest["ci_low"].isna().all() and rest["note"].str.startswith("not bootstrapped").all()
+
+
+def test_missing_per_sample_names_the_config_key(tmp_path):
+    folder = tmp_path / "layers000-000"
+    folder.mkdir()
+    with h5py.File(folder / "layer000.h5", "w") as f:
+        f.attrs["layer"] = 0
+        for kind in ("attn", "mlp"):
+            g = f.create_group(kind)
+            g.create_dataset("mean", data=np.eye(3))
+            g.create_dataset("count", data=np.int64(4))
+            g.create_dataset("sample_ids", data=np.arange(4))
+    with pytest.raises(ValueError, match="store_first_n"):
+        bs.read_per_sample([folder])

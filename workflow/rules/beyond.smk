@@ -1,0 +1,141 @@
+# Beyond the two studies: the A<->B bridge, a causal test of readout subspaces, bootstrap
+# intervals and the replication scorecard.
+
+from resdyn.scorecard import scaling_group
+
+
+rule bridge:
+    input:
+        blocks=jacobian_blocks,
+        lens="results/{model}/{ckpt}/lens",
+        spectra="results/{model}/{ckpt}/spectra.tsv",
+        bottleneck="results/{model}/{ckpt}/bottleneck.tsv",
+        rss="results/{model}/{ckpt}/rss.tsv",
+        phases="results/{model}/{ckpt}/phases.json",
+    output:
+        table=report(
+            "results/{model}/{ckpt}/bridge.tsv",
+            caption="../report/bridge.rst",
+            category="Beyond",
+            subcategory="bridge",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bridge"},
+        ),
+        alignment="results/{model}/{ckpt}/bridge_alignment.tsv",
+    log:
+        "logs/bridge/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
+    params:
+        k_fraction=config["bridge"]["k_fraction"],
+        n_random=config["bridge"]["n_random"],
+        seed=config["bridge"]["seed"],
+        complex_tol=config["bridge"]["complex_tol"],
+        code=code("bridge", "readout", "phases", "jacobian", "lens"),
+    script:
+        "../scripts/bridge.py"
+
+
+rule causal:
+    input:
+        ckpt=ckpt_record,
+        lens="results/{model}/{ckpt}/lens",
+        samples="results/{model}/samples.h5",
+        phases="results/{model}/{ckpt}/phases.json",
+    output:
+        report(
+            "results/{model}/{ckpt}/causal.tsv",
+            caption="../report/causal.rst",
+            category="Beyond",
+            subcategory="causal",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "causal"},
+        ),
+    log:
+        "logs/causal/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    threads: config["threads"]
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    params:
+        k_fraction=config["causal"]["k_fraction"],
+        n_random=config["causal"]["n_random"],
+        n_samples=config["causal"]["n_samples"],
+        seed=config["causal"]["seed"],
+        device=config["device"],
+        code=code(
+            "causal", "bridge", "readout", "phases", "arch", "lens", "models", "data"
+        ),
+    script:
+        "../scripts/causal.py"
+
+
+rule bootstrap:
+    input:
+        blocks=jacobian_blocks,
+    output:
+        table=report(
+            "results/{model}/{ckpt}/bootstrap.tsv",
+            caption="../report/bootstrap.rst",
+            category="Beyond",
+            subcategory="uncertainty",
+            labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bootstrap"},
+        ),
+        replicates="results/{model}/{ckpt}/bootstrap_replicates.tsv",
+    log:
+        "logs/bootstrap/{model}/{ckpt}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=4000,
+    params:
+        n_resamples=config["bootstrap"]["n_resamples"],
+        seed=config["bootstrap"]["seed"],
+        ci=config["bootstrap"]["ci"],
+        complex_tol=config["bootstrap"]["complex_tol"],
+        code=code("bootstrap", "spectral"),
+    script:
+        "../scripts/bootstrap.py"
+
+
+rule scorecard:
+    input:
+        unpack(
+            lambda w: {
+                "checkpoints": f"results/{w.model}/checkpoints.tsv",
+                "schur": f"results/{w.model}/{final_ckpt(w.model)}/schur.tsv",
+                "phases": f"results/{w.model}/{final_ckpt(w.model)}/phases.json",
+                "lens_metrics": f"results/{w.model}/{final_ckpt(w.model)}/lens_metrics.tsv",
+                "bootstrap": per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model),
+                "replicates": per_ckpt(
+                    "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
+                ),
+                # phase widths only for models in a scaling group (else: not testable)
+                **(
+                    {"phase_widths": "results/scaling/phase_widths.tsv"}
+                    if scaling_group(config, w.model)
+                    else {}
+                ),
+            }
+        ),
+    output:
+        report(
+            "results/{model}/scorecard.tsv",
+            caption="../report/scorecard.rst",
+            category="Scorecard",
+            labels={"model": "{model}", "table": "replication scorecard"},
+        ),
+    log:
+        "logs/scorecard/{model}.log",
+    conda:
+        "../../envs/resdyn.yaml"
+    params:
+        ckpts=lambda w: ckpts(w.model),
+        group=lambda w: scaling_group(config, w.model),
+        complex_tol=config["bootstrap"]["complex_tol"],
+        level=config["bootstrap"]["ci"],
+        code=code("scorecard", "bootstrap"),
+    script:
+        "../scripts/scorecard.py"

@@ -1,0 +1,15 @@
+"""Causal test: project off / patch each layer's readout subspace and rerun the model, vs random subspaces."""
+
+from resdyn import arch, causal, data, io, lens, models, provenance, readout
+
+with provenance.step(snakemake) as step:
+    p = snakemake.params
+    model, _ = models.load_model(io.read_json(snakemake.input.ckpt), p.device)
+    fitted = lens.Lens.load(snakemake.input.lens, model)
+    ids, _, _ = data.read_samples(snakemake.input.samples)
+    translators = [fitted.translator_matrix(L) for L in range(fitted.n_layers)]
+    table = causal.causal_table(
+        model, ids[: p.n_samples], translators, k=readout.k_from_fraction(arch.hidden_size(model), p.k_fraction),
+        n_random=p.n_random, seed=p.seed, phases=io.read_json(snakemake.input.phases),
+    )
+    io.write_tsv(table, snakemake.output[0])
