@@ -44,12 +44,15 @@ lint: setup
 format: setup
 	$(BIN)/snakefmt Snakefile workflow/rules
 
-# `snakemake --profile slurm` looks for a profile named slurm in ./ and ~/.config/snakemake/.
+# `snakemake --profile slurm` looks for a profile named slurm in ./ and the user config folder
+# ($XDG_CONFIG_HOME or ~/.config/snakemake), not in profiles/: link it there.
+SNAKEMAKE_PROFILE_DIR ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake
 install-slurm-profile:
-	mkdir -p $(HOME)/.config/snakemake
-	rm -rf $(HOME)/.config/snakemake/slurm
-	cp -r profiles/slurm $(HOME)/.config/snakemake/slurm
-	@echo "installed: snakemake --profile slurm"
+	@mkdir -p "$(SNAKEMAKE_PROFILE_DIR)"
+	@if [ -e "$(SNAKEMAKE_PROFILE_DIR)/slurm" ] && [ ! -L "$(SNAKEMAKE_PROFILE_DIR)/slurm" ]; then \
+	  echo "$(SNAKEMAKE_PROFILE_DIR)/slurm exists and is not a link: move it away first" >&2; exit 1; fi
+	ln -sfn "$(CURDIR)/profiles/slurm" "$(SNAKEMAKE_PROFILE_DIR)/slurm"
+	@echo "installed: snakemake --profile slurm  (site settings: see profiles/README-slurm.md)"
 
 clean:
 	rm -rf results logs .snakemake report.html benchmarks/out

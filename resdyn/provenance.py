@@ -88,8 +88,10 @@ def _upstream(inputs: list[str], key: str) -> Any:
 def record(rule: str, wildcards: dict, params: dict, inputs: list[str], outputs: list[str],
            start: str, extra: dict | None = None) -> dict:
     """The provenance record of one step (see module docstring for the fields)."""
-    import torch
-
+    # Only ask torch about the device if the step imported it (figure steps never do: importing
+    # torch costs seconds per job).
+    torch = sys.modules.get("torch")
+    on_gpu = torch is not None and torch.cuda.is_available()
     return {
         "rule": rule,
         "wildcards": dict(wildcards),
@@ -101,8 +103,7 @@ def record(rule: str, wildcards: dict, params: dict, inputs: list[str], outputs:
         "dataset": (extra or {}).get("dataset") or _upstream(inputs, "dataset"),
         "git": git_state(),
         "versions": versions(),
-        "device": (extra or {}).get("device") or ("cuda:" + torch.cuda.get_device_name(0)
-                                                   if torch.cuda.is_available() else "cpu"),
+        "device": (extra or {}).get("device") or ("cuda:" + torch.cuda.get_device_name(0) if on_gpu else "cpu"),
         "host": platform.node(),
         "start": start,
         "end": None,
@@ -154,11 +155,11 @@ def step(snakemake) -> Iterator[Step]:
     logging.captureWarnings(True)
     # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
     # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
-    import torch
     from threadpoolctl import threadpool_limits
 
     threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
-    torch.set_num_threads(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
     s = Step(snakemake)
     with threadpool_limits(limits=threads):
         try:

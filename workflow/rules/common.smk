@@ -4,6 +4,21 @@ from resdyn import config as rc
 rc.validate_config(config)
 
 MODELS = list(config["models"])
+
+
+# Light steps (tables from tables, figures) run on the submit host instead of as cluster jobs,
+# which would cost more in scheduling than they compute.
+localrules:
+    all,
+    phases,
+    scaling,
+    checkpoints,
+    scorecard,
+    figure_ckpt,
+    figure_model,
+    figure_scaling,
+
+
 ZOO = [m for m in MODELS if config["models"][m]["source"] == "train"]
 
 
