@@ -79,7 +79,25 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    _sort_keys(config)
     return config
+
+
+def _sort_keys(node: Any) -> None:
+    """Sort every mapping's keys in place.
+
+    Snakemake compares ``params`` by their text, so the order of keys in the YAML (or in which
+    defaults were filled in) would otherwise count as a change and rerun jobs.
+    """
+    if isinstance(node, dict):
+        items = sorted(node.items(), key=lambda kv: str(kv[0]))
+        node.clear()
+        node.update(items)
+        for value in node.values():
+            _sort_keys(value)
+    elif isinstance(node, list):
+        for value in node:
+            _sort_keys(value)
 
 
 def _semantic_errors(config: dict, base: Path) -> list[str]:

@@ -116,3 +116,13 @@ def test_block_names_roundtrip():
 def test_code_version_changes_with_module(tmp_path, monkeypatch):
     a = rc.code_version("io")
     assert a == rc.code_version("io") and a != rc.code_version("io", "data")
+
+
+def test_key_order_does_not_matter():
+    """Snakemake compares params as text: a reordered config must give identical params."""
+    a = _load("configs/smoke.yaml")
+    b = yaml.safe_load(yaml.safe_dump(copy.deepcopy(a), sort_keys=True))
+    b["models"] = dict(reversed(list(b["models"].items())))
+    ca, cb = rc.validate_config(a), rc.validate_config(b)
+    assert repr(ca) == repr(cb)
+    assert repr(rc.checkpoint_spec(ca, "tiny_llama", "step30")) == repr(rc.checkpoint_spec(cb, "tiny_llama", "step30"))
