@@ -71,7 +71,11 @@ rule scaling:
         "../../envs/resdyn.yaml"
     params:
         groups=config["scaling"]["groups"],
-        n_layers={m: config["models"][m]["n_layers"] for m in MODELS},
+        n_layers={
+            m: config["models"][m]["n_layers"]
+            for members in config["scaling"]["groups"].values()
+            for m in members
+        },
         code=code("geometry", "phases"),
     script:
         "../scripts/scaling.py"
