@@ -13,14 +13,6 @@ from resdyn import bootstrap as bs
 from resdyn import jacobian, spectral
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------- generic utilities
 
 

@@ -23,15 +23,6 @@ from resdyn.bridge import haar_subspace
 VOCAB, D, LAYERS, T, B = 64, 32, 3, 10, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: OpenMP spinning under contention makes tiny matmuls much slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _common(vocab: int = VOCAB) -> dict:
     return dict(vocab_size=vocab, hidden_size=D, intermediate_size=64, num_hidden_layers=LAYERS,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,

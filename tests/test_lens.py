@@ -23,15 +23,6 @@ VOCAB, D, N_LAYERS = 100, 32, 4
 FAST = dict(steps=400, eval_every=10, patience=5, tol=1e-2, progress=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: OpenMP spinning under contention makes tiny matmuls 100× slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def synthetic_batches(n: int, seed: int, batch: int = 8, length: int = 32) -> list[torch.Tensor]:
     """Noisy bigram chain x_{t+1} = 3 x_t + 7 (mod V) with 20 % random tokens, then a copy of it."""
     g = torch.Generator().manual_seed(seed)
