@@ -29,16 +29,25 @@ SCHEMA = "resdyn.activations/1"
 
 
 @torch.no_grad()
-def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True) -> np.ndarray:
-    """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each)."""
+def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True,
+                            where: str = "the model") -> np.ndarray:
+    """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each).
+
+    A NaN/Inf state raises FloatingPointError naming ``where`` (model and checkpoint), the first
+    non-finite boundary (layer, pre_attn/pre_mlp/output) and the sample.
+    """
     if not 0 <= skip_positions < input_ids.shape[1]:
         raise ValueError(f"skip_positions={skip_positions} must be in [0, {input_ids.shape[1]}) (sample length)")
     device = next(model.parameters()).device
     out = []
-    for ids in tqdm(input_ids, desc="boundary states", disable=not progress):
+    for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
         states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
         if not torch.isfinite(states).all():
-            raise FloatingPointError("non-finite residual state (NaN/Inf) in a forward pass")
+            b = int(torch.nonzero(~torch.isfinite(states).flatten(1).all(1))[0])
+            layer, kind = (b // 2, ("pre_attn", "pre_mlp")[b % 2]) if b < states.shape[0] - 1 else (b // 2 - 1, "output")
+            raise FloatingPointError(
+                f"{where}: non-finite residual state (NaN/Inf) at layer {layer} {kind}, sample index {i} — "
+                "the model's weights or inputs hold NaN/Inf; no activations written")
         out.append(states[:, skip_positions:].float().cpu().numpy())
     return np.stack(out)
 

@@ -274,6 +274,8 @@ LAYER_COLUMNS = [
     "norm_ratio_of_means",
     "relative_update_norm",
 ]
+#: per-layer columns about the update after a state: empty on the ``output`` row (nothing follows)
+UPDATE_COLUMNS = tuple(LAYER_COLUMNS[4:])
 
 
 class _UpdateSums:
@@ -643,9 +645,11 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
             "n_models": int(g["model"].nunique()),
             "n_depths": n_depths,
             "n_obs": int(len(g)),
+            "reason": "",
         }
         if n_depths < min_depths:
             row["status"] = "too_few_depths"
+            row["reason"] = f"too_few_depths: {n_depths} depth(s) in the group, the fit needs {min_depths}"
             rows.append(row)
             continue
         with warnings.catch_warnings():
@@ -675,5 +679,6 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
         "n_models",
         "n_depths",
         "n_obs",
+        "reason",
     ]
     return pd.DataFrame(rows, columns=cols)

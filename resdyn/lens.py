@@ -887,9 +887,13 @@ def train_lens(
         bias = nn.Parameter(torch.zeros(n, d, device=device))
         optimizer = _make_optimizer([weight, bias], opt)
         heldout_states = None
+        where = f"lens of model {model_id!r} checkpoint {model_revision!r}"
         if heldout is not None:
             heldout_states = torch.cat([layer_major_states(model, b) for b in heldout], dim=1)
+            _require_finite(heldout_states, where, "held-out residual state", 0)
         result = _fit(model, weight, bias, optimizer, _TokenStream(model, batches, opt.tokens_per_step), heldout_states, opt)
+        _require_finite(torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator",
+                        result["steps"])
 
     return Lens(
         model,
@@ -906,6 +910,20 @@ def train_lens(
             "stop_reason": result["stop_reason"],
         },
     )
+
+
+def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
+    """Raise FloatingPointError naming the first layer (dim 0 of ``x``) that holds NaN/Inf.
+
+    A NaN in the model's weights makes every translator NaN; refusing here keeps a lens of NaN
+    translators (and an empty KL column) from being written.
+    """
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
+    if bad.any():
+        layer = int(torch.nonzero(bad)[0])
+        raise FloatingPointError(
+            f"{where}: non-finite {what} (NaN/Inf) at layer {layer}, lens step {step} — the model's weights or "
+            "states hold NaN/Inf (or training diverged: lower lens.lr); no lens written")
 
 
 def _fit(
@@ -997,7 +1015,7 @@ def _fit(
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl"]
+METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
 
 
 @torch.no_grad()
@@ -1042,6 +1060,10 @@ def lens_metrics(model: nn.Module, lens: Lens, token_batches: Iterable[torch.Ten
             if name == "tuned" and conv is not None and layer in conv.index:
                 c = conv.loc[layer]
                 row.update(converged=bool(c["converged"]), steps=int(c["steps"]), converged_step=int(c["converged_step"]), final_heldout_kl=float(c["final_heldout_kl"]))
+                row["reason"] = "" if np.isfinite(row["final_heldout_kl"]) else "no held-out batches: no held-out KL"
+            else:  # why the training columns are empty
+                row["reason"] = ("logit lens: nothing trained" if name == "logit" else
+                                 "last layer's output: read as is, no translator trained")
             rows.append(row)
     return pd.DataFrame(rows, columns=METRIC_COLUMNS)
 

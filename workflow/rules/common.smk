@@ -1,6 +1,8 @@
 # Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
 from resdyn import config as rc
 
+# Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
+rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
 
 MODELS = list(config["models"])

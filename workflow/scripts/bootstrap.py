@@ -7,5 +7,6 @@ with provenance.step(snakemake) as step:
     table, replicates = bootstrap.jacobian_bootstrap_files(
         snakemake.input.blocks, n_resamples=p.n_resamples, seed=p.seed, level=p.ci, complex_tol=p.complex_tol
     )
-    io.write_tsv(table, snakemake.output.table)
+    # whole-model rows (early-minus-late, RSS) have no layer or sublayer index
+    io.write_tsv(table, snakemake.output.table, allow_nan=("layer", "s"))
     io.write_tsv(replicates, snakemake.output.replicates)
