@@ -58,6 +58,18 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _mapping_error(err) -> str:
+    """An unknown or missing key, named by its full dotted key (the mapping is not quoted)."""
+    prefix = _key(err.absolute_path) + "." if err.absolute_path else ""
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return f"config key '{prefix}{missing[0]}': required but missing"
+    allowed = sorted(err.schema.get("properties", {}))
+    unknown = sorted(k for k in err.instance if k not in allowed)
+    return (f"config key '{prefix}{unknown[0]}': unknown key"
+            + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "") + f"; allowed: {allowed}")
+
+
 def _schema_errors(config: dict, schema: dict) -> list[str]:
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     out, seen = [], set()
@@ -68,6 +80,9 @@ def _schema_errors(config: dict, schema: dict) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
+        if err.validator in ("additionalProperties", "required") and isinstance(err.instance, dict):
+            out.append(_mapping_error(err))
+            continue
         # For oneOf/anyOf the most specific sub-error is the useful one.
         best = jsonschema.exceptions.best_match([err]) if err.context else err
         desc = best.schema.get("description") if isinstance(best.schema, dict) else None

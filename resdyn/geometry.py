@@ -572,7 +572,11 @@ def phase_table(
     table = per_layer
     if "state" in table.columns:
         table = table[table["state"] != "output"]
-    return phase_metrics(table, int(cuts["b1"]), int(cuts["b2"]), metrics)
+    out = phase_metrics(table, int(cuts["b1"]), int(cuts["b2"]), metrics)
+    # why a statistic is empty: a phase with no (finite) layer, or one layer (no sd)
+    out["reason"] = np.select([out["n_layers"] == 0, out["n_layers"] == 1],
+                              ["no layer with a finite value in this phase", "one layer: sd undefined"], "")
+    return out
 
 
 def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3) -> pd.DataFrame:

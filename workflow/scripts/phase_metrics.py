@@ -6,6 +6,6 @@ with provenance.step(snakemake) as step:
     per_layer = geometry.layer_geometry(activations.read_all_boundaries(snakemake.input.activations))
     per_layer = geometry.with_lens_hits(per_layer, io.read_tsv(snakemake.input.lens_metrics))
     cuts = io.read_json(snakemake.input.phases)
-    # the output row has no update after it; a phase of one layer has no sd (n_layers says so)
+    # the output row has no update after it
     io.write_tsv(per_layer, snakemake.output.geometry, allow_nan=geometry.UPDATE_COLUMNS)
-    io.write_tsv(geometry.phase_table(per_layer, cuts), snakemake.output.table, allow_nan=("sd",))
+    io.write_tsv(geometry.phase_table(per_layer, cuts), snakemake.output.table)
