@@ -25,7 +25,7 @@ rule lens:
         },
         n_train=config["lens"]["n_train_blocks"],
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens"),
     script:
         "../scripts/lens.py"
 
@@ -56,6 +56,6 @@ rule lens_metrics:
         mem_mb=8000,
     params:
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"
