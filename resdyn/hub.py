@@ -60,7 +60,9 @@ def cached_snapshot(repo: str, revision: str | None, repo_type: str = "model") -
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(repo, repo_type=repo_type, revision=revision, local_files_only=True)
+        folder = snapshot_download(
+            repo, repo_type=repo_type, revision=revision, local_files_only=True, cache_dir=hub_cache_dir()
+        )
     except Exception:  # LocalEntryNotFoundError, or a malformed cache entry
         return None
     return Path(folder)
@@ -79,23 +81,28 @@ def hub_config_json(repo: str, revision: str) -> tuple[dict, Path]:
         if hub_offline():
             raise HubError(
                 f"hub model {repo!r} at revision {revision!r} is not in the Hugging Face cache "
-                f"(HF_HUB_OFFLINE=1, cache {_hub_cache()}); fetch it on a machine with internet: "
+                f"(HF_HUB_OFFLINE=1, cache {hub_cache_dir()}); fetch it on a machine with internet: "
                 f"`{download_command(repo, revision)}`"
             )
         try:
-            path = Path(hf_hub_download(repo, "config.json", revision=revision))
+            path = Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=hub_cache_dir()))
         except Exception as err:
             raise HubError(
                 f"hub model {repo!r} at revision {revision!r}: config.json is neither in the Hugging Face "
-                f"cache ({_hub_cache()}) nor downloadable ({type(err).__name__}); fetch the model with "
+                f"cache ({hub_cache_dir()}) nor downloadable ({type(err).__name__}); fetch the model with "
                 f"`{download_command(repo, revision)}`"
             ) from err
     return read_config_json(path), path
 
 
-def _hub_cache() -> str:
+def hub_cache_dir() -> str:
+    """The hub cache folder, read from the environment now (huggingface_hub reads it once, at import)."""
     from huggingface_hub import constants
 
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
     return str(constants.HF_HUB_CACHE)
 
 

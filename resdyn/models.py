@@ -9,7 +9,6 @@ loads through that record, so its provenance names exactly which weights it saw.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -27,15 +26,17 @@ def _hub_snapshot(repo: str, revision: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    from resdyn import hub
+
+    cache = hub.hub_cache_dir()
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=offline))
+        return Path(snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(), cache_dir=cache))
     except LocalEntryNotFoundError:
         pass
     except Exception as err:  # network errors come in many types
         log.warning("download of %s@%s failed (%s); trying the local cache", repo, revision, err)
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache))
     except Exception as err:
         raise RuntimeError(
             f"model {repo!r} at revision {revision!r} is not in the local Hugging Face cache and "

@@ -171,6 +171,53 @@ def write_config_only(hub_cache: Path, repo: str, revision: str, config: dict) -
     return snap
 
 
+# Stand-ins for the paper presets' models: config.json with the sizes their hub repositories
+# publish (model_type, layers, width, heads, KV heads, d_ff, vocabulary, positions) and an empty
+# safetensors file, so that configs/paper-{a,b}.yaml validate and dry-run offline in CI.
+def _shape(model_type, n_layers, d, heads, kv, d_ff, vocab, positions) -> dict:
+    return {"model_type": model_type, "num_hidden_layers": n_layers, "hidden_size": d,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": d_ff,
+            "vocab_size": vocab, "max_position_embeddings": positions}
+
+
+PAPER_STANDINS: dict[str, dict] = {
+    "meta-llama/Llama-3.1-8B": _shape("llama", 32, 4096, 32, 8, 14336, 128256, 131072),
+    "allenai/Olmo-3-1025-7B": _shape("olmo3", 32, 4096, 32, 32, 11008, 100278, 65536),
+    "google/gemma-4-E4B": {"model_type": "gemma4",
+                           "text_config": _shape("gemma4_text", 42, 2560, 8, 2, 10240, 262144, 131072)},
+    "Qwen/Qwen2.5-0.5B": _shape("qwen2", 24, 896, 14, 2, 4864, 151936, 32768),
+    "Qwen/Qwen2.5-1.5B": _shape("qwen2", 28, 1536, 12, 2, 8960, 151936, 131072),
+    "Qwen/Qwen2.5-3B": _shape("qwen2", 36, 2048, 16, 2, 11008, 151936, 32768),
+    "Qwen/Qwen2.5-7B": _shape("qwen2", 28, 3584, 28, 4, 18944, 152064, 131072),
+    "Qwen/Qwen2.5-14B": _shape("qwen2", 48, 5120, 40, 8, 13824, 152064, 131072),
+    "Qwen/Qwen2.5-32B": _shape("qwen2", 64, 5120, 40, 8, 27648, 152064, 131072),
+    "allenai/OLMo-2-0425-1B": _shape("olmo2", 16, 2048, 16, 16, 8192, 100352, 4096),
+    "allenai/OLMo-2-1124-7B": _shape("olmo2", 32, 4096, 32, 32, 11008, 100352, 4096),
+    "allenai/OLMo-2-1124-13B": _shape("olmo2", 40, 5120, 40, 40, 13824, 100352, 4096),
+    "allenai/OLMo-2-0325-32B": _shape("olmo2", 64, 5120, 40, 8, 27648, 100352, 4096),
+}
+
+
+def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
+    """Stand-in snapshots (config.json + empty weights) of every hub model and dataset of the
+    given preset files, at their revisions."""
+    import yaml
+    from safetensors.torch import save_file
+
+    for path in config_files:
+        cfg = yaml.safe_load(Path(path).read_text())
+        for m in cfg["models"].values():
+            if m["source"] != "hf":
+                continue
+            for rev in m["revisions"]:
+                snap = write_config_only(hub_cache, m["repo"], rev, PAPER_STANDINS[m["repo"]])
+                save_file({}, str(snap / "model.safetensors"))
+        for ds in cfg["datasets"].values():
+            if ds["source"] == "hf" and "name" in ds:
+                add_snapshot(hub_cache, ds["name"], ds.get("revision") or "main", "dataset")
+    return Path(hub_cache)
+
+
 def build(hf_home: Path) -> Path:
     """Every paper-mini model and the dataset under ``hf_home/hub``; returns the hub cache."""
     from resdyn import data
