@@ -21,9 +21,16 @@ rule lens:
         options=lambda w: {
             k: v
             for k, v in config["lens"].items()
-            if k not in ("checkpoints", "n_train_blocks", "n_heldout_blocks")
+            if k
+            not in (
+                "checkpoints",
+                "n_train_blocks",
+                "n_heldout_blocks",
+                "checkpoint_every",
+            )
         },
         n_train=config["lens"]["n_train_blocks"],
+        checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
         code=code("lens", "arch", "models"),
     script:
