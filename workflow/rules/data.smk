@@ -13,7 +13,7 @@ rule corpus:
         "../../envs/resdyn.yaml"
     params:
         spec=lambda w: config["datasets"][w.dataset],
-        code=code("data"),
+        code=code("corpus"),
     script:
         "../scripts/corpus.py"
 
@@ -29,7 +29,7 @@ rule tokenizer:
         "../../envs/resdyn.yaml"
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
-        code=code("data"),
+        code=code("tokenizer"),
     script:
         "../scripts/tokenizer.py"
 
@@ -49,7 +49,7 @@ rule samples:
         length=config["samples"]["length"],
         seed=config["samples"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"
 
@@ -70,6 +70,6 @@ rule lens_tokens:
         length=config["samples"]["length"],
         seed=config["lens"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"
