@@ -287,9 +287,9 @@ WHAT_TO_DO = {
 }
 
 
-def problem(kind: str, path: str | Path, detail: str) -> str:
+def problem(kind: str, path: str | Path, detail: str, todo: str | None = None) -> str:
     """One report line: ``<kind>: <path>: <detail> — <what to do>``."""
-    return f"{kind}: {path}: {detail} — {WHAT_TO_DO[kind]}"
+    return f"{kind}: {path}: {detail} — {todo or WHAT_TO_DO[kind]}"
 
 
 class Auditor:
@@ -339,6 +339,10 @@ class Auditor:
                 if up is not None and up["sha256"] == cur["sha256"]:
                     problems.append(problem("stale chain", path, f"made from a version of {inp} that no longer "
                                             f"exists (it was rebuilt since by rule {read(inp).get('rule')})"))
+                elif up is not None:  # the input itself was altered: fixing it comes first
+                    problems.append(problem("changed input", path, f"input {inp} was altered after its rule wrote "
+                                            "it (see its 'changed output' line)",
+                                            f"fix {inp} first (restore it, or delete it and rerun snakemake)"))
                 else:
                     problems.append(problem("changed input", path, f"input {inp} changed since it was made "
                                             f"(sha256 {digest[:12]}… → {cur['sha256'][:12]}…)"))

@@ -185,3 +185,51 @@ def test_snakemake_refuses_a_duplicate_key(tmp_path):
     hits = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "duplicate key 'samples'" in ln]
     assert len(hits) == 1 and "configs/bad.yaml:" in hits[0], proc.stderr[-2000:]
     assert not (tmp_path / "wf" / "results").exists()
+
+
+LLAMA_JSON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 32,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+              "max_position_embeddings": 64, "vocab_size": 300}
+
+
+def _local(folder_json, **model):
+    """A mutation adding local model `loc` whose folder's config.json is ``folder_json``."""
+    def change(cfg, base: Path):
+        folder = base / "loc"
+        folder.mkdir(exist_ok=True)
+        text = folder_json if isinstance(folder_json, str) else __import__("json").dumps(folder_json)
+        (folder / "config.json").write_text(text)
+        cfg["models"]["loc"] = {"source": "local", "dataset": "kjv", "path": str(folder), **model}
+    return change
+
+
+#: checks read from a local/hub model's config.json (hub engineer's checks, covered here too)
+LOCAL_CASES = [
+    ("config.json disagrees with n_layers", _local(LLAMA_JSON, n_layers=6), "models.loc.n_layers"),
+    ("config.json disagrees with family", _local(LLAMA_JSON, family="qwen2"), "models.loc.family"),
+    ("samples.length beyond max_position_embeddings", _local({**LLAMA_JSON, "max_position_embeddings": 8}),
+     "samples.length"),
+    ("invalid config.json", _local('{"model_type": "llama", '), "config.json"),
+    ("unknown model_type in config.json", _local({**LLAMA_JSON, "model_type": "bert"}), "models.loc"),
+    ("hub revisions out of training order",
+     lambda c, base: _hub_model(revisions=["main", "stage1-step0-tokens0B"])(c), "models.hub.revisions"),
+]
+
+
+@pytest.mark.parametrize("case", LOCAL_CASES, ids=[c[0] for c in LOCAL_CASES])
+def test_bad_model_config_json_gives_one_clear_line(case, tmp_path):
+    _, change, key = case
+    cfg = copy.deepcopy(SMOKE)
+    change(cfg, tmp_path)
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(cfg, base_dir=ROOT)
+    problems = [ln for ln in str(err.value).splitlines() if ln.startswith("  - ")]
+    assert len(problems) == 1, str(err.value)
+    assert key in problems[0] and len(problems[0]) < 400, problems[0]
+
+
+def test_local_model_with_a_good_config_json_validates(tmp_path):
+    cfg = copy.deepcopy(SMOKE)
+    _local(LLAMA_JSON)(cfg, tmp_path)
+    rc.validate_config(cfg, base_dir=ROOT)
+    assert cfg["models"]["loc"]["family"] == "llama" and cfg["models"]["loc"]["n_layers"] == 4
