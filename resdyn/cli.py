@@ -23,8 +23,10 @@ def _provenance(args: argparse.Namespace) -> int:
     for path, prov in steps:
         if prov.get("source"):
             digest = prov.get("sha256")
-            print(f"{path}\n  source (no provenance of its own): "
-                  + (f"sha256 {digest[:16]}…" if digest else "missing"))
+            made_here = Path(path).parts[:1] in (("results",), ("models",))
+            what = ("NO PROVENANCE SIDECAR (deleted? run `resdyn verify`)" if made_here
+                    else "source (no provenance of its own)")
+            print(f"{path}\n  {what}: " + (f"sha256 {digest[:16]}…" if digest else "missing"))
             continue
         wc = ", ".join(f"{k}={v}" for k, v in prov.get("wildcards", {}).items())
         git = prov.get("git") or {}

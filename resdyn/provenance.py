@@ -380,16 +380,16 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
             if not side.is_file():
                 problems.append(problem("missing sidecar", artifact, f"no provenance sidecar {side.name}"))
                 continue
+            try:  # what downstream sidecars name tells which folder a stray file belongs to
+                referenced.update(str(Path(i)) for i in (io.read_json(side).get("inputs") or {}))
+            except (ValueError, AttributeError):
+                pass
             if not artifact.exists():
                 problems.append(problem("sidecar without artifact", side, f"its artifact {artifact} is missing"))
                 continue
             covered.add(artifact)
             checked += 1
             problems += auditor.verify(artifact)
-            try:
-                referenced.update(str(Path(i)) for i in (io.read_json(side).get("inputs") or {}))
-            except (ValueError, AttributeError):
-                pass
     for root in map(Path, roots):
         if not root.is_dir():
             continue

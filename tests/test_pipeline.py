@@ -151,7 +151,7 @@ def test_verify_detects_an_edited_upstream_table(smoke, tmp_path):
     table.write_text(table.read_text().replace("\t0.", "\t1.", 1))
     bad = subprocess.run([RESDYN, "verify", "results"], cwd=work, env=env_for(work), capture_output=True, text=True)
     assert bad.returncode == 1
-    assert "spectra.tsv changed" in bad.stdout
+    assert "changed output: results/tiny_llama/step30/spectra.tsv: differs from what rule spectra wrote" in bad.stdout
     assert "checkpoints.tsv" in bad.stdout  # the artifacts made from it are named
 
 
