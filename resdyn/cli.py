@@ -59,20 +59,14 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from resdyn import config as rc
-    from resdyn import plan
+    from resdyn import cost, plan
 
     try:
         cfg = rc.load_config(args.config)
-    except rc.ConfigError as err:
+        print(plan.render(cfg, device=args.gpu, gpus=args.gpus, cores=args.cores))
+    except (rc.ConfigError, cost.ShapeError) as err:
         print(err, file=sys.stderr)
         return 2
-    table = plan.estimate(cfg, gpu_tflops=args.gpu_tflops, efficiency=args.efficiency)
-    with_total = table.round(3)
-    print(with_total.to_string(index=False))
-    totals = table[["jobs", "gpu_hours", "disk_gb"]].sum()
-    print(f"\ntotal: {int(totals.jobs)} GPU/CPU-heavy jobs, {totals.gpu_hours:.2f} GPU-hours at "
-          f"{args.efficiency:.0%} of {args.gpu_tflops:g} TFLOP/s, {totals.disk_gb:.1f} GB on disk; "
-          f"largest job memory {table.mem_gb.max():.1f} GB")
     return 0
 
 
@@ -86,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="re-hash recorded inputs; report artifacts whose inputs changed")
     v.add_argument("path", nargs="?", default="results")
     v.set_defaults(func=_verify)
-    pl = sub.add_parser("plan", help="jobs, GPU-hours, memory and disk a config needs")
+    pl = sub.add_parser("plan", help="jobs, GPU/CPU-hours, memory, disk, critical path and wall time a config needs")
     pl.add_argument("config")
-    pl.add_argument("--gpu-tflops", type=float, default=60.0, help="device fp32 TFLOP/s (default 60, H100/H200)")
-    pl.add_argument("--efficiency", type=float, default=0.3, help="achieved share of it (default 0.3)")
+    pl.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="GPU kind (default h100)")
+    pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
+    pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
     pl.set_defaults(func=_plan)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -244,6 +244,54 @@ def _sort_eigenvalues(lam: np.ndarray) -> np.ndarray:
     return lam[np.lexsort((np.angle(lam), -np.abs(lam)))]
 
 
+#: Below this Henrici departure the GPU path's subtraction ‖J‖_F² − Σ|λ|² is not trusted (its
+#: absolute error is O(d·ε·‖J‖_F²), i.e. a relative error ≈ d·ε/h² ≤ 5e-7 at d = 4096 above it);
+#: the value is then recomputed from the host's Schur factor.
+GPU_HENRICI_MIN = 1e-3
+
+
+def _on_cuda(device: Any) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def eigen_henrici(a: np.ndarray, device: Any = None) -> tuple[np.ndarray, float, float]:
+    """(eigenvalues, ‖N‖_F, ‖J‖_F) of a validated real/complex square matrix, one decomposition.
+
+    Host (``device`` None or cpu): one Schur factor T without vectors (LAPACK ?gees): the
+    eigenvalues are T's diagonal (blocks) and ‖N‖_F its non-normal part — the Schur form serves
+    both, where eigvals + Schur would cost two decompositions (10 d³ + 10 d³ nominal → 10 d³).
+    CUDA: ``torch.linalg.eigvals`` on the device (float64; cuSOLVER) and
+    ``‖N‖_F = sqrt(max(0, ‖J‖_F² − Σ|λ|²))``; when that gives ‖N‖_F/‖J‖_F < :data:`GPU_HENRICI_MIN`
+    (where the subtraction cancels) ‖N‖_F is recomputed from the host Schur factor.
+    """
+    fro = float(np.linalg.norm(a))
+    if _on_cuda(device):
+        import torch
+
+        lam = torch.linalg.eigvals(torch.as_tensor(a, device=device)).cpu().numpy().astype(np.complex128)
+        nn2 = fro * fro - float(np.sum(np.abs(lam) ** 2))
+        nn = math.sqrt(max(0.0, nn2))
+        if fro == 0.0 or nn / fro >= GPU_HENRICI_MIN:
+            return lam, nn, fro
+        T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+        return lam, _nonnormal_norm_from_schur(T), fro
+    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return _schur_eigenvalues(T), _nonnormal_norm_from_schur(T), fro
+
+
+def _svd_on(a: np.ndarray, vectors: bool, device: Any):
+    """:func:`_svd` on the host, ``torch.linalg.svd``/``svdvals`` (float64) on a CUDA device."""
+    if not _on_cuda(device):
+        return _svd(a, vectors)
+    import torch
+
+    t = torch.as_tensor(a, device=device)
+    if vectors:
+        U, sv, Vh = torch.linalg.svd(t, full_matrices=False)
+        return U.cpu().numpy(), sv.cpu().numpy(), Vh.cpu().numpy()
+    return torch.linalg.svdvals(t).cpu().numpy()
+
+
 # --------------------------------------------------------------------------------------------
 # scalar metrics
 
@@ -617,17 +665,16 @@ def spectrum(J: Any) -> dict[str, np.ndarray]:
     }
 
 
-def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...]) -> tuple[dict, dict]:
-    """Metrics and spectra of one validated matrix: one Schur (T only), one SVD, one svdvals."""
+def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: Any = None) -> tuple[dict, dict]:
+    """Metrics and spectra of one validated matrix: one eigen-analysis (:func:`eigen_henrici`:
+    Schur T on the host, eigvals on a GPU), one SVD, one svdvals — each reused by every metric
+    that needs it."""
     d = a.shape[0]
     eye = np.eye(d)
-    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-    lam = _schur_eigenvalues(T)
-    nn = _nonnormal_norm_from_schur(T)
-    U, sv, Vh = _svd(a, vectors=True)
+    lam, nn, fro = eigen_henrici(a, device)
+    U, sv, Vh = _svd_on(a, True, device)
     JmI = a - eye
-    sv_m = _svd(JmI, vectors=False)
-    fro = float(np.linalg.norm(a))
+    sv_m = _svd_on(JmI, False, device)
     fro_m = float(np.linalg.norm(JmI))
 
     erank = effective_rank(sv)
@@ -690,7 +737,8 @@ def sublayer_metrics(
     ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
     Rounding is half-up.
 
-    Cost: one real Schur factor (no vectors), one SVD with vectors, singular values of J − I.
+    Cost: one real Schur factor (no vectors: eigenvalues and ‖N‖_F both come from it), one SVD
+    with vectors, singular values of J − I (nominal 10 d³ + 22 d³ + 8/3 d³, resdyn.cost).
 
     Args:
         J: (d, d) matrix (cast to float64).
@@ -760,6 +808,7 @@ def spectra_table(
     jacobians: JacobianSource,
     k_fraction: float = 0.1,
     tolerances: Sequence[float] = DEFAULT_TOLERANCES,
+    device: Any = None,
 ) -> tuple[pd.DataFrame, dict[str, dict[str, np.ndarray]]]:
     """``spectra.tsv`` rows and ``spectra.h5`` arrays for a set of sublayer Jacobians.
 
@@ -767,6 +816,8 @@ def spectra_table(
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable returning it};
             kind in ('attn', 'mlp'). Matrices are loaded and analysed one at a time.
         k_fraction, tolerances: passed to :func:`sublayer_metrics`.
+        device: None/"cpu" (LAPACK via scipy, the reference) or a CUDA device: eigenvalues and
+            SVDs by torch.linalg there (:func:`eigen_henrici`); equal up to rounding.
     Returns:
         (table, arrays): table has one row per sublayer ordered by s = 2L (attn), 2L+1 (mlp),
         columns ``layer, kind, s`` then the :func:`sublayer_metrics` keys; arrays maps
@@ -782,13 +833,17 @@ def spectra_table(
     rows, arrays = [], {}
     for s, layer, kind, J in _ordered(jacobians):
         a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
-        m, arr = _analyse(a, kf, tols)
+        m, arr = _analyse(a, kf, tols, device)
         rows.append({"layer": layer, "kind": kind, "s": s, **m})
         arrays[group_name(layer, kind)] = arr
     return pd.DataFrame(rows), arrays
 
 
-def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.DataFrame:
+def bottleneck_table(
+    jacobians: JacobianSource,
+    reference: bool = True,
+    spectra: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> pd.DataFrame:
     """``bottleneck.tsv``: ranks of the cumulative Jacobian P_s = J_s J_{s−1} ⋯ J_0 along depth.
 
     Sublayers must be contiguous, s = 0..S−1 (a gap would make the product meaningless).
@@ -796,7 +851,10 @@ def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.Da
     Args:
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable}, all the same d.
         reference: also report the single-sublayer values erank(J_s), PR(J_s) (one more
-            singular-value decomposition per sublayer).
+            singular-value decomposition per sublayer, unless ``spectra`` has them).
+        spectra: the arrays of :func:`spectra_table` (``L{layer:03d}_{kind}`` →
+            ``singular_values``): the reference reuses those singular values instead of
+            recomputing them (cost per sublayer: one product and one svdvals, not two svdvals).
     Returns:
         DataFrame with columns ``s, layer, kind, d, erank, participation_ratio, log10_fro``
         (log10 ‖P_s‖_F of the unrescaled product) and, with ``reference``, ``erank_single``,
@@ -835,7 +893,8 @@ def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.Da
             "log10_fro": cum.log10_fro,
         }
         if reference:
-            sv1 = _svd(a, vectors=False)
+            known = (spectra or {}).get(group_name(layer, kind))
+            sv1 = np.asarray(known["singular_values"]) if known is not None else _svd(a, vectors=False)
             row["erank_single"] = effective_rank(sv1)
             row["pr_single"] = participation_ratio(sv1)
         rows.append(row)

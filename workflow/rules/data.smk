@@ -9,6 +9,9 @@ rule corpus:
         "logs/corpus/{dataset}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("corpus", "mem_mb"),
+        runtime=cost("corpus", "runtime"),
     params:
         spec=lambda w: config["datasets"][w.dataset],
         code=code("data"),
@@ -25,6 +28,9 @@ rule tokenizer:
         "logs/tokenizer/{dataset}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("tokenizer", "mem_mb"),
+        runtime=cost("tokenizer", "runtime"),
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
         code=code("data"),
@@ -42,6 +48,9 @@ rule samples:
         "logs/samples/{model}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("samples", "mem_mb"),
+        runtime=cost("samples", "runtime"),
     params:
         n=config["samples"]["n"],
         length=config["samples"]["length"],
@@ -62,6 +71,9 @@ rule lens_tokens:
         "logs/lens_tokens/{model}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("lens_tokens", "mem_mb"),
+        runtime=cost("lens_tokens", "runtime"),
     params:
         n=lambda w: config["lens"]["n_train_blocks"]
         + config["lens"]["n_heldout_blocks"],

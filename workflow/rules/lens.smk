@@ -15,8 +15,8 @@ rule lens:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("lens", "mem_mb"),
+        runtime=cost("lens", "runtime"),
     params:
         options=lambda w: {
             k: v
@@ -53,7 +53,8 @@ rule lens_metrics:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
+        mem_mb=cost("lens_metrics", "mem_mb"),
+        runtime=cost("lens_metrics", "runtime"),
     params:
         device=config["device"],
         code=code("lens", "arch", "models"),
