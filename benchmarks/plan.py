@@ -14,8 +14,10 @@ and the worst ratio. Time is the child's CPU time (one thread: equal to the wall
 machine); on the shared CI box the wall time is inflated by other processes' load and is
 printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/cost.py.
 
-Sizes: d = 256, 512, 1024 with Llama 3.1 (d_ff = 3.5 d, 128-wide heads, 4 query heads per KV
-head) and Qwen2.5 (d_ff = 5.29 d, 7 query heads per KV head, at d = 512) aspect ratios.
+Sizes: d = 384, 640, 1024 with Llama 3.1 (d_ff = 3.5 d, 128-wide heads, 4 query heads per KV
+head) and Qwen2.5 (d_ff = 5.29 d, 7 query heads per KV head, at d = 640) aspect ratios. (At
+d = 256 every kernel is dominated by O(d²) overheads that vanish at paper scale; fitting them
+would skew the d³ rates that matter at d = 4096.)
 Cores: jacobians (structured engine, one layer, + per-sample summaries), activations (boundary
 states), lens (training steps), lens_metrics-like readout is the lens' forward (not separate),
 causal (causal_table on a 2-layer model), spectra, schur, bootstrap, communities, rss
@@ -118,6 +120,7 @@ def base_config(N: int, T: int) -> dict:
         "bootstrap": {"n_resamples": 3},
         "readout": {"k_fractions": [0.01, 0.1, 0.5]},
         "bridge": {"k_fraction": 0.1, "n_random": 2},
+        "topology": {"top_k": 10, "resolution": [0.05]},
     }
 
 
@@ -270,7 +273,7 @@ CORES = {
     "spectra": core_spectra, "schur": core_schur, "bootstrap": core_bootstrap, "communities": core_communities,
     "rss": core_rss,
 }
-SIZES = [(256, "llama"), (512, "qwen"), (1024, "llama")]
+SIZES = [(384, "llama"), (640, "qwen"), (1024, "llama")]
 
 
 def setups(quick: bool):

@@ -6,8 +6,10 @@ Each rule's job is priced by one function (:data:`RULES`) from the model shape
 * ``work``: amounts per *op class* (:data:`OPS`): FLOPs of fp32 / low-precision / fp64 dense
   matmuls, nominal FLOPs of each LAPACK decomposition (Golub & Van Loan counts, below), bytes of
   memory-bound streaming, FLOPs of the forward-mode attention core, bytes decompressed/read,
-  and ``calls``: Python-level steps (one optimiser step and layer, one continuation layer, one
-  boundary's graph per 1024 units) whose interpreter overhead dominates small shapes;
+  ``calls``: Python-level steps (one optimiser step and layer, one continuation layer, one
+  boundary) whose interpreter overhead dominates small shapes; ``graph``: edges × resolutions
+  of the signed Leiden runs (igraph/leidenalg, single-threaded; random-like graphs are its slow
+  case, which is what the benchmark uses);
 * ``host_bytes`` / ``device_bytes``: the peak resident memory of the job on the host and on the
   GPU; ``disk_bytes``: what it writes;
 * ``gpu``: whether the rule runs on a GPU on the cluster (``config["device"]`` = cuda/auto).
@@ -39,6 +41,7 @@ from typing import Any
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
     "gemm32", "gemm16", "gemm64", "jvp", "eig", "schur", "schurv", "svd", "svdvals", "stream", "gunzip", "calls",
+    "graph",
 )
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 GB = 1e9
@@ -73,6 +76,7 @@ CPU_CALIBRATION: dict[str, float] = {
     "stream": 4.0e9,
     "gunzip": 1.5e8,
     "calls": 100.0,
+    "graph": 1.0e4,
 }
 
 # H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
@@ -93,6 +97,7 @@ _GPU_COMMON = {
     "svdvals": 1.2e11,
     "gunzip": 1.5e8,  # host-side zlib, one thread
     "calls": CPU_CALIBRATION["calls"],  # Python-level steps run on the host
+    "graph": CPU_CALIBRATION["graph"],  # Leiden runs on the host
 }
 DEVICES: dict[str, Device] = {
     "cpu": Device("cpu", "cpu", CPU_CALIBRATION, "measured here, per thread (benchmarks/plan.py)"),
@@ -100,12 +105,13 @@ DEVICES: dict[str, Device] = {
     "h200": Device("h200", "gpu", {**_GPU_COMMON, "stream": 3.6e12}, "assumed (H200 class)"),
 }
 #: Ops a GPU job still runs on its host CPU (no torch routine on cuda).
-HOST_OPS = ("schur", "schurv", "gunzip", "calls")
+HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
 
 #: Parallel efficiency of t CPU threads per op class (assumed; the 2 shared cores here cannot
 #: measure it): level-3 BLAS scales well, LAPACK's QR sweeps and zlib hardly.
 THREAD_EFFICIENCY = {"gemm32": 0.85, "gemm16": 0.85, "gemm64": 0.85, "jvp": 0.7, "svd": 0.6, "svdvals": 0.5,
-                     "eig": 0.35, "schur": 0.35, "schurv": 0.45, "stream": 0.5, "gunzip": 0.0, "calls": 0.0}
+                     "eig": 0.35, "schur": 0.35, "schurv": 0.45, "stream": 0.5, "gunzip": 0.0, "calls": 0.0,
+                     "graph": 0.0}
 #: Threads of a CPU-heavy rule on the cluster (when its single-thread time exceeds
 #: :data:`THREADS_ABOVE_S`), and CPU cores that come with one GPU (profile: cpus_per_gpu).
 CPU_THREADS = 8
@@ -259,6 +265,7 @@ class Cost:
     disk_bytes: float = 0.0
     gpu: bool = False
     fixed_s: float = STARTUP_S
+    host_ops: tuple[str, ...] = ()  # ops this GPU job runs on its host CPU besides HOST_OPS
 
     def add(self, op: str, amount: float) -> Cost:
         if op not in OPS:
@@ -369,14 +376,10 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
-    per_step = {
-        head: _forward_flops(s, B, n, T) + 2.0 * B * d * V + 4.0 * B * n * d * V,
-        "gemm32": 4.0 * B * n * d * d,
-    }
+    c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V + 4.0 * B * n * d * V))
+    c.add("gemm32", steps * 4.0 * B * n * d * d)
     evals = steps // lc["eval_every"] + 1
     held = lc["n_heldout_blocks"] * T
-    for op, f in per_step.items():
-        c.add(op, steps * f)
     c.add(head, evals * (_forward_flops(s, held, n, T) + 2.0 * held * d * V * (n + 1) + 2.0 * held * n * d * d))
     c.add("stream", steps * 16.0 * B * n * V + evals * 12.0 * held * n * V)
     c.add("calls", steps * (n + 4) + evals * (n + 1))
@@ -408,20 +411,26 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     """Causal test (:mod:`resdyn.causal`): for every stream L = 0..n−1 and both interventions,
     the original and ``n_random`` + 1 modified continuations through layers L..n−1 and the head on
     B = ``causal.n_samples`` sequences: Σ_L (n−L) = n(n+1)/2 layer passes per run,
-    runs = 1 + 2·(n_random + 1); each pass 2·B·T·P_layer (+ attention), the head 2·B·T·d·V."""
+    runs = 1 + 2·(n_random + 1); each pass 2·B·T·P_layer (+ attention), the head 2·B·T·d·V;
+    plus the readout subspace of every translator (n SVDs with vectors, on the host)."""
     cc, T, n = config["causal"], config["samples"]["length"], s.n_layers
     B = min(cc["n_samples"], config["samples"]["n"])
     runs = 1 + 2 * (cc["n_random"] + 1)
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
-    c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
+    c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
     c.add(head, runs * (_forward_flops(s, B * T, n * (n + 1) / 2, T) + n * 2.0 * B * T * s.d * s.vocab))
     k = max(1, round(config["causal"]["k_fraction"] * s.d))
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
+    c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
     c.add("stream", runs * n * 12.0 * B * T * s.vocab)
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
     c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 8.0 * n * s.d * s.d
     c.device_bytes = s.weight_bytes + 4.0 * B * T * (s.d * 4 + s.vocab * 3) if gpu else 0.0
     return c
+
+
+def _as_list(x: Any) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def _n_sublayers(s: Shape) -> int:
@@ -495,14 +504,15 @@ def bootstrap_memory_budget(d: int, rows: int) -> int:
 def cost_communities(config: dict, s: Shape) -> Cost:
     """``communities``: per boundary (2n), the N·(T−skip) × d states as float32, a float64
     copy chunk by chunk and the correlation by ``dsyrk`` (M·d² FLOPs, fp64), top-k
-    sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on d·k edges
-    (small). Memory: the states in float32 + their fp16 read + R (8 d²)."""
+    sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
+    per resolution (``graph``). Memory: the states in float32 + their fp16 read + R (8 d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, S = N * Tk, s.d, _n_sublayers(s)
     c = Cost()
     c.add("gemm64", S * M * d * d)
     c.add("stream", S * (M * d * (2 + 4 + 8) + 3 * 8.0 * d * d))
-    c.add("calls", S * (1 + d / 1024))
+    c.add("calls", S)
+    c.add("graph", S * 2.0 * d * config["topology"]["top_k"] * len(_as_list(config["topology"]["resolution"])))
     c.host_bytes = BASE_HOST_BYTES + M * d * 6.0 + 2 * 8.0 * d * d
     c.disk_bytes = S * d * 40.0
     return c
@@ -640,7 +650,7 @@ def seconds(cost: Cost, device: str, threads: int = 1) -> float:
     dev = DEVICES[device]
     total = cost.fixed_s
     for op, amount in cost.work.items():
-        if dev.kind == "gpu" and op not in HOST_OPS:
+        if dev.kind == "gpu" and op not in HOST_OPS and op not in cost.host_ops:
             total += amount / dev.rates[op]
         else:
             total += amount / CPU_CALIBRATION[op] / (1.0 + (threads - 1) * THREAD_EFFICIENCY[op])
