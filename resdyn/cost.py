@@ -186,69 +186,29 @@ class ShapeError(ValueError):
     """A shape the cost model needs is neither in the config nor in a cached config.json."""
 
 
-def _hub_config(m: dict) -> dict:
-    """The model's config.json from the local Hugging Face cache (no download), or {}."""
-    if m.get("source") == "local":
-        import json
-        from pathlib import Path
-
-        folder = m.get("path") or next(iter(m.get("paths", {}).values()), None)
-        p = Path(folder or "") / "config.json"
-        return json.loads(p.read_text()) if folder and p.is_file() else {}
-    if m.get("source") != "hf":
-        return {}
-    try:
-        import json
-
-        from huggingface_hub import try_to_load_from_cache
-
-        path = try_to_load_from_cache(m["repo"], "config.json", revision=m["revisions"][-1])
-        if isinstance(path, str):
-            cfg = json.loads(open(path).read())
-            return cfg.get("text_config", cfg)
-    except Exception:  # noqa: BLE001 - a missing cache entry just means "not available"
-        return {}
-    return {}
-
-
 def model_shape(config: dict, model: str) -> Shape:
-    """Shape of ``config["models"][model]``: keys of the config entry first (``n_layers``,
-    ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_ff``, ``vocab_size``), then the model's
-    ``config.json`` (local folder or Hugging Face cache), zoo vocabulary from ``tokenizer``.
-    Nothing is guessed: a missing ``d_ff`` or vocabulary raises :class:`ShapeError` naming the key.
+    """Shape of ``config["models"][model]`` from its keys: ``n_layers``, ``d_model``, ``n_heads``,
+    ``n_kv_heads``, ``d_ff``, ``vocab_size`` — for hub/local models filled from the model's
+    ``config.json`` by config validation (:mod:`resdyn.hub`), for the zoo the tokenizer's
+    vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
     """
     m = config["models"][model]
-    hub = {} if m["source"] == "train" else _hub_config(m)
-
-    def get(key: str, *hub_keys: str) -> Any:
-        if m.get(key) is not None:
-            return m[key]
-        for k in hub_keys:
-            if hub.get(k) is not None:
-                return hub[k]
-        return None
-
-    n_layers = get("n_layers", "num_hidden_layers")
-    d = get("d_model", "hidden_size")
-    heads = get("n_heads", "num_attention_heads")
-    kv = get("n_kv_heads", "num_key_value_heads") or heads
-    d_ff = get("d_ff", "intermediate_size")
-    if m["source"] == "train":
-        vocab = config["tokenizer"]["vocab_size"]
-    else:
-        vocab = get("vocab_size", "vocab_size")
-    missing = [k for k, v in (("n_layers", n_layers), ("d_model", d), ("n_heads", heads), ("d_ff", d_ff),
-                              ("vocab_size", vocab)) if v is None]
+    vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
+    heads = m.get("n_heads")
+    values = {"n_layers": m.get("n_layers"), "d_model": m.get("d_model"), "n_heads": heads, "d_ff": m.get("d_ff"),
+              "vocab_size": vocab}
+    missing = [k for k, v in values.items() if v is None]
     if missing:
         raise ShapeError(
-            f"config key 'models.{model}': the cost model needs {', '.join(missing)}; add them to the config "
-            "or put the model's config.json in the Hugging Face cache"
+            f"config key 'models.{model}': the cost model needs {', '.join(missing)}; validate the config "
+            "(resdyn.config.validate_config reads them from the model's config.json) or set them"
         )
-    if isinstance(d_ff, list):  # per-layer widths (Gemma 3n/4): the mean prices the sum
+    d_ff = m["d_ff"]
+    if isinstance(d_ff, list):  # per-layer widths: the mean prices the sum
         d_ff = int(round(sum(d_ff) / len(d_ff)))
-    head_dim = get("head_dim", "head_dim")
-    return Shape(int(n_layers), int(d), int(heads), int(kv), int(d_ff), int(vocab),
-                 DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None)
+    head_dim = m.get("head_dim")
+    return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
+                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None)
 
 
 # ----------------------------------------------------------------------------------------------

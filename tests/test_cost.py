@@ -25,12 +25,24 @@ HEAVY = ("jacobians", "activations", "lens", "lens_metrics", "causal", "spectra"
 
 
 @pytest.fixture(scope="module")
-def paper_a() -> dict:
+def hub_env(paper_hub_cache):
+    """The paper presets validate against config.json stand-ins (tests/hubcache.py)."""
+    old = os.environ.get("HF_HUB_CACHE")
+    os.environ["HF_HUB_CACHE"] = str(paper_hub_cache)
+    yield {**os.environ, "PYTHONPATH": str(REPO)}
+    if old is None:
+        os.environ.pop("HF_HUB_CACHE", None)
+    else:
+        os.environ["HF_HUB_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def paper_a(hub_env) -> dict:
     return rc.load_config(PAPER_A)
 
 
 @pytest.fixture(scope="module")
-def paper_b() -> dict:
+def paper_b(hub_env) -> dict:
     return rc.load_config(PAPER_B)
 
 
@@ -129,7 +141,6 @@ def test_shape_needs_d_ff_and_vocab_never_guesses(paper_a):
     name = next(iter(cfg["models"]))
     del cfg["models"][name]["d_ff"]
     del cfg["models"][name]["vocab_size"]
-    cfg["models"][name]["repo"] = "nobody/not-in-any-cache"
     with pytest.raises(cost.ShapeError) as err:
         cost.model_shape(cfg, name)
     assert f"models.{name}" in str(err.value) and "d_ff, vocab_size" in str(err.value), str(err.value)
@@ -158,8 +169,8 @@ def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
         assert word in text
 
 
-def test_cli_plan_runs(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def test_cli_plan_runs(hub_env):
+    env = hub_env
     res = subprocess.run([sys.executable, "-m", "resdyn.cli", "plan", str(PAPER_A), "--gpus", "2", "--cores", "32"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -200,8 +211,8 @@ def test_bottleneck_reuses_spectra_singular_values():
     np.testing.assert_allclose(a[num].to_numpy(float), b[num].to_numpy(float), rtol=1e-12)
 
 
-def _dry_run_resources(configfile: Path) -> list[tuple[str, dict, dict]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RESDYN_GPU_KIND": "h100"}
+def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dict]]:
+    env = {**env, "RESDYN_GPU_KIND": "h100"}
     res = subprocess.run(["snakemake", "-n", "--cores", "64", "--configfile", str(configfile)], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -221,10 +232,10 @@ def _dry_run_resources(configfile: Path) -> list[tuple[str, dict, dict]]:
 
 
 @pytest.mark.slow
-def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a):
+def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hub_env):
     """`snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and
     (CPU rules) threads are exactly resdyn.cost.resources(...) — the numbers `resdyn plan` sums."""
-    jobs = _dry_run_resources(PAPER_A)
+    jobs = _dry_run_resources(PAPER_A, hub_env)
     priced = [(r, w, res) for r, w, res in jobs if r in cost.RULES]
     assert {r for r, _, _ in priced} >= set(HEAVY), {r for r, _, _ in priced}
     for rule, w, res in priced:

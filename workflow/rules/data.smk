@@ -14,7 +14,7 @@ rule corpus:
         runtime=cost("corpus", "runtime"),
     params:
         spec=lambda w: config["datasets"][w.dataset],
-        code=code("data"),
+        code=code("corpus"),
     script:
         "../scripts/corpus.py"
 
@@ -33,7 +33,7 @@ rule tokenizer:
         runtime=cost("tokenizer", "runtime"),
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
-        code=code("data"),
+        code=code("tokenizer"),
     script:
         "../scripts/tokenizer.py"
 
@@ -56,7 +56,7 @@ rule samples:
         length=config["samples"]["length"],
         seed=config["samples"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"
 
@@ -80,6 +80,6 @@ rule lens_tokens:
         length=config["samples"]["length"],
         seed=config["lens"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"

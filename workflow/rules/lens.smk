@@ -21,11 +21,18 @@ rule lens:
         options=lambda w: {
             k: v
             for k, v in config["lens"].items()
-            if k not in ("checkpoints", "n_train_blocks", "n_heldout_blocks")
+            if k
+            not in (
+                "checkpoints",
+                "n_train_blocks",
+                "n_heldout_blocks",
+                "checkpoint_every",
+            )
         },
         n_train=config["lens"]["n_train_blocks"],
+        checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens"),
     script:
         "../scripts/lens.py"
 
@@ -57,6 +64,6 @@ rule lens_metrics:
         runtime=cost("lens_metrics", "runtime"),
     params:
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

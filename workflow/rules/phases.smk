@@ -14,7 +14,7 @@ rule phases:
         k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
-        code=code("phases", "readout"),
+        code=code("phases"),
     script:
         "../scripts/phases.py"
 
@@ -46,7 +46,7 @@ rule phase_metrics:
         mem_mb=cost("phase_metrics", "mem_mb"),
         runtime=cost("phase_metrics", "runtime"),
     params:
-        code=code("geometry", "activations", "phases"),
+        code=code("phase_metrics"),
     script:
         "../scripts/phase_metrics.py"
 
@@ -78,6 +78,6 @@ rule scaling:
             for members in config["scaling"]["groups"].values()
             for m in members
         },
-        code=code("geometry", "phases"),
+        code=code("scaling"),
     script:
         "../scripts/scaling.py"

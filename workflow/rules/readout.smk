@@ -22,7 +22,7 @@ rule rss:
         runtime=cost("rss", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("rss"),
     script:
         "../scripts/rss.py"
 
@@ -42,6 +42,6 @@ rule resolution:
         runtime=cost("resolution", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("resolution"),
     script:
         "../scripts/resolution.py"

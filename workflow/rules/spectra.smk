@@ -26,7 +26,7 @@ rule spectra:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
         device=config["device"],
-        code=code("spectral", "jacobian"),
+        code=code("spectra"),
     script:
         "../scripts/spectra.py"
 
@@ -46,7 +46,7 @@ rule schur:
         runtime=cost("schur", "runtime"),
     params:
         alphas=config["schur"]["alphas"],
-        code=code("schur", "spectral", "jacobian"),
+        code=code("schur"),
     script:
         "../scripts/schur.py"
 
@@ -71,6 +71,6 @@ rule checkpoints:
         "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
-        code=code("spectral", "topology"),
+        code=code("checkpoints"),
     script:
         "../scripts/checkpoints.py"

@@ -12,11 +12,14 @@ with provenance.step(snakemake) as step:
     opts = dict(p.options)
     opts["warmup_steps"] = opts.pop("warmup")
     batch = max(1, opts["tokens_per_step"] // ids.shape[1])
+    out = Path(snakemake.output[0])
+    # The resumable state lives beside the declared output: Snakemake clears the outputs of an
+    # incomplete job before rerunning it.
+    partial = out.with_name(f".{out.name}.partial.pt")
     fitted = lens.train_lens(
         model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
         model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
-        model_hash=record["content_hash"], **opts,
+        model_hash=record["content_hash"], checkpoint=partial, checkpoint_every=p.checkpoint_every, **opts,
     )
-    out = Path(snakemake.output[0])
     fitted.save(out)
     fitted.export_tuned_lens(out / "tuned_lens")
