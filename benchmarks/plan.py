@@ -223,7 +223,8 @@ def core_communities(s, cfg):
 
     M = cfg["samples"]["n"] * (cfg["samples"]["length"] - 1)
     rng = np.random.default_rng(2)
-    X = (rng.standard_normal((M, 8)) @ rng.standard_normal((8, s.d)) + rng.standard_normal((M, s.d))).astype(np.float32)
+    groups = np.arange(s.d) % max(2, s.d // 32)  # planted communities of ~32 units, one latent factor each
+    X = (rng.standard_normal((M, groups.max() + 1))[:, groups] + rng.standard_normal((M, s.d))).astype(np.float32)
     c = cost.cost_communities(cfg, s)
     # one boundary, the cost function prices 2 per layer
     c.work = {k: v / (2 * s.n_layers) for k, v in c.work.items()}
@@ -250,7 +251,7 @@ def primitives(d: int) -> list[tuple[str, Callable[[], None], cost.Cost]]:
     rng = np.random.default_rng(4)
     a = rng.standard_normal((d, d))
     a32 = torch.from_numpy(a.astype(np.float32))
-    big, dst = np.ones(8 * 2**20), np.zeros(8 * 2**20)  # 64 MiB each, touched before timing
+    big, dst = np.ones(16 * 2**20), np.zeros(16 * 2**20)  # 128 MiB each, touched before timing
     from resdyn import spectral
 
     def prim(op, amount):
@@ -284,7 +285,7 @@ def setups(quick: bool):
         for rule, make in CORES.items():
             n_layers = {"causal": 2, "lens": 2, "rss": 4}.get(rule, 1)
             s = shape(d, aspect, n_layers=n_layers)
-            cfg = base_config(N={"jacobians": 2 if d > 512 else 4, "activations": 8, "communities": 40}.get(rule, 8),
+            cfg = base_config(N={"jacobians": 4 if d > 512 else 8, "activations": 8, "communities": 400}.get(rule, 8),
                               T={"lens": 64, "causal": 32}.get(rule, 128 if rule != "communities" else 101))
             cfg["jacobian"]["store_first_n"] = 4
             yield rule, d, aspect, *make(s, cfg)
@@ -298,15 +299,25 @@ def predicted_bytes(c: cost.Cost) -> float:
     return max(0.0, c.host_bytes - cost.BASE_HOST_BYTES)
 
 
+#: The forward-mode attention core is not separable from the W_o GEMM in any core, so its CPU
+#: rate is tied to the fp32 GEMM rate (README: the attention half ran at 64 % of the matmul
+#: rate, the MLP half at 96 %, i.e. the core at about half of it) instead of fitted.
+JVP_PER_GEMM32 = 0.5
+
+
 def fit(rows) -> dict[str, float]:
-    ops = [o for o in cost.OPS if o not in EXCLUDE and any(r["cost"].work.get(o, 0) > 0 for r in rows)]
-    A = np.array([[r["cost"].work.get(o, 0.0) / r["seconds"] for o in ops] for r in rows])
+    def work(r, o):
+        w = r["cost"].work.get(o, 0.0)
+        return w + r["cost"].work.get("jvp", 0.0) / JVP_PER_GEMM32 if o == "gemm32" else w
+
+    ops = [o for o in cost.OPS if o not in (*EXCLUDE, "jvp") and any(work(r, o) > 0 for r in rows)]
+    A = np.array([[work(r, o) / r["seconds"] for o in ops] for r in rows])
     scale = A.max(axis=0)
     x, _ = scipy.optimize.nnls(A / scale, np.ones(len(rows)))
     rates = dict(cost.CPU_CALIBRATION)
     for o, xi, sc in zip(ops, x, scale):
-        if xi > 0:
-            rates[o] = float(sc / xi)
+        rates[o] = float(sc / xi) if xi > 0 else float("inf")  # an unused class costs nothing
+    rates["jvp"] = rates["gemm32"] * JVP_PER_GEMM32
     return rates
 
 
@@ -328,15 +339,19 @@ def main() -> int:
     for r in rows:
         p = predicted(r["cost"], rates)
         ratio = p / r["seconds"]
-        if max(ratio, 1 / ratio) > max(worst, 1 / worst):
+        if not r["rule"].startswith("prim:") and abs(ratio - 1) > abs(worst - 1):
             worst, worst_rule = ratio, f"{r['rule']} d={r['d']}"
         print(f"{r['rule']:<14}{r['d']:>6} {r['aspect']:<7}{r['wall']:>8.3f}{r['seconds']:>9.3f}{p:>12.3f}{ratio:>7.2f}"
               f"{r['peak'] / 2**20:>10.1f}{predicted_bytes(r['cost']) / 2**20:>10.1f}")
-    print(f"\nworst predicted/measured time ratio: {worst:.2f} ({worst_rule}); target within [0.65, 1.35]")
+    prim_worst = max((predicted(r["cost"], rates) / r["seconds"] for r in rows if r["rule"].startswith("prim:")),
+                     key=lambda x: abs(x - 1))
+    print(f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
+          f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}")
     print(f"total benchmark wall time {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()}")
     print("\nCPU_CALIBRATION = {")
     for k in cost.OPS:
-        print(f'    "{k}": {rates[k]:.3g},')
+        if np.isfinite(rates[k]):
+            print(f'    "{k}": {rates[k]:.3g},')
     print("}")
     return 0
 

@@ -358,10 +358,13 @@ def jacobian_bootstrap(
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
 
+    on_gpu = spectral._on_cuda(device)
+    if on_gpu:
+        import torch
     cache = first
     for start in range(0, rows_total, chunk):
         rows = np.arange(start, min(rows_total, start + chunk))
-        products: list[np.ndarray | None] = [None] * rows.size
+        products: list[Any] = [None] * rows.size
         for s, key in enumerate(keys):
             X = cache if (s == 0 and cache is not None) else _load(per_sample[key])
             if X.shape != (n, d, d):
@@ -376,12 +379,22 @@ def jacobian_bootstrap(
                 lam, nn, fro = spectral.eigen_henrici(J, device)
                 henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
                 cfrac[r, s] = spectral.complex_fraction(lam, tol)
-                P = J.copy() if products[j] is None else J @ products[j]
-                nrm = float(np.linalg.norm(P))
+                if on_gpu:  # the running products stay on the device (2 d³ fp64 GEMMs there)
+                    Jt = torch.as_tensor(J, device=device)
+                    P = Jt if products[j] is None else Jt @ products[j]
+                    nrm = float(torch.linalg.matrix_norm(P))
+                else:
+                    P = J.copy() if products[j] is None else J @ products[j]
+                    nrm = float(np.linalg.norm(P))
                 products[j] = P / nrm if nrm > 0 else P
         for j, r in enumerate(rows):
             P = products[j]
-            if P is not None and np.isfinite(P).all():
+            if P is None:
+                continue
+            if on_gpu:
+                if bool(torch.isfinite(P).all()):
+                    erank[r] = spectral.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+            elif np.isfinite(P).all():
                 erank[r] = spectral.effective_rank(np.linalg.svd(P, compute_uv=False))
         cache = None
 

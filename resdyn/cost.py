@@ -64,19 +64,19 @@ class Device:
 # (Debian, torch 2.13 CPU, OpenBLAS/MKL as shipped, one thread, load average 2-4 from other
 # sessions): per-thread rates; see the benchmark's table for measured vs predicted.
 CPU_CALIBRATION: dict[str, float] = {
-    "gemm32": 8.0e10,
-    "gemm16": 8.0e10,  # a CPU runs "bf16" models' matmuls no faster than fp32
-    "gemm64": 4.0e10,
-    "jvp": 4.0e10,
-    "eig": 8.6e9,
-    "schur": 8.6e9,
-    "schurv": 1.2e10,
-    "svd": 1.8e10,
-    "svdvals": 5.0e9,
-    "stream": 4.0e9,
-    "gunzip": 1.5e8,
-    "calls": 100.0,
-    "graph": 1.0e4,
+    "gemm32": 6.41e10,
+    "gemm16": 6.41e10,  # a CPU runs "bf16" models' matmuls no faster than fp32
+    "gemm64": 3.87e10,
+    "jvp": 1.24e10,
+    "eig": 1.07e10,
+    "schur": 1.24e10,
+    "schurv": 2.14e10,
+    "svd": 3.94e10,
+    "svdvals": 1.18e10,
+    "stream": 1.76e10,
+    "gunzip": 1.5e8,  # not fitted (the cores get arrays): zlib inflate, ~150 MB/s one core
+    "calls": 634.0,
+    "graph": 3.29e4,
 }
 
 # H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
@@ -304,9 +304,10 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
 
 
 def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
-    """Boundary states of every layer: N forwards of T tokens; the host holds all states as
-    float32, N·(2n+1)·(T−skip)·d·4 bytes, twice while they are stacked (:mod:`resdyn.activations`);
-    disk: the same count in ``activations.dtype``."""
+    """Boundary states of every layer: N forwards of T tokens, streamed sample by sample into the
+    layer files (:func:`resdyn.activations.stream_activation_files`: the host holds one sample's
+    (2n+1)·(T−skip)·d float32 states, not all N); disk: N·(2n+1)·(T−skip)·d in
+    ``activations.dtype``."""
     N, T = config["samples"]["n"], config["samples"]["length"]
     Tk = T - config["activations"]["skip_positions"]
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
@@ -314,7 +315,7 @@ def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
     states = N * (2 * s.n_layers + 1) * Tk * s.d
     c.add("stream", states * (4.0 + 4.0 + DTYPE_BYTES[config["activations"]["dtype"]]))
     c.add("calls", N * (2 * s.n_layers + 1))
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * states
+    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * (2 * s.n_layers + 1) * Tk * s.d
     c.device_bytes = s.weight_bytes + 4.0 * (2 * s.n_layers + 1) * T * s.d * 4 if gpu else 0.0
     c.disk_bytes = states * DTYPE_BYTES[config["activations"]["dtype"]]
     return c
@@ -371,18 +372,21 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     """Causal test (:mod:`resdyn.causal`): for every stream L = 0..n−1 and both interventions,
     the original and ``n_random`` + 1 modified continuations through layers L..n−1 and the head on
     B = ``causal.n_samples`` sequences: Σ_L (n−L) = n(n+1)/2 layer passes per run,
-    runs = 1 + 2·(n_random + 1); each pass 2·B·T·P_layer (+ attention), the head 2·B·T·d·V;
-    plus the readout subspace of every translator (n SVDs with vectors, on the host)."""
+    runs = 1 + 2·(n_random + 1); each pass 2·B·T·P_layer (+ attention). Each of the 2·(n_random+1)
+    comparisons per layer reads out both final states through the head (2·B·T·d·V each, and
+    the softmax streams their logits); plus the readout subspace of every translator (n SVDs
+    with vectors, on the host)."""
     cc, T, n = config["causal"], config["samples"]["length"], s.n_layers
     B = min(cc["n_samples"], config["samples"]["n"])
     runs = 1 + 2 * (cc["n_random"] + 1)
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
-    c.add(head, runs * (_forward_flops(s, B * T, n * (n + 1) / 2, T) + n * 2.0 * B * T * s.d * s.vocab))
+    heads = 4 * (cc["n_random"] + 1)  # each comparison reads out the reference and the modified state
+    c.add(head, runs * _forward_flops(s, B * T, n * (n + 1) / 2, T) + heads * n * 2.0 * B * T * s.d * s.vocab)
     k = max(1, round(config["causal"]["k_fraction"] * s.d))
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
-    c.add("stream", runs * n * 12.0 * B * T * s.vocab)
+    c.add("stream", heads * n * 12.0 * B * T * s.vocab)
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
     c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 8.0 * n * s.d * s.d
     c.device_bytes = s.weight_bytes + 4.0 * B * T * (s.d * 4 + s.vocab * 3) if gpu else 0.0
@@ -405,7 +409,7 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
     reference reuses the SVD). On a GPU the eigenvalues (torch eigvals) and the SVDs run there,
     Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. Memory: ~10 d×d float64."""
     S, d = _n_sublayers(s), s.d
-    c = Cost(gpu=gpu)
+    c = Cost(gpu=gpu, host_ops=("gemm64",))  # the bottleneck product runs in numpy on the host
     c.add("eig" if gpu else "schur", S * decomposition_flops("eig", d))
     c.add("svd", S * decomposition_flops("svd", d))
     c.add("svdvals", 2 * S * decomposition_flops("svdvals", d))
@@ -443,7 +447,7 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     n = config["jacobian"]["store_first_n"]
     R = config["bootstrap"]["n_resamples"] + 2
     S, d = _n_sublayers(s), s.d
-    c = Cost(gpu=gpu)
+    c = Cost(gpu=gpu, host_ops=("stream",))  # the resampled means are formed on the host
     c.add("eig" if gpu else "schur", R * S * decomposition_flops("eig", d))
     c.add("gemm64", R * S * 2.0 * d**3)
     c.add("stream", R * S * n * 8.0 * d * d)

@@ -245,3 +245,19 @@ def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hu
         if rule in ("spectra", "schur", "bootstrap", "communities", "bridge", "rss", "resolution"):
             assert int(res["threads"]) == want["threads"], (rule, w, res, want)
     print(f"{len(priced)} jobs: resources equal resdyn.cost.resources for every one")
+
+
+def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
+    """The cuda code path of the bootstrap (torch eigvals, Henrici by subtraction, products on
+    the device), run on the CPU's torch, equals the host path (one Schur factor per matrix)."""
+    from resdyn import bootstrap as bs
+
+    rng = np.random.default_rng(3)
+    base = {(L, k): np.eye(24) + rng.standard_normal((24, 24)) / 4 for L in range(2) for k in ("attn", "mlp")}
+    per = {key: m[None] + 0.1 * rng.standard_normal((5, 24, 24)) for key, m in base.items()}
+    ref, ref_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1)
+    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    got, got_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1, device="cpu")
+    for col in ("estimate", "ci_low", "ci_high"):
+        np.testing.assert_allclose(got[col].to_numpy(float), ref[col].to_numpy(float), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(got_reps.value.to_numpy(), ref_reps.value.to_numpy(), rtol=1e-8, atol=1e-10)

@@ -308,7 +308,8 @@ def test_bare_profile_name_resolves_after_install(tmp_path, where):
     if where == "toy":
         jobs = _job_resources(after.stdout)
         assert jobs["jacobians"].get("gpu") == "1", after.stdout  # the profile was applied
-        assert "gpu" not in jobs["spectra"], after.stdout
+        assert jobs["spectra"].get("gpu") == "1", after.stdout  # decompositions on the GPU
+        assert "gpu" not in jobs["zoo_train"], after.stdout
     # installing again is harmless
     _install_profile(home)
     assert (installed / "config.yaml").read_text() == (SLURM_PROFILE / "config.yaml").read_text()

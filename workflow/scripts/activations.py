@@ -7,8 +7,7 @@ with provenance.step(snakemake) as step:
     record = io.read_json(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)
     ids, sample_ids, sattrs = data.read_samples(snakemake.input.samples)
-    states = activations.collect_boundary_states(model, ids, p.skip_positions)
-    activations.write_activation_files(
-        states, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,
+    activations.stream_activation_files(
+        model, ids, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,
         {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]},
     )
