@@ -60,23 +60,24 @@ class Device:
     note: str = ""
 
 
-# Calibrated 2026-11-30 by `benchmarks/plan.py` on the project's 2-core CI-class machine
-# (Debian, torch 2.13 CPU, OpenBLAS/MKL as shipped, one thread, load average 2-4 from other
-# sessions): per-thread rates; see the benchmark's table for measured vs predicted.
+# Calibrated 2026-11-30 11:16 UTC by `benchmarks/plan.py` on the project's 2-core CI-class
+# machine (Debian, Python 3.11, torch 2.13.0+cpu, numpy/scipy wheels' OpenBLAS, one thread,
+# load average 11-13 from other sessions: CPU time was fitted, not wall time): per-thread
+# rates. Rule cores at d = 384/640/1024 predicted within 0.69-1.30 of measured CPU time.
 CPU_CALIBRATION: dict[str, float] = {
-    "gemm32": 6.41e10,
-    "gemm16": 6.41e10,  # a CPU runs "bf16" models' matmuls no faster than fp32
-    "gemm64": 3.87e10,
-    "jvp": 1.24e10,
-    "eig": 1.07e10,
-    "schur": 1.24e10,
-    "schurv": 2.14e10,
-    "svd": 3.94e10,
-    "svdvals": 1.18e10,
-    "stream": 1.76e10,
+    "gemm32": 7.55e10,
+    "gemm16": 7.55e10,  # not fitted: a CPU runs "bf16" models' matmuls no faster than fp32
+    "gemm64": 3.98e10,
+    "jvp": 3.78e10,  # tied to gemm32 (× 0.5, benchmarks/plan.py JVP_PER_GEMM32), not fitted
+    "eig": 1.19e10,
+    "schur": 1.29e10,
+    "schurv": 2.29e10,
+    "svd": 4.21e10,
+    "svdvals": 1.30e10,
+    "stream": 1.34e10,
     "gunzip": 1.5e8,  # not fitted (the cores get arrays): zlib inflate, ~150 MB/s one core
-    "calls": 634.0,
-    "graph": 3.29e4,
+    "calls": 385.0,
+    "graph": 6.39e4,
 }
 
 # H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
@@ -294,11 +295,11 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     c.add("stream", N * L * P * stream)
     c.add("calls", N * (L * P * 4 + max(layers) + 1))
     acc = L * 2 * (8.0 * d * d + n_first * P * 4.0 * d * d)
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + acc
-    c.device_bytes = (s.weight_bytes + 4.0 * s.layer_params * L + 2**30 + 3 * 4.0 * d * s.d_ff
-                      + 6 * 8.0 * d * d * P) if gpu else 0.0
-    if not gpu:
-        c.host_bytes += 4.0 * s.layer_params * L + 2**30 + 3 * 4.0 * d * s.d_ff + 6 * 8.0 * d * d * P
+    # tangent chunk: ≤ 1 GiB (resdyn.jacobian.TANGENT_BUDGET_BYTES), 4·(8·H·(T+1) + 8·H·hd) per direction
+    tangents = min(2.0**30, d * 4.0 * (8 * s.n_heads * (T + 1) + 8 * s.d_q))
+    work = 4.0 * s.layer_params * L + tangents + 3 * 4.0 * d * s.d_ff + 6 * 8.0 * d * d * P
+    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + acc + (0.0 if gpu else work)
+    c.device_bytes = s.weight_bytes + work if gpu else 0.0
     c.disk_bytes = L * 2 * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
     return c
 
@@ -331,7 +332,7 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
     the bf16 logits and their gradient (4·B·n·V). Held-out evaluation every ``eval_every`` steps:
     forward only, on n_heldout·T tokens. Device: weights + translators, gradients, momentum
-    (3·4·n·d²) + one block of logits (the chunk budget, 2 GiB) + the cached states.
+    (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
     """
     lc, T = config["lens"], config["samples"]["length"]
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
@@ -345,7 +346,10 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add("stream", steps * 16.0 * B * n * V + evals * 12.0 * held * n * V)
     c.add("calls", steps * (n + 4) + evals * (n + 1))
     c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 8.0 * (lc["n_train_blocks"] + lc["n_heldout_blocks"]) * T
-    dev = s.weight_bytes + 3 * 4.0 * n * d * d + 2 * 2**30 + 2.0 * B * (n + 1) * d
+    # logits chunk (resdyn.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
+    # logits, softmax and gradient in fp32
+    chunk = min(B * n * V, 2**27 if gpu else 2**22)
+    dev = s.weight_bytes + 3 * 4.0 * n * d * d + 3 * 4.0 * chunk + 4.0 * B * (n + 1) * d
     c.device_bytes = dev if gpu else 0.0
     if not gpu:
         c.host_bytes += dev - s.weight_bytes
