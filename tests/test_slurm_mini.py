@@ -51,21 +51,23 @@ MINI_TARGETS = (
     "results/qwen25_8l/main/causal.tsv",
 )
 
-SBATCH_WRAPPER = """#!{python}
-# sbatch as the resdyn test sees it: record the options, fit the request to the local node.
+WRAPPER = """#!{python}
+# sbatch/srun as the resdyn test sees them: record the options, fit the request to the local node
+# (no GPU gres; at most the CPUs and memory a job may have there).
 import json, os, re, sys
 args = sys.argv[1:]
 with open({log!r}, "a") as f:
     f.write(json.dumps(args) + "\\n")
+cpus = min({cpus}, int(os.environ.get("SLURM_CPUS_ON_NODE", {cpus})))
 out, i = [], 0
 while i < len(args):
     a = args[i]
-    if re.match(r"--(gpus|gres)(=|$)", a):  # no GPU gres on the test node
+    if re.match(r"--(gpus|gres|gpus-per-task)(=|$)", a):
         i += 1 if "=" in a else 2
         continue
     m = re.fullmatch(r"--cpus-per-(gpu|task)=(\\d+)", a)
     if m:
-        out.append("--cpus-per-task=%d" % min(int(m[2]), {cpus}))
+        out.append("--cpus-per-task=%d" % min(int(m[2]), cpus))
     elif a in ("--mem", "--mem-per-cpu"):
         out += [a, str(min(int(args[i + 1]), {mem}))]
         i += 1
@@ -76,13 +78,18 @@ os.execv({real!r}, [{real!r}] + out)
 """
 
 
-def _wrap_sbatch(bin_dir: Path, log: Path, cpus: int, mem_mb: int) -> Path:
-    real = shutil.which("sbatch")
-    assert real, "no sbatch on PATH"
+def _wrap_slurm(bin_dir: Path, logs: Path, cpus: int, mem_mb: int) -> Path:
+    """`sbatch` and `srun` wrappers in ``bin_dir`` (put it first on PATH); calls go to
+    ``logs/{sbatch,srun}.jsonl``."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "sbatch"
-    wrapper.write_text(SBATCH_WRAPPER.format(python=sys.executable, log=str(log), cpus=cpus, mem=mem_mb, real=real))
-    wrapper.chmod(0o755)
+    logs.mkdir(parents=True, exist_ok=True)
+    for tool in ("sbatch", "srun"):
+        real = shutil.which(tool)
+        assert real, f"no {tool} on PATH"
+        wrapper = bin_dir / tool
+        wrapper.write_text(WRAPPER.format(python=sys.executable, log=str(logs / f"{tool}.jsonl"), cpus=cpus,
+                                          mem=mem_mb, real=real))
+        wrapper.chmod(0o755)
     return bin_dir
 
 
@@ -155,10 +162,9 @@ def _option(args: list[str], name: str) -> str | None:
 def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
     slurm = require_slurm()
     wd = _copy_repo(tmp_path / "repo")
-    calls = tmp_path / "sbatch-calls.jsonl"
+    calls = tmp_path / "calls"
     # two jobs side by side on the test node: one core and half its memory each
-    granted_cpus, granted_mem = 1, slurm["mem_mb"] // 2
-    wrapper_dir = _wrap_sbatch(tmp_path / "bin", calls, granted_cpus, granted_mem)
+    wrapper_dir = _wrap_slurm(tmp_path / "bin", calls, 1, slurm["mem_mb"] // 2)
     profile = _profile(tmp_path / "profile", slurm, tmp_path / "slurm-logs")
     env = _env(HF_HOME=str(mini_hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(wd))
     env["PATH"] = f"{wrapper_dir}:{env['PATH']}"
@@ -175,7 +181,9 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-8000:]
     submitted = SUBMITTED_RE.findall(log)
-    recorded = [json.loads(line) for line in calls.read_text().splitlines()]
+    recorded = [json.loads(line) for line in (calls / "sbatch.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (calls / "srun.jsonl").read_text().splitlines()]
+    assert len(steps) == len(submitted)  # each job ran its rule as one job step
     assert len(recorded) == len(submitted) > 0
 
     # --- what each submission asked for (the literal profile), matched to SLURM's job by comment ---
@@ -190,15 +198,15 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
         cpus = _option(args, "--cpus-per-gpu") if gpus else _option(args, "--cpus-per-task")
         rows.append({"jobid": jobid, "rule": rule, "wildcards": wildcards or "", "gpus": gpus, "cpus": cpus,
                      "mem_mb": int(_option(args, "--mem")), "time_s": _seconds(_option(args, "-t"))})
-    jobs = pd.DataFrame(rows)
-    assert set(GPU_RULES) <= set(jobs.rule), jobs
-    for _, job in jobs.iterrows():
-        if job.rule in GPU_RULES:
-            assert job.gpus in ("1", "gpu:1") or job.gpus.endswith(":1"), job.to_dict()
-            assert job.cpus is not None and int(job.cpus) >= 1, job.to_dict()
+    assert set(GPU_RULES) <= {job["rule"] for job in rows}, rows
+    for job in rows:
+        if job["rule"] in GPU_RULES:
+            assert job["gpus"] is not None and re.fullmatch(r"(gpu:)?(\w+:)?1", job["gpus"]), job
+            assert job["cpus"] is not None and int(job["cpus"]) >= 1, job
         else:
-            assert job.gpus is None, job.to_dict()
-        assert job.mem_mb > 0 and job.time_s > 0, job.to_dict()
+            assert job["gpus"] is None, job
+        assert job["mem_mb"] > 0 and job["time_s"] > 0, job
+    jobs = pd.DataFrame(rows)
     assert not {"corpus", "resolve_checkpoint", "phases"} & set(jobs.rule)  # local rules: submit host
 
     # --- what each job used: SLURM's run time, the benchmark's peak memory ---
