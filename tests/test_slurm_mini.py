@@ -220,7 +220,7 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
         used.append({"granted_mem_mb": _mb(rec["MinMemoryNode"]), "granted_cpus": int(rec["NumCPUs"]),
                      "limit_s": _seconds(rec["TimeLimit"]), "elapsed_s": _seconds(rec["RunTime"]),
                      "rule_s": float(b["s"]), "peak_rss_mb": float(b["max_rss"])})
-    table = pd.concat([jobs.reset_index(drop=True), pd.DataFrame(used)], axis=1)
+    table = pd.concat([jobs.reset_index(drop=True), pd.DataFrame(used)], axis=1).fillna({"gpus": "-"})
     table.to_csv(tmp_path / "jobs.tsv", sep="\t", index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 20):
         print(f"\n[paper-mini via SLURM] {len(table)} jobs, {wall:.0f} s wall\n{table.to_string(index=False)}")
