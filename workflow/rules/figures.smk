@@ -1,6 +1,12 @@
 # Figures: PNG + PDF with provenance in the metadata; one generic script, one rule per figure.
 
 
+def studies_of(figure):
+    """No input: stops (one line) when config key studies leaves out what ``figure`` needs."""
+    rc.require_studies(config, figure)
+    return []
+
+
 rule figure_ckpt:
     input:
         unpack(
@@ -30,6 +36,7 @@ rule figure_ckpt:
                 ],
             }[w.figure]
         ),
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{ckpt}/{figure}.png",
@@ -65,6 +72,7 @@ rule figure_model:
             "checkpoints": [f"results/{w.model}/checkpoints.tsv"],
             "significant": [f"results/{w.model}/coupling_counts.tsv"],
         }[w.figure],
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{figure}.png",
@@ -93,6 +101,7 @@ rule figure_scaling:
     input:
         "results/scaling/widths.tsv",
         "results/scaling/phase_widths.tsv",
+        studies=lambda w: studies_of("scaling"),
     output:
         png=report(
             "results/figures/scaling/phase_widths.png",
