@@ -98,26 +98,6 @@ rule bootstrap:
         "../scripts/bootstrap.py"
 
 
-def scorecard_inputs(w):
-    """The tables of the studies that run; claims of a study switched off say "not run"."""
-    final = f"results/{w.model}/{final_ckpt(w.model)}"
-    out = {}
-    if rc.runs(config, "A"):
-        out["checkpoints"] = f"results/{w.model}/checkpoints.tsv"
-        out["schur"] = f"{final}/schur.tsv"
-        out["bootstrap"] = per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model)
-        out["replicates"] = per_ckpt(
-            "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
-        )
-    if rc.runs(config, "B"):
-        out["phases"] = f"{final}/phases.json"
-        out["lens_metrics"] = f"{final}/lens_metrics.tsv"
-        # phase widths only for models in a scaling group (else: not testable)
-        if scaling_group(config, w.model):
-            out["phase_widths"] = "results/scaling/phase_widths.tsv"
-    return out
-
-
 rule scorecard:
     input:
         unpack(scorecard_inputs),

@@ -1,6 +1,7 @@
 # Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
 from resdyn import config as rc
 from resdyn.codeversion import script_code_version
+from resdyn.scorecard import scaling_group
 
 rc.validate_config(config)
 
@@ -111,4 +112,30 @@ def figure_targets():
                 for f in rc.CKPT_FIGURES
                 if on(f) and (f not in rc.LENS_FIGURES or c in lens_ckpts)
             ]
+    return out
+
+
+def studies_of(figure):
+    """No input: stops (one line) when config key studies leaves out what ``figure`` needs."""
+    rc.require_studies(config, figure)
+    return []
+
+
+def scorecard_inputs(w):
+    """The tables of the studies that run; claims of a study switched off say "not run"."""
+    final = f"results/{w.model}/{final_ckpt(w.model)}"
+    out = {}
+    if rc.runs(config, "A"):
+        out["checkpoints"] = f"results/{w.model}/checkpoints.tsv"
+        out["schur"] = f"{final}/schur.tsv"
+        out["bootstrap"] = per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model)
+        out["replicates"] = per_ckpt(
+            "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
+        )
+    if rc.runs(config, "B"):
+        out["phases"] = f"{final}/phases.json"
+        out["lens_metrics"] = f"{final}/lens_metrics.tsv"
+        # phase widths only for models in a scaling group (else: not testable)
+        if scaling_group(config, w.model):
+            out["phase_widths"] = "results/scaling/phase_widths.tsv"
     return out

@@ -1,12 +1,6 @@
 # Figures: PNG + PDF with provenance in the metadata; one generic script, one rule per figure.
 
 
-def studies_of(figure):
-    """No input: stops (one line) when config key studies leaves out what ``figure`` needs."""
-    rc.require_studies(config, figure)
-    return []
-
-
 rule figure_ckpt:
     input:
         unpack(
