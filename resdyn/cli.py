@@ -63,6 +63,10 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         cfg = rc.load_config(args.config)
+        for name in cfg["models"]:  # the order every table's step 0 / final labels follow
+            order = rc.checkpoints(cfg, name)
+            if len(order) > 1:
+                print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
         print(plan.render(cfg, device=args.gpu, gpus=args.gpus, cores=args.cores))
     except (rc.ConfigError, cost.ShapeError) as err:
         print(err, file=sys.stderr)

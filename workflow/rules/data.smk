@@ -46,6 +46,8 @@ rule samples:
         "results/{model}/samples.h5",
     log:
         "logs/samples/{model}.log",
+    benchmark:
+        "benchmarks/out/samples/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     resources:
@@ -69,6 +71,8 @@ rule lens_tokens:
         "results/{model}/lens_tokens.h5",
     log:
         "logs/lens_tokens/{model}.log",
+    benchmark:
+        "benchmarks/out/lens_tokens/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     resources:
