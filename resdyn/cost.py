@@ -662,7 +662,7 @@ def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:
     """Every priced job of a config's DAG as (rule, wildcards), in the order of ``rule all``."""
     from resdyn import config as rc
 
-    studies = set(config.get("studies") or ("A", "B"))
+    studies = {st for st in ("A", "B") if rc.runs(config, st)}
     datasets_used = set()
     for model, m in config["models"].items():
         ckpts = rc.checkpoints(config, model)
@@ -685,8 +685,8 @@ def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:
             if "B" in studies and c in lens_ckpts:
                 for rule in ("lens", "lens_metrics", "rss", "resolution", "causal"):
                     yield rule, w
+                yield "activations", w  # phase_metrics needs them (deduplicated by unique_jobs)
                 if "A" in studies:
-                    yield "activations", w  # phase_metrics needs them (deduplicated below)
                     yield "bridge", w
                 yield "phase_metrics", w
     for ds in sorted(datasets_used | {m["dataset"] for m in config["models"].values()}):
