@@ -26,6 +26,7 @@ from tqdm import tqdm
 from resdyn import arch, io
 
 SCHEMA = "resdyn.activations/1"
+RESIDUAL_KINDS = ("sequential", "parallel")
 
 
 @torch.no_grad()
@@ -44,8 +45,14 @@ def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, p
 
 
 def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_positions: int, out_dir: str | Path,
-                           dtype: str, attrs: Mapping) -> list[Path]:
-    """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output."""
+                           dtype: str, attrs: Mapping, residual: str = "sequential") -> list[Path]:
+    """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output.
+
+    ``residual`` (:func:`resdyn.arch.residual_kind`) is stored as a file attribute: for
+    "parallel" layers ``pre_mlp`` holds the virtual state h_L + A (not a boundary, see
+    :mod:`resdyn.arch`) and :func:`boundaries` lists ``pre_attn`` only."""
+    if residual not in RESIDUAL_KINDS:
+        raise ValueError(f"residual={residual!r}: allowed are {RESIDUAL_KINDS}")
     n_layers = (states.shape[1] - 1) // 2
     positions = np.arange(skip_positions, skip_positions + states.shape[2])
     paths = []
@@ -58,11 +65,22 @@ def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_posi
                 f.create_dataset("output", data=states[:, -1].astype(dtype))
             f.create_dataset("sample_ids", data=sample_ids)
             f.create_dataset("positions", data=positions)
-            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions})
+            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
         paths.append(path)
     return paths
+
+
+def boundaries(path: str | Path) -> tuple[str, ...]:
+    """The residual boundaries of a layer file: ("pre_attn", "pre_mlp"), or ("pre_attn",) for a
+    parallel-residual layer (its one boundary h_L; attr ``residual``, absent = sequential)."""
+    try:
+        with h5py.File(path, "r") as f:
+            residual = f.attrs.get("residual", "sequential")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read activations ({err})") from err
+    return ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
 
 
 def read_boundary(path: str | Path, boundary: str) -> np.ndarray:
