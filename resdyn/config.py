@@ -151,6 +151,7 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
@@ -203,6 +204,41 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
     ckpts = checkpoints(config, model)
     return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
+    """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
+    {path, repo, repo_type, revision} with ``{model}``/``{ckpt}`` filled in; None when trained."""
+    lens = config["lens"]
+    if lens.get("source", "train") != "tuned_lens":
+        return None
+    return {
+        "path": lens["path"].format(model=model, ckpt=ckpt),
+        "repo": lens.get("repo"),
+        "repo_type": lens.get("repo_type", "space"),
+        "revision": lens.get("revision"),
+    }
+
+
+def _lens_import_errors(config: dict, base: Path) -> list[str]:
+    """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
+    out = []
+    for name in config["models"]:
+        for ckpt in lens_checkpoints(config, name):
+            try:
+                spec = lens_import_spec(config, name, ckpt)
+            except (KeyError, IndexError, ValueError) as err:
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}} and {{ckpt}} may be "
+                        f"substituted ({type(err).__name__}: {err})"]
+            if spec is None or spec["repo"]:
+                continue
+            missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
+            if missing:
+                out.append(
+                    f"config key 'lens.path': tuned-lens folder {spec['path']!r} (model {name}, checkpoint {ckpt}) "
+                    f"lacks {', '.join(missing)} (expected config.json + params.pt)"
+                )
+    return out
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:

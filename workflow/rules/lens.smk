@@ -1,5 +1,8 @@
 # Study B core: tuned-lens translators and per-layer prediction metrics (GPU rules on SLURM).
 
+# lens.source = tuned_lens imports a published lens instead of training one (same output).
+LENS_IMPORT_KEYS = ("source", "path", "repo", "repo_type", "revision")
+
 
 rule lens:
     input:
@@ -21,11 +24,18 @@ rule lens:
         options=lambda w: {
             k: v
             for k, v in config["lens"].items()
-            if k not in ("checkpoints", "n_train_blocks", "n_heldout_blocks")
+            if k
+            not in (
+                "checkpoints",
+                "n_train_blocks",
+                "n_heldout_blocks",
+                *LENS_IMPORT_KEYS,
+            )
         },
+        source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens", "lens_import", "arch", "models"),
     script:
         "../scripts/lens.py"
 
