@@ -17,6 +17,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from resdyn import hub
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -121,23 +123,54 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             kv = m.get("n_kv_heads", m["n_heads"])
             if m["n_heads"] % kv:
                 out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
-            if config["samples"]["length"] > m["max_position"]:
-                out.append(
-                    f"config key 'samples.length': {config['samples']['length']} exceeds "
-                    f"{key}.max_position={m['max_position']}"
-                )
         if m["source"] == "local":
             folders = m["paths"].values() if "paths" in m else [m["path"]]
-            for folder in folders:
-                if not (base / folder / "config.json").is_file():
-                    out.append(
-                        f"config key '{key}': local model folder {folder!r} does not exist or has no "
-                        "config.json (expected a Hugging Face model folder)"
-                    )
+            missing = [f for f in folders if not (base / f / "config.json").is_file()]
+            for folder in missing:
+                out.append(
+                    f"config key '{key}': local model folder {folder!r} does not exist or has no "
+                    "config.json (expected a Hugging Face model folder)"
+                )
+            if not missing:
+                out += _shape_errors(key, m, [(f, base / f / "config.json") for f in folders])
+        if m["source"] == "hf":
+            try:
+                order = hub.order_revisions(m["revisions"], m.get("steps"))
+            except ValueError as err:
+                out.append(f"config key '{key}.revisions': {err}; add a `steps:` map (revision -> training step)")
+                continue
+            if order != m["revisions"]:
+                out.append(
+                    f"config key '{key}.revisions': {m['revisions']} is not in training order; by their "
+                    f"{'steps map' if m.get('steps') else 'step numbers'} it is {order} (step 0 first, final last)"
+                )
+                continue
+            found, problems = [], []
+            for rev in m["revisions"]:
+                try:
+                    cfg_json, path = hub.hub_config_json(m["repo"], rev)
+                    found.append((f"{m['repo']}@{rev}", cfg_json))
+                    problems += _missing_weights(m["repo"], rev, path.parent)
+                except hub.HubError as err:
+                    problems.append(f"config key '{key}.revisions': {err}")
+            out += problems
+            if not problems:
+                out += _shape_errors(key, m, found)
+        if "max_position" in m and config["samples"]["length"] > m["max_position"]:
+            out.append(
+                f"config key 'samples.length': {config['samples']['length']} exceeds "
+                f"{key}.max_position={m['max_position']} (the positions the model supports)"
+            )
         ckpts = checkpoints(config, name)
+        clashes = sorted({c for c in ckpts if ckpts.count(c) > 1})
+        if clashes:
+            out.append(f"config key '{key}.revisions': revisions map to the same checkpoint names {clashes}")
         bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
         if bad:
             out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    for name, ds in datasets.items():
+        if ds["source"] == "hf":
+            out += _dataset_errors(f"datasets.{name}", ds, base)
     tols = config["spectra"]["complex_tolerances"]
     for section in ("bridge", "bootstrap"):
         tol = config[section]["complex_tol"]
@@ -157,6 +190,64 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
         if unknown:
             out.append(f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}")
     return out
+
+
+def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
+    """Fill family and shape keys of a hub/local model entry from its config.json file(s).
+
+    ``configs``: (where, config.json dict or path) per checkpoint. Keys written in the entry are
+    overrides that must agree with the file; every checkpoint must have the same architecture.
+    """
+    out, seen = [], None
+    for where, cfg in configs:
+        try:
+            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
+        except hub.HubError as err:
+            return [f"config key '{key}': {where}: {err}"]
+        if seen is not None and {k: v for k, v in found.items()} != seen[1]:
+            diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
+            return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
+        seen = (where, found)
+    where, found = seen
+    for k, value in found.items():
+        if k == "model_type":
+            continue
+        if k in m and m[k] != value:
+            field = "model_type" if k == "family" else hub.SHAPE_FIELDS[k]
+            shown = found["model_type"] if k == "family" else value
+            out.append(
+                f"config key '{key}.{k}': {m[k]!r} disagrees with config.json of {where} "
+                f"({field} = {shown!r}); remove the key (it is read from config.json) or fix it"
+            )
+        m.setdefault(k, value)
+    if "n_layers" not in m:
+        out.append(f"config key '{key}': config.json of {where} has no num_hidden_layers; set n_layers")
+    return out
+
+
+def _missing_weights(repo: str, revision: str, snapshot: Path) -> list[str]:
+    """Offline, a snapshot whose config.json is cached but whose weights are not is an error now."""
+    if not hub.hub_offline() or any(next(snapshot.glob(p), None) for p in ("*.safetensors", "*.bin")):
+        return []
+    return [
+        f"hub model {repo!r} at revision {revision!r}: the cache has its config.json but no weight files "
+        f"(HF_HUB_OFFLINE=1); fetch them with `{hub.download_command(repo, revision)}`"
+    ]
+
+
+def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
+    """An hf dataset must be a readable local path, or (offline) be in the HF cache."""
+    if "path" in ds:
+        if not (base / ds["path"]).exists():
+            return [f"config key '{key}.path': {ds['path']!r} does not exist (a save_to_disk folder or parquet file(s))"]
+        return []
+    if hub.datasets_offline() and hub.cached_snapshot(ds["name"], ds.get("revision"), "dataset") is None:
+        return [
+            f"config key '{key}': dataset {ds['name']!r} (config {ds.get('config')!r}, revision "
+            f"{ds.get('revision') or 'main'!r}) is not in the Hugging Face cache and downloads are off; "
+            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}`"
+        ]
+    return []
 
 
 def load_config(path: str | Path) -> dict:
@@ -183,7 +274,7 @@ def checkpoints(config: dict, model: str) -> list[str]:
     if m["source"] == "train":
         return [f"step{s}" for s in sorted(m["train"]["checkpoints"])]
     if m["source"] == "hf":
-        return [revision_name(r) for r in m["revisions"]]
+        return [revision_name(r) for r in hub.order_revisions(m["revisions"], m.get("steps"))]
     return list(m["paths"]) if "paths" in m else ["local"]
 
 
@@ -192,7 +283,7 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     m = config["models"][model]
     spec: dict[str, Any] = {"model": model, "checkpoint": ckpt, "source": m["source"], "dtype": m["dtype"]}
     if m["source"] == "hf":
-        spec.update(repo=m["repo"], revision=dict(zip(checkpoints(config, model), m["revisions"]))[ckpt])
+        spec.update(repo=m["repo"], revision={revision_name(r): r for r in m["revisions"]}[ckpt])
     elif m["source"] == "local":
         spec.update(path=m["paths"][ckpt] if "paths" in m else m["path"])
     else:

@@ -30,6 +30,13 @@ the last ``patience`` evals is ``r_L = (K_L(e−patience) − min_{e−patience<
 K_L(e−patience)``; layer L counts as converged while ``r_L < tol``. Training stops at the first
 eval where every layer has converged (windows must start after the LR warmup), or at ``steps``.
 
+Resume: with ``checkpoint=PATH``, :func:`train_lens` saves the loop's whole state (translators,
+optimizer state, step, curves, held-out history, convergence counters, position in the token
+stream) atomically to PATH every ``checkpoint_every`` steps, and a rerun with the same model,
+tokens and options continues from it bit-identically (the cached states are recomputed by the
+same deterministic forward). A checkpoint written for other inputs is ignored with a warning;
+it is removed when training finishes.
+
 Files written by :meth:`Lens.save` (folder)::
 
     translators.safetensors   weight (n, d, d) float32 = W_L stacked; bias (n, d) float32 = b_L
@@ -44,8 +51,12 @@ config.json) so that ``tuned_lens.nn.TunedLens`` users can load our translators.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import json
+import logging
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -62,7 +73,10 @@ from tqdm.auto import tqdm
 
 from resdyn import arch, io
 
+log = logging.getLogger(__name__)
+
 FORMAT = "resdyn.lens/1"
+CHECKPOINT_FORMAT = "resdyn.lens-checkpoint/1"
 OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")
@@ -507,16 +521,19 @@ class _TokenStream:
 
     Each batch's frozen forward runs once; its tokens are served to as many steps as they fill.
     The batch order is the given one (deterministic), cycled when the steps outrun the data.
+    ``position()``/``seek()`` save and restore where the stream stands (for resume).
     """
 
     def __init__(self, model: nn.Module, batches: Sequence[torch.Tensor], k: int | None):
         self.model, self.batches, self.k = model, batches, k
         self.next_batch = 0
         self.buffer: torch.Tensor | None = None
+        self.offset = 0  # tokens of the current buffer's batch already served
 
     def _fetch(self) -> torch.Tensor:
         ids = self.batches[self.next_batch % len(self.batches)]
         self.next_batch += 1
+        self.offset = 0
         return layer_major_states(self.model, ids)
 
     def take(self) -> torch.Tensor:
@@ -528,9 +545,24 @@ class _TokenStream:
                 self.buffer = self._fetch()
             part = self.buffer[:, : self.k - have]
             self.buffer = self.buffer[:, part.shape[1] :]
+            self.offset += part.shape[1]
             parts.append(part)
             have += part.shape[1]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def position(self) -> tuple[int, int]:
+        """(batches fetched so far, tokens of the last fetched batch served; 0 if it is used up)."""
+        left = 0 if self.buffer is None else self.buffer.shape[1]
+        return self.next_batch, (self.offset if left else 0)
+
+    def seek(self, next_batch: int, offset: int) -> None:
+        """Restore a :meth:`position`: refetch the partly served batch (same forward, same bits)."""
+        self.buffer, self.offset = None, 0
+        self.next_batch = next_batch
+        if offset:
+            self.next_batch -= 1
+            states = self._fetch()
+            self.buffer, self.offset = states[:, offset:], offset
 
 
 def _blocks(n_layers: int, n_tokens: int, vocab: int, budget: int) -> Iterator[tuple[slice, list[slice]]]:
@@ -861,6 +893,8 @@ def train_lens(
     model_id: str | None = None,
     model_revision: str | None = None,
     model_hash: str | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 50,
     **options: Any,
 ) -> Lens:
     """Train one affine translator per layer by distillation to the model's own output.
@@ -869,6 +903,8 @@ def train_lens(
     ``heldout_batches``: LongTensors for the held-out KL curve and the convergence criterion
     (their states are cached once); without them training runs all ``steps`` and no layer is
     reported converged. ``model_id/revision/hash``: provenance stored in config.json.
+    ``checkpoint``: file for the resumable state, saved every ``checkpoint_every`` steps (module
+    docstring); None: no checkpoints.
     ``options``: see :class:`LensOptions`. Loss per step: Σ_L mean_tokens KL(p_final ‖ p_lens,L),
     all layers from one cached frozen forward.
     """
@@ -881,6 +917,12 @@ def train_lens(
 
     if opt.chunk_elements is None:  # record the resolved value: chunking changes float rounding
         opt = dataclasses.replace(opt, chunk_elements=default_chunk_elements(device))
+    if not _is_int(checkpoint_every) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
+    saver = None
+    if checkpoint is not None:
+        key = _fingerprint(model, batches, heldout, opt, {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash})
+        saver = _Checkpointer(Path(checkpoint), key, int(checkpoint_every))
     with frozen(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opt.seed)
         weight = nn.Parameter(torch.zeros(n, d, d, device=device))
@@ -889,7 +931,9 @@ def train_lens(
         heldout_states = None
         if heldout is not None:
             heldout_states = torch.cat([layer_major_states(model, b) for b in heldout], dim=1)
-        result = _fit(model, weight, bias, optimizer, _TokenStream(model, batches, opt.tokens_per_step), heldout_states, opt)
+        result = _fit(model, weight, bias, optimizer, _TokenStream(model, batches, opt.tokens_per_step), heldout_states, opt, saver)
+    if saver is not None:
+        saver.remove()
 
     return Lens(
         model,
@@ -916,6 +960,7 @@ def _fit(
     stream: _TokenStream,
     heldout_states: torch.Tensor | None,
     opt: LensOptions,
+    saver: _Checkpointer | None = None,
 ) -> dict[str, Any]:
     """The training loop; returns curves, per-layer convergence, steps run and why it stopped."""
     n = weight.shape[0]
@@ -925,6 +970,33 @@ def _fit(
     train_kl: np.ndarray | None = None
     base_lrs = [g["lr"] for g in optimizer.param_groups]
     stop_reason = "max_steps"
+    step = 0
+    state = saver.load() if saver is not None else None
+    if state is not None:
+        with torch.no_grad():
+            weight.copy_(state["weight"])
+            bias.copy_(state["bias"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        rows = [(int(a), int(b), str(c), float(v)) for a, b, c, v in state["rows"]]
+        history = list(state["history"].numpy())
+        since_converged = state["since_converged"].numpy().copy()
+        train_kl = None if state["train_kl"] is None else state["train_kl"].numpy().copy()
+        stream.seek(*state["stream"])
+        log.info("resuming lens training from %s at step %d of %d", saver.path, step, opt.steps)
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "weight": weight.detach().cpu().clone(),
+            "bias": bias.detach().cpu().clone(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "rows": list(rows),
+            "history": torch.from_numpy(np.stack(history)) if history else torch.zeros(0, n, dtype=torch.float64),
+            "since_converged": torch.from_numpy(np.asarray(since_converged, dtype=np.int64)),
+            "train_kl": None if train_kl is None else torch.from_numpy(np.asarray(train_kl)),
+            "stream": stream.position(),
+        }
 
     def evaluate(step: int) -> None:
         nonlocal train_kl
@@ -941,9 +1013,9 @@ def _fit(
         # The window's first eval must come after warmup, or the ramp-up reads as a plateau.
         return len(history) > opt.patience and step - opt.patience * opt.eval_every >= opt.warmup_steps
 
-    evaluate(0)
-    step = 0
-    bar = tqdm(total=opt.steps, desc="lens", disable=not opt.progress, leave=False)
+    if state is None:
+        evaluate(0)
+    bar = tqdm(total=opt.steps, initial=step, desc="lens", disable=not opt.progress, leave=False)
     while step < opt.steps:
         states = stream.take()
         factor = lr_factor(step, opt)
@@ -970,6 +1042,8 @@ def _fit(
                 if conv.all():
                     stop_reason = "converged"
                     break
+        if saver is not None and step % saver.every == 0 and step < opt.steps:
+            saver.save(snapshot())
     bar.close()
 
     if heldout_states is not None and history:
@@ -991,6 +1065,56 @@ def _fit(
     )
     curves = pd.DataFrame(rows, columns=CURVE_COLUMNS)
     return {"curves": curves, "convergence": convergence, "steps": step, "stop_reason": stop_reason}
+
+
+class _Checkpointer:
+    """Atomic save/load of the training loop's state at ``path`` (torch.save, weights-only).
+
+    ``key``: fingerprint of everything the trajectory depends on (:func:`_fingerprint`); a file
+    with another key or format is ignored with a warning, never resumed.
+    """
+
+    def __init__(self, path: Path, key: str, every: int):
+        self.path, self.key, self.every = path, key, every
+
+    def save(self, state: dict[str, Any]) -> None:
+        with io.atomic_path(self.path) as tmp:
+            torch.save({"format": CHECKPOINT_FORMAT, "key": self.key, **state}, tmp)
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            if state.get("format") != CHECKPOINT_FORMAT or state.get("key") != self.key:
+                raise ValueError("it was written for another model, other tokens or other options")
+        except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
+            warnings.warn(f"ignoring lens checkpoint {self.path}: {err}", stacklevel=4)
+            log.warning("ignoring lens checkpoint %s: %s", self.path, err)
+            return None
+        return state
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[torch.Tensor] | None, opt: LensOptions, meta: dict[str, Any]) -> str:
+    """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
+    ``model_hash``) every model parameter: what a resumed trajectory must share with the first."""
+    options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
+    h = hashlib.sha256(json.dumps({"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": _model_info(model)}, sort_keys=True, default=str).encode())
+    h.update(unembed_hash(model).encode())
+    if meta.get("model_hash") is None:
+        for name, t in model.state_dict().items():
+            h.update(name.encode())
+            h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    for group, items in (("train", batches), ("heldout", heldout or [])):
+        h.update(group.encode())
+        for b in items:
+            h.update(str(tuple(b.shape)).encode())
+            h.update(b.cpu().numpy().astype(np.int64).tobytes())
+    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------

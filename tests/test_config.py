@@ -16,9 +16,13 @@ def _load(name):
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml"])
-def test_shipped_configs_validate(name):
+def test_shipped_configs_validate(name, paper_hub_cache, monkeypatch):
+    # hub shapes come from config.json: the paper presets validate against stand-in snapshots
+    monkeypatch.setenv("HF_HUB_CACHE", str(paper_hub_cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = rc.validate_config(_load(name))
     assert cfg["models"]
+    assert all("n_layers" in m and "family" in m for m in cfg["models"].values())
 
 
 def test_defaults_are_filled():

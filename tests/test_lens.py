@@ -8,6 +8,10 @@ of it), so that the final distribution is peaked and the lens has something to l
 from __future__ import annotations
 
 import json
+import signal
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -402,6 +406,120 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
     assert back.options == llama_lens.options and back.meta == llama_lens.meta
     h = arch.residual_states(llama, heldout_data[0])[:, 1]
     assert torch.equal(back.logits(h, 1), llama_lens.logits(h, 1))
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+RESUME = dict(steps=60, eval_every=10, patience=5, tol=1e-4, optimizer="adam", lr=3e-3, warmup_steps=5, tokens_per_step=100, progress=False)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_continues_bit_identically(llama, train_data, heldout_data, tmp_path, monkeypatch):
+    # tokens_per_step=100 does not divide the 256-token batches: the stream resumes mid-batch.
+    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+    path = tmp_path / "lens.partial.pt"
+    save = L._Checkpointer.save
+
+    def save_then_stop(self, state):
+        save(self, state)
+        if state["step"] == 28:
+            raise _Stop
+
+    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    with pytest.raises(_Stop):
+        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    monkeypatch.setattr(L._Checkpointer, "save", save)
+    assert torch.load(path, weights_only=True)["stream"][1] > 0  # stopped inside a batch
+    got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    assert not path.exists()
+    assert torch.equal(got.weight, ref.weight) and torch.equal(got.bias, ref.bias)
+    pd.testing.assert_frame_equal(got.curves, ref.curves, check_exact=True)
+    pd.testing.assert_frame_equal(got.convergence, ref.convergence, check_exact=True)
+    assert got.meta == ref.meta and got.options == ref.options
+
+
+def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path, monkeypatch):
+    path = tmp_path / "lens.partial.pt"
+    save = L._Checkpointer.save
+
+    def save_then_stop(self, state):
+        save(self, state)
+        raise _Stop
+
+    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    with pytest.raises(_Stop):  # a checkpoint of another learning rate
+        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **{**RESUME, "lr": 1e-3})
+    monkeypatch.setattr(L._Checkpointer, "save", save)
+    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+    with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
+        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+    assert torch.equal(got.weight, ref.weight)
+    path.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
+        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+    assert torch.equal(got.weight, ref.weight) and not path.exists()
+    with pytest.raises(ValueError, match="checkpoint_every=0"):
+        L.train_lens(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
+
+
+_LENS_RUNNER = textwrap.dedent("""
+    import logging, sys, time
+    import torch
+    sys.path.insert(0, {tests!r})
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    from test_lens import RESUME, build, synthetic_batches
+    from resdyn import lens as L
+
+    out, slow = sys.argv[1], sys.argv[2] == "slow"
+    if slow:  # test-only: make each step slow enough to be killed between checkpoints
+        step = L._train_step_kl
+        def slow_step(*args, **kwargs):
+            time.sleep(0.1)
+            return step(*args, **kwargs)
+        L._train_step_kl = slow_step
+    model = build("llama", pretrain_steps=20)
+    fitted = L.train_lens(
+        model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
+        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, **RESUME,
+    )
+    fitted.save(out + "/lens")
+    """)
+
+
+def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
+    from test_jacobian import _run  # the Jacobian resume test's subprocess helper
+
+    script = tmp_path / "runner.py"
+    script.write_text(_LENS_RUNNER.format(tests=str(Path(__file__).parent)))
+    resumed, reference = tmp_path / "resumed", tmp_path / "reference"
+    resumed.mkdir()
+    reference.mkdir()
+    ref_proc = _run(script, reference, "fast")
+
+    proc = _run(script, resumed, "slow")
+    checkpoint = resumed / ".lens.partial.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert checkpoint.exists(), proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (resumed / "lens").exists(), "killed run left outputs"
+
+    rerun = _run(script, resumed, "fast")
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    assert "resuming lens training from" in err, err[-3000:]
+    assert not checkpoint.exists()
+    _, ref_err = ref_proc.communicate(timeout=300)
+    assert ref_proc.returncode == 0, ref_err[-3000:]
+    for name in ("translators.safetensors", "curves.tsv", "config.json"):
+        assert (resumed / "lens" / name).read_bytes() == (reference / "lens" / name).read_bytes(), name
 
 
 def test_pipeline_helpers(llama_lens, tmp_path):

@@ -211,7 +211,9 @@ def test_lint_and_format(smoke):
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml"])
-def test_dry_run_every_config(config):
-    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", config], cwd=ROOT, env=env_for(ROOT),
+def test_dry_run_every_config(config, paper_hub_cache):
+    # offline, hub models must be in the cache: stand-in snapshots of the paper presets' models
+    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", config], cwd=ROOT,
+                          env={**env_for(ROOT), "HF_HUB_CACHE": str(paper_hub_cache)},
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

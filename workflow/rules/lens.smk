@@ -29,11 +29,13 @@ rule lens:
                 "checkpoints",
                 "n_train_blocks",
                 "n_heldout_blocks",
+                "checkpoint_every",
                 *LENS_IMPORT_KEYS,
             )
         },
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
+        checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
         code=code("lens", "lens_import", "arch", "models"),
     script:
