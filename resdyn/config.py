@@ -256,7 +256,12 @@ def load_config(path: str | Path) -> dict:
     try:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
     return validate_config(config)
 
 
@@ -299,12 +304,14 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
 
 def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
     """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
-    {path, repo, repo_type, revision} with ``{model}``/``{ckpt}`` filled in; None when trained."""
+    {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
     lens = config["lens"]
     if lens.get("source", "train") != "tuned_lens":
         return None
+    repo = config["models"][model].get("repo", "")
     return {
-        "path": lens["path"].format(model=model, ckpt=ckpt),
+        "path": lens["path"].format(model=model, ckpt=ckpt, repo=repo),
         "repo": lens.get("repo"),
         "repo_type": lens.get("repo_type", "space"),
         "revision": lens.get("revision"),
@@ -319,7 +326,7 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
             try:
                 spec = lens_import_spec(config, name, ckpt)
             except (KeyError, IndexError, ValueError) as err:
-                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}} and {{ckpt}} may be "
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
                         f"substituted ({type(err).__name__}: {err})"]
             if spec is None or spec["repo"]:
                 continue
