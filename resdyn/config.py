@@ -8,9 +8,7 @@ name the key, the bad value and what is allowed.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,8 @@ import yaml
 
 from resdyn import hub
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+# Package data, so that an installed (non-editable) resdyn validates configs too.
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -27,7 +26,7 @@ class ConfigError(ValueError):
 
 
 def load_schema() -> dict:
-    """The JSON Schema of the configuration (workflow/schemas/config.schema.yaml)."""
+    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml)."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
@@ -78,11 +77,26 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
                 model.setdefault("train", {})
         problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
     if not problems:
+        _inherit_seed(config)
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     _sort_keys(config)
     return config
+
+
+def _inherit_seed(config: dict) -> None:
+    """Every stage seed that the config does not give takes the top-level ``seed``."""
+    base = config["seed"]
+    stages = [config[k] for k in SEEDED_SECTIONS]
+    stages += list(config["datasets"].values())
+    stages += [m["train"] for m in config["models"].values() if "train" in m]
+    for stage in stages:
+        stage.setdefault("seed", base)
+
+
+#: Top-level sections with a ``seed`` of their own (datasets and zoo training have theirs too).
+SEEDED_SECTIONS = ("samples", "topology", "lens", "bridge", "causal", "bootstrap")
 
 
 def _sort_keys(node: Any) -> None:
@@ -352,19 +366,6 @@ def block_layers(block: str) -> list[int]:
     if not match:
         raise ValueError(f"block name {block!r} is not of the form layersAAA-BBB")
     return list(range(int(match[1]), int(match[2]) + 1))
-
-
-def code_version(*modules: str) -> str:
-    """Short hash of the source of the named ``resdyn`` modules.
-
-    Snakemake does not track imported code; a rule that passes this as a ``params:`` value is
-    rerun when one of the modules it uses changes (params are a default rerun trigger).
-    """
-    h = hashlib.sha256()
-    for name in sorted(set(modules)):
-        h.update(name.encode())
-        h.update(resources.files("resdyn").joinpath(f"{name}.py").read_bytes())
-    return h.hexdigest()[:16]
 
 
 # --- figures: name -> resdyn.plots function (the DAG's figure rules and the report use these) ---

@@ -49,6 +49,7 @@ __all__ = [
     "henrici_departure",
     "nonnormal_norm",
     "complex_fraction",
+    "shifted_complex_fraction",
     "expansive_fraction",
     "spectral_radius",
     "condition_number",
@@ -321,6 +322,41 @@ def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
     if not np.iscomplexobj(lam):
         return 0.0
     return float(np.mean(np.abs(lam.imag) > t * np.maximum(1.0, np.abs(lam))))
+
+
+#: Imaginary parts below this multiple of machine epsilon × max(1, max|λ|) are roundoff.
+IMAG_ROUNDOFF = 64 * float(np.finfo(np.float64).eps)
+
+
+def shifted_complex_fraction(eigvals: Any, shift: float = 1.0, tol: float = 1e-6) -> float:
+    """Share of eigenvalues of J − shift·I that are complex relative to their own modulus.
+
+    With μ_i = λ_i − shift (the eigenvalues of J − shift·I; Im μ = Im λ):
+    #{i : |Im μ_i| > tol·|μ_i|  and  |Im μ_i| > ``IMAG_ROUNDOFF``·max(1, max_j |λ_j|)} / d.
+
+    Unlike :func:`complex_fraction` (threshold tol·max(1, |·|), absolute below 1), the threshold
+    scales with |μ| itself, so for a near-identity J (all |μ| ≪ 1) it still tells rotating
+    updates (μ off the real axis by more than arcsin(tol)) from real ones; with the absolute
+    threshold it equalled J's complex fraction. The floor keeps eigenvalues at ``shift`` up to
+    roundoff (random phase) from counting.
+
+    Args:
+        eigvals: (d,) eigenvalues of J (complex or real; a real array gives 0).
+        shift: the c in J − c·I.
+        tol: ≥ 0.
+    Returns:
+        float in [0, 1].
+    Example:
+        >>> shifted_complex_fraction(np.array([1 + 1e-8 + 1e-8j, 1 + 1e-8 - 1e-8j, 1.5, 0.5]), 1.0, 1e-6)
+        0.5
+    """
+    lam = _as_values(eigvals, "eigvals")
+    t = _check_tol(tol)
+    if not np.iscomplexobj(lam):
+        return 0.0
+    im = np.abs(lam.imag)
+    floor = IMAG_ROUNDOFF * max(1.0, float(np.max(np.abs(lam))))
+    return float(np.mean((im > t * np.abs(lam - shift)) & (im > floor)))
 
 
 def expansive_fraction(values: Any, threshold: float = 1.0) -> float:
@@ -657,7 +693,7 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...]) -> tuple
     for t in tols:
         m[f"complex_frac_J_tol{_tol_label(t)}"] = complex_fraction(lam, t)
     for t in tols:
-        m[f"complex_frac_JmI_tol{_tol_label(t)}"] = complex_fraction(lam - 1.0, t)
+        m[f"complex_frac_JmI_tol{_tol_label(t)}"] = shifted_complex_fraction(lam, 1.0, t)
     m.update(
         {
             "expansive_frac_eig": expansive_fraction(lam),
@@ -690,7 +726,8 @@ def sublayer_metrics(
     ``d``; ``spectral_radius`` max|λ|; ``condition_number`` σ_max/σ_min; ``sigma_max``,
     ``sigma_min``; ``fro_J`` ‖J‖_F; ``fro_minus_identity`` ‖J − I‖_F; ``nonnormal_fro`` ‖N‖_F;
     ``henrici`` ‖N‖_F/‖J‖_F and ``henrici_JmI`` ‖N‖_F/‖J − I‖_F (J − I has the same N);
-    ``complex_frac_J_tol{t}`` / ``complex_frac_JmI_tol{t}`` for each tolerance t (label
+    ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) / ``complex_frac_JmI_tol{t}``
+    (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
     ``k_frac`` = max(1, round(k_fraction·d)) and ``self_alignment_kfrac``;

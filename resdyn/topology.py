@@ -663,6 +663,8 @@ def bh_fdr(p_values: Any) -> np.ndarray:
 
     For the m non-NaN p-values sorted p_(1) ≤ … ≤ p_(m): q_(i) = min_{j ≥ i} min(1, m p_(j) / j)
     (monotone in p, capped at 1). NaN inputs stay NaN and do not count in m. Same shape as input.
+    Computed by ``scipy.stats.false_discovery_control(method="bh")``; this wrapper adds the NaN
+    handling and the range check.
     """
     p = np.asarray(p_values, dtype=np.float64)
     flat = p.ravel()
@@ -671,15 +673,8 @@ def bh_fdr(p_values: Any) -> np.ndarray:
         bad = flat[ok][(flat[ok] < 0) | (flat[ok] > 1)]
         raise ValueError(f"p-values must lie in [0, 1] (or be NaN), got e.g. {bad[:3].tolist()}")
     q = np.full(flat.shape, np.nan)
-    v = flat[ok]
-    m = v.size
-    if m:
-        order = np.argsort(v, kind="mergesort")
-        scaled = v[order] * m / np.arange(1, m + 1)
-        scaled = np.minimum.accumulate(scaled[::-1])[::-1]
-        out = np.empty(m)
-        out[order] = np.minimum(scaled, 1.0)
-        q[ok] = out
+    if ok.any():
+        q[ok] = stats.false_discovery_control(flat[ok], method="bh")
     return q.reshape(p.shape)
 
 

@@ -118,11 +118,6 @@ def test_block_names_roundtrip():
         rc.block_layers("layer3")
 
 
-def test_code_version_changes_with_module(tmp_path, monkeypatch):
-    a = rc.code_version("io")
-    assert a == rc.code_version("io") and a != rc.code_version("io", "data")
-
-
 def test_key_order_does_not_matter():
     """Snakemake compares params as text: a reordered config must give identical params."""
     a = _load("configs/smoke.yaml")
@@ -131,3 +126,57 @@ def test_key_order_does_not_matter():
     ca, cb = rc.validate_config(a), rc.validate_config(b)
     assert repr(ca) == repr(cb)
     assert repr(rc.checkpoint_spec(ca, "tiny_llama", "step30")) == repr(rc.checkpoint_spec(cb, "tiny_llama", "step30"))
+
+
+def _seeds(node, path=""):
+    """Every (dotted key, value) named seed in a nested config."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{path}.{k}" if path else str(k)
+            if k == "seed" and not isinstance(v, dict):
+                yield key, v
+            else:
+                yield from _seeds(v, key)
+
+
+def test_top_level_seed_seeds_every_stage_without_its_own():
+    cfg = _load("config.yaml")
+
+    def drop(node):
+        if isinstance(node, dict):
+            node.pop("seed", None)
+            for v in node.values():
+                drop(v)
+
+    for section in cfg.values():
+        drop(section)
+    cfg["seed"] = 7
+    cfg["bootstrap"]["seed"] = 3  # an explicit stage seed wins
+    out = dict(_seeds(rc.validate_config(cfg)))
+    assert out.pop("bootstrap.seed") == 3 and out.pop("seed") == 7
+    assert {"samples.seed", "lens.seed", "topology.seed", "causal.seed", "bridge.seed"} <= set(out)
+    assert any(k.startswith("datasets.") for k in out) and any(k.endswith("train.seed") for k in out)
+    assert set(out.values()) == {7}, out
+
+
+def test_no_stage_seed_has_a_schema_default():
+    def walk(node, path=""):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                p = f"{path}.{k}" if path else k
+                if k == "seed" and isinstance(v, dict):
+                    yield p, v
+                yield from walk(v, p)
+    found = dict(walk(rc.load_schema()))
+    assert len(found) >= 9
+    with_default = [p for p, v in found.items() if "default" in v and p != "properties.seed"]
+    assert with_default == [], f"stage seeds must default to the top-level seed, not {with_default}"
+
+
+def test_one_report_category_per_stage():
+    import re
+
+    rules = "".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
+    used = set(re.findall(r'\bcategory="([^"]+)"', rules))
+    used |= {rc.figure_category(f) for f in [*rc.CKPT_FIGURES, *rc.MODEL_FIGURES, "scaling"]}
+    assert used == {"Zoo", "Study A", "Study B", "Beyond the studies", "Scorecard"}

@@ -16,7 +16,7 @@ rule bridge:
         table=report(
             "results/{model}/{ckpt}/bridge.tsv",
             caption="../report/bridge.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="bridge",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bridge"},
         ),
@@ -32,7 +32,7 @@ rule bridge:
         n_random=config["bridge"]["n_random"],
         seed=config["bridge"]["seed"],
         complex_tol=config["bridge"]["complex_tol"],
-        code=code("bridge", "readout", "phases", "jacobian", "lens"),
+        code=code("bridge"),
     script:
         "../scripts/bridge.py"
 
@@ -47,7 +47,7 @@ rule causal:
         report(
             "results/{model}/{ckpt}/causal.tsv",
             caption="../report/causal.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="causal",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "causal"},
         ),
@@ -65,9 +65,7 @@ rule causal:
         n_samples=config["causal"]["n_samples"],
         seed=config["causal"]["seed"],
         device=config["device"],
-        code=code(
-            "causal", "bridge", "readout", "phases", "arch", "lens", "models", "data"
-        ),
+        code=code("causal"),
     script:
         "../scripts/causal.py"
 
@@ -79,7 +77,7 @@ rule bootstrap:
         table=report(
             "results/{model}/{ckpt}/bootstrap.tsv",
             caption="../report/bootstrap.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="uncertainty",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bootstrap"},
         ),
@@ -95,7 +93,7 @@ rule bootstrap:
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
-        code=code("bootstrap", "spectral"),
+        code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"
 
@@ -136,6 +134,6 @@ rule scorecard:
         group=lambda w: scaling_group(config, w.model),
         complex_tol=config["bootstrap"]["complex_tol"],
         level=config["bootstrap"]["ci"],
-        code=code("scorecard", "bootstrap"),
+        code=code("scorecard"),
     script:
         "../scripts/scorecard.py"

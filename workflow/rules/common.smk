@@ -1,5 +1,6 @@
 # Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
 from resdyn import config as rc
+from resdyn.codeversion import script_code_version
 
 rc.validate_config(config)
 
@@ -45,8 +46,9 @@ def dataset_of(w):
     return config["models"][w.model]["dataset"]
 
 
-def code(*modules):
-    return rc.code_version(*modules)
+def code(script):
+    """Code version of a rule: workflow/scripts/<script>.py and every resdyn module it reaches."""
+    return script_code_version(f"{workflow.basedir}/workflow/scripts/{script}.py")
 
 
 def per_ckpt(pattern, model):

@@ -11,7 +11,7 @@ rule corpus:
         "../../envs/resdyn.yaml"
     params:
         spec=lambda w: config["datasets"][w.dataset],
-        code=code("data"),
+        code=code("corpus"),
     script:
         "../scripts/corpus.py"
 
@@ -27,7 +27,7 @@ rule tokenizer:
         "../../envs/resdyn.yaml"
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
-        code=code("data"),
+        code=code("tokenizer"),
     script:
         "../scripts/tokenizer.py"
 
@@ -47,7 +47,7 @@ rule samples:
         length=config["samples"]["length"],
         seed=config["samples"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"
 
@@ -68,6 +68,6 @@ rule lens_tokens:
         length=config["samples"]["length"],
         seed=config["lens"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"

@@ -53,7 +53,7 @@ rule figure_ckpt:
         title=lambda w: f"{w.model} · {w.ckpt} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -84,7 +84,7 @@ rule figure_model:
         title=lambda w: f"{w.model} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -111,6 +111,6 @@ rule figure_scaling:
         title="phase width vs depth",
         caption=rc.FIGURE_CAPTIONS["scaling"],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"

@@ -23,7 +23,7 @@ rule jacobians:
         store_first_n=config["jacobian"]["store_first_n"],
         checkpoint_every=config["jacobian"]["checkpoint_every"],
         device=config["device"],
-        code=code("arch", "jacobian", "models"),
+        code=code("jacobians"),
     script:
         "../scripts/jacobians.py"
 
@@ -46,6 +46,6 @@ rule activations:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
         device=config["device"],
-        code=code("arch", "activations", "models"),
+        code=code("activations"),
     script:
         "../scripts/activations.py"

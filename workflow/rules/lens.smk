@@ -37,7 +37,7 @@ rule lens:
         n_train=config["lens"]["n_train_blocks"],
         checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
-        code=code("lens", "lens_import", "arch", "models"),
+        code=code("lens"),
     script:
         "../scripts/lens.py"
 
@@ -68,6 +68,6 @@ rule lens_metrics:
         mem_mb=8000,
     params:
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

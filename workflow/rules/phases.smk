@@ -14,7 +14,7 @@ rule phases:
         k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
-        code=code("phases", "readout"),
+        code=code("phases"),
     script:
         "../scripts/phases.py"
 
@@ -44,7 +44,7 @@ rule phase_metrics:
     resources:
         mem_mb=4000,
     params:
-        code=code("geometry", "activations", "phases"),
+        code=code("phase_metrics"),
     script:
         "../scripts/phase_metrics.py"
 
@@ -76,6 +76,6 @@ rule scaling:
             for members in config["scaling"]["groups"].values()
             for m in members
         },
-        code=code("geometry", "phases"),
+        code=code("scaling"),
     script:
         "../scripts/scaling.py"

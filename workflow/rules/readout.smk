@@ -18,7 +18,7 @@ rule rss:
         "../../envs/resdyn.yaml"
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("rss"),
     script:
         "../scripts/rss.py"
 
@@ -34,6 +34,6 @@ rule resolution:
         "../../envs/resdyn.yaml"
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("resolution"),
     script:
         "../scripts/resolution.py"

@@ -23,7 +23,7 @@ rule spectra:
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        code=code("spectral", "jacobian"),
+        code=code("spectra"),
     script:
         "../scripts/spectra.py"
 
@@ -41,7 +41,7 @@ rule schur:
         mem_mb=4000,
     params:
         alphas=config["schur"]["alphas"],
-        code=code("schur", "spectral", "jacobian"),
+        code=code("schur"),
     script:
         "../scripts/schur.py"
 
@@ -66,6 +66,6 @@ rule checkpoints:
         "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
-        code=code("spectral", "topology"),
+        code=code("checkpoints"),
     script:
         "../scripts/checkpoints.py"

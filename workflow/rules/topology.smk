@@ -30,7 +30,7 @@ rule communities:
         seed=config["topology"]["seed"],
         boundary_rule=config["topology"]["boundary_rule"],
         participation_quantile=config["topology"]["participation_quantile"],
-        code=code("topology", "activations"),
+        code=code("communities"),
     script:
         "../scripts/communities.py"
 
@@ -55,6 +55,6 @@ rule coupling:
     params:
         gain=config["topology"]["gain"],
         fdr_q=config["topology"]["fdr_q"],
-        code=code("topology", "jacobian"),
+        code=code("coupling"),
     script:
         "../scripts/coupling.py"

@@ -38,7 +38,7 @@ rule zoo_train:
             )
         },
         train=lambda w: config["models"][w.model]["train"],
-        code=code("zoo"),
+        code=code("zoo_train"),
     script:
         "../scripts/zoo_train.py"
 
@@ -58,6 +58,6 @@ rule resolve_checkpoint:
         "../../envs/resdyn.yaml"
     params:
         spec=lambda w: rc.checkpoint_spec(config, w.model, w.ckpt),
-        code=code("models"),
+        code=code("resolve_checkpoint"),
     script:
         "../scripts/resolve_checkpoint.py"
