@@ -526,9 +526,11 @@ class LayerSublayers:
         return self.projection_weights()[0].shape[0] // self.head_dim
 
     def projection_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(W_q, W_k, W_v) as (out, d) matrices with ``raw = W n + b`` (W_v None: v = raw k)."""
-        v_proj = getattr(self.attention, "v_proj", None)
-        return self.attention.q_proj.weight, self.attention.k_proj.weight, None if v_proj is None else v_proj.weight
+        """(W_q, W_k, W_v) as (out, d) matrices with ``raw = W n + b`` (W_v None: v = raw k; W_k and
+        W_v None for KV-shared layers, which project queries only)."""
+        k_proj, v_proj = getattr(self.attention, "k_proj", None), getattr(self.attention, "v_proj", None)
+        return (self.attention.q_proj.weight, None if k_proj is None else k_proj.weight,
+                None if v_proj is None else v_proj.weight)
 
     def out_proj(self, o: torch.Tensor) -> torch.Tensor:
         """The attention output projection of the concatenated heads o (..., H·hd)."""

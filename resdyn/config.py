@@ -334,9 +334,15 @@ def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
 
 def _lens_import_errors(config: dict, base: Path) -> list[str]:
     """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
-    out = []
+    out: list[str] = []
+    if config["lens"].get("source", "train") != "tuned_lens":
+        return out
     for name in config["models"]:
-        for ckpt in lens_checkpoints(config, name):
+        try:
+            ckpts = lens_checkpoints(config, name)
+        except ValueError:  # unorderable revisions: reported by the checks above
+            continue
+        for ckpt in ckpts:
             try:
                 spec = lens_import_spec(config, name, ckpt)
             except (KeyError, IndexError, ValueError) as err:

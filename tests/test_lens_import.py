@@ -125,3 +125,27 @@ def test_lens_saved_by_tuned_lens_imports(pythia, tmp_path):
         for i in range(4):
             torch.testing.assert_close(ours.transform(h[i], i), theirs.transform_hidden(h[i], i), atol=1e-6, rtol=1e-6)
             torch.testing.assert_close(ours.logits(h[i], i), theirs(h[i], i), atol=1e-5, rtol=1e-5)
+
+
+def test_config_lens_import_spec_and_validation(tmp_path, trained):
+    """lens.source: tuned_lens fills {model}/{ckpt}/{repo} per model; a local folder without the
+    two files stops validation with one line naming the folder."""
+    from resdyn import config as rc
+
+    cfg = {"datasets": {"e": {"source": "embedded"}},
+           "models": {"m": {"source": "train", "dataset": "e", "family": "llama", "n_layers": 8, "d_model": 32,
+                            "n_heads": 4, "d_ff": 64}},
+           "jacobian": {"store_first_n": 2},
+           "lens": {"source": "tuned_lens", "path": str(tmp_path / "{model}-{ckpt}")}}
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(json.loads(json.dumps(cfg)))
+    problems = str(err.value).splitlines()[1:]
+    assert len(problems) == 1 and "m-step600" in problems[0] and "config.json, params.pt" in problems[0]
+    trained.export_tuned_lens(tmp_path / "m-step600")
+    done = rc.validate_config(json.loads(json.dumps(cfg)))
+    assert rc.lens_import_spec(done, "m", "step600") == {
+        "path": str(tmp_path / "m-step600"), "repo": None, "repo_type": "space", "revision": None}
+    cfg["lens"] = {"source": "tuned_lens", "repo": "o/r", "path": "lens/{repo}-{oops}"}
+    with pytest.raises(rc.ConfigError, match=r"only \{model\}, \{ckpt\} and \{repo\}"):
+        rc.validate_config(json.loads(json.dumps(cfg)))
+    assert rc.lens_import_spec(rc.validate_config({**cfg, "lens": {}}), "m", "step600") is None
