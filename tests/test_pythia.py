@@ -30,12 +30,17 @@ MODELS = {"pythia_8l": "resdyn-ci/pythia-mini-8L", "pythia_12l": "resdyn-ci/pyth
           "pythia_16l": "resdyn-ci/pythia-mini-16L"}
 
 
+def load_config_json(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
 def _targets() -> list[str]:
     out = [f"results/pythia_8l/{c}/{t}" for c in CKPTS for t in ("bottleneck.tsv", "spectra.tsv")]
     out += ["results/pythia_8l/step143000/coupling.tsv", "results/pythia_8l/step143000/schur.tsv",
             "results/scaling/phase_widths.tsv"]
-    out += [f"results/{m}/step143000/lens_metrics.tsv" for m in MODELS]
-    return out
+    return out + ["results/pythia_8l/step143000/lens_metrics.tsv"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +85,7 @@ def test_study_b_runs_on_imported_tuned_lenses(pythia_run):
     home, work = pythia_run
     for model, repo in MODELS.items():
         folder = work / f"results/{model}/step143000/lens"
+        assert load_config_json(folder)["stop_reason"] == "imported"
         ours = load_file(str(folder / "translators.safetensors"))
         space = hubcache.repo_dir(home / "hub", hubcache.PYTHIA_LENS_REPO, "space")
         published = torch.load(next(space.glob(f"snapshots/*/lens/{repo}/params.pt")), weights_only=True)
@@ -93,4 +99,4 @@ def test_study_b_runs_on_imported_tuned_lenses(pythia_run):
     print("\nlens table (pythia_8l, step143000, imported lens):")
     print(table[["lens", "layer", "kl", "ce", "hit1", "hit5"]].round(3).to_string(index=False))
     widths = pd.read_csv(work / "results/scaling/phase_widths.tsv", sep="\t")
-    assert set(widths["model"]) == set(MODELS)
+    assert set(widths["group"]) == {"pythia"} and (widths["n_depths"] == len(MODELS)).all()
