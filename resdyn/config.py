@@ -190,7 +190,7 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
         tol = config[section]["complex_tol"]
         if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
-    if config["jacobian"]["store_first_n"] < 2:
+    if runs(config, "A") and config["jacobian"]["store_first_n"] < 2:
         out.append(
             f"config key 'jacobian.store_first_n': {config['jacobian']['store_first_n']} — the bootstrap needs the "
             "per-sample Jacobians of at least 2 samples (set it to samples.n to bootstrap over all)"
@@ -218,7 +218,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
             found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
-        if seen is not None and {k: v for k, v in found.items()} != seen[1]:
+        if seen is not None and found != seen[1]:
             diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
             return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
         seen = (where, found)
@@ -425,3 +425,33 @@ def figure_category(figure: str) -> str:
     if figure in LENS_FIGURES or figure == "scaling":
         return "Study B"
     return "Study A"
+
+
+# --- the study switch (config key ``studies``) --------------------------------------------------
+
+#: Studies whose outputs each figure draws on (the bridge needs both).
+FIGURE_STUDIES: dict[str, frozenset[str]] = {
+    **{f: frozenset("A") for f in CKPT_FIGURES if f not in LENS_FIGURES},
+    **{f: frozenset("B") for f in LENS_FIGURES},
+    "bridge": frozenset("AB"),
+    "checkpoints": frozenset("A"),
+    "significant": frozenset("A"),
+    "training": frozenset(),
+    "scaling": frozenset("B"),
+}
+
+
+def runs(config: dict, *studies: str) -> bool:
+    """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""
+    return set(studies) <= set(config.get("studies", ("A", "B")))
+
+
+def require_studies(config: dict, figure: str, path: str = "") -> None:
+    """Stop with one line when ``figure`` needs a study that ``config['studies']`` leaves out."""
+    missing = sorted(FIGURE_STUDIES[figure] - set(config.get("studies", ("A", "B"))))
+    if missing:
+        where = f" ({path})" if path else ""
+        raise ConfigError(
+            f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
+            f"{figure!r}{where} needs; add it to studies or do not request this figure"
+        )

@@ -53,6 +53,8 @@ rule causal:
         ),
     log:
         "logs/causal/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/causal/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
@@ -100,24 +102,7 @@ rule bootstrap:
 
 rule scorecard:
     input:
-        unpack(
-            lambda w: {
-                "checkpoints": f"results/{w.model}/checkpoints.tsv",
-                "schur": f"results/{w.model}/{final_ckpt(w.model)}/schur.tsv",
-                "phases": f"results/{w.model}/{final_ckpt(w.model)}/phases.json",
-                "lens_metrics": f"results/{w.model}/{final_ckpt(w.model)}/lens_metrics.tsv",
-                "bootstrap": per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model),
-                "replicates": per_ckpt(
-                    "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
-                ),
-                # phase widths only for models in a scaling group (else: not testable)
-                **(
-                    {"phase_widths": "results/scaling/phase_widths.tsv"}
-                    if scaling_group(config, w.model)
-                    else {}
-                ),
-            }
-        ),
+        unpack(scorecard_inputs),
     output:
         report(
             "results/{model}/scorecard.tsv",
@@ -134,6 +119,7 @@ rule scorecard:
         group=lambda w: scaling_group(config, w.model),
         complex_tol=config["bootstrap"]["complex_tol"],
         level=config["bootstrap"]["ci"],
+        studies=sorted(config["studies"]),
         code=code("scorecard"),
     script:
         "../scripts/scorecard.py"
