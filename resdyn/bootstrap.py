@@ -245,7 +245,7 @@ def read_per_sample(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, d
     for path in files:
         with h5py.File(path, "r") as f:
             layer = int(f.attrs["layer"])
-            for kind in spectral.KINDS:
+            for kind in (spectral.LAYER_KIND,) if spectral.LAYER_KIND in f else spectral.KINDS:
                 if kind not in f or "per_sample" not in f[kind]:
                     raise ValueError(
                         f"{path}: no {kind}/per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
@@ -276,9 +276,7 @@ def read_per_sample(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, d
 
 def _ordered_keys(per_sample: Mapping[tuple[int, str], Any]) -> list[tuple[int, str]]:
     keys = sorted(per_sample, key=lambda key: spectral.sublayer_index(*key))
-    got = [spectral.sublayer_index(*key) for key in keys]
-    if got != list(range(len(got))):
-        raise ValueError(f"per-sample Jacobians must cover sublayers s = 0..S−1 without gaps, got s = {got}")
+    spectral.check_chain(keys, "per-sample Jacobians")
     return keys
 
 

@@ -68,15 +68,23 @@ __all__ = [
     "read_spectra_h5",
     "sublayer_index",
     "group_name",
+    "check_chain",
+    "LAYER_KIND",
+    "OPERATOR_KINDS",
 ]
 
 #: Sublayer kinds in depth order within a layer: s = 2L + KINDS.index(kind).
 KINDS: tuple[str, ...] = ("attn", "mlp")
+#: The single operator of a parallel-residual layer, I + J_A + J_F (DESIGN.md "Parallel-residual
+#: layers"). It maps h_L -> h_{L+1}, so it takes the depth slot s = 2L + 1 of a sequential layer's
+#: MLP half (the slot that ends at h_{L+1}); s = 2L is absent (there is no m_L boundary).
+LAYER_KIND = "layer"
+OPERATOR_KINDS: tuple[str, ...] = (*KINDS, LAYER_KIND)
 #: Default tolerances of the complex fraction reported by :func:`sublayer_metrics`.
 DEFAULT_TOLERANCES: tuple[float, ...] = (1e-9, 1e-6, 1e-3)
 
 SPECTRA_H5_SCHEMA = "resdyn.spectra/1"
-_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp)$")
+_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp|layer)$")
 
 # A sublayer's Jacobian may be given as an array or as a zero-argument callable returning one,
 # so table builders can load large Jacobians one at a time.
@@ -797,17 +805,45 @@ def sublayer_metrics(
 
 
 def sublayer_index(layer: int, kind: str) -> int:
-    """Depth index s = 2·layer + (0 for 'attn', 1 for 'mlp').
+    """Depth index s = 2·layer + (0 for 'attn', 1 for 'mlp' and for a parallel layer's 'layer').
 
     Example:
-        >>> sublayer_index(3, "mlp")
-        7
+        >>> sublayer_index(3, "mlp"), sublayer_index(3, "layer")
+        (7, 7)
     """
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or int(layer) < 0:
         raise ValueError(f"layer must be an integer ≥ 0, got {layer!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return 2 * int(layer) + KINDS.index(kind)
+    if kind not in OPERATOR_KINDS:
+        raise ValueError(f"kind must be one of {OPERATOR_KINDS}, got {kind!r}")
+    return 2 * int(layer) + (0 if kind == "attn" else 1)
+
+
+def check_chain(keys: Sequence[tuple[int, str]], what: str = "jacobians") -> None:
+    """Raise ValueError unless ``keys`` (layer, kind) form a gap-free chain h_0 -> h_n: layers
+    0..n−1, each with both halves 'attn' and 'mlp' (sequential) or only 'layer' (parallel).
+
+    Example:
+        >>> check_chain([(0, "attn"), (0, "mlp"), (1, "layer")])
+    """
+    by_layer: dict[int, set[str]] = {}
+    for layer, kind in keys:
+        by_layer.setdefault(int(layer), set()).add(kind)
+    last = max(by_layer, default=-1)
+    missing, mixed = [], []
+    for L in range(last + 1):
+        kinds = by_layer.get(L, set())
+        if LAYER_KIND in kinds:
+            if kinds != {LAYER_KIND}:
+                mixed.append(L)
+        else:
+            missing += [(L, k) for k in KINDS if k not in kinds]
+    if missing or mixed:
+        detail = [f"missing (layer, kind): {', '.join(f'({L}, {k!r})' for L, k in missing)}"] if missing else []
+        detail += [f"layers {mixed} mix 'layer' with 'attn'/'mlp'"] if mixed else []
+        raise ValueError(
+            f"{what} must chain s = 0..{2 * last + 1} without gaps (each layer: 'attn' and 'mlp', or one parallel-residual "
+            f"'layer'); {'; '.join(detail)}"
+        )
 
 
 def group_name(layer: int, kind: str) -> str:
@@ -883,7 +919,8 @@ def bottleneck_table(
 ) -> pd.DataFrame:
     """``bottleneck.tsv``: ranks of the cumulative Jacobian P_s = J_s J_{s−1} ⋯ J_0 along depth.
 
-    Sublayers must be contiguous, s = 0..S−1 (a gap would make the product meaningless).
+    Sublayers must form a chain (:func:`check_chain`; a gap would make the product meaningless);
+    a parallel-residual layer contributes its one operator J_L at s = 2L + 1.
 
     Args:
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable}, all the same d.
@@ -902,14 +939,7 @@ def bottleneck_table(
         [[0.0, 2.8717, 2.4545], [1.0, 2.0, 2.0]]
     """
     ordered = _ordered(jacobians)
-    expected = list(range(len(ordered)))
-    got = [r[0] for r in ordered]
-    if got != expected:
-        missing = sorted(set(range(max(got) + 1)) - set(got))
-        names = [f"({s // 2}, {KINDS[s % 2]!r})" for s in missing]
-        raise ValueError(
-            f"bottleneck needs contiguous sublayers s = 0..{max(got)}; missing (layer, kind): {', '.join(names)}"
-        )
+    check_chain([(r[1], r[2]) for r in ordered], "bottleneck: jacobians")
     cum = _Cumulative()
     rows = []
     d0 = None

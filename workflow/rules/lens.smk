@@ -1,5 +1,8 @@
 # Study B core: tuned-lens translators and per-layer prediction metrics (GPU rules on SLURM).
 
+# lens.source = tuned_lens imports a published lens instead of training one (same output).
+LENS_IMPORT_KEYS = ("source", "path", "repo", "repo_type", "revision")
+
 
 rule lens:
     input:
@@ -27,8 +30,10 @@ rule lens:
                 "n_train_blocks",
                 "n_heldout_blocks",
                 "checkpoint_every",
+                *LENS_IMPORT_KEYS,
             )
         },
+        source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
         checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],

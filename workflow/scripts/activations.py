@@ -1,6 +1,6 @@
 """Residual states at every sublayer boundary of one checkpoint, one HDF5 file per layer."""
 
-from resdyn import activations, data, io, models, provenance
+from resdyn import activations, arch, data, io, models, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -9,5 +9,5 @@ with provenance.step(snakemake) as step:
     ids, sample_ids, sattrs = data.read_samples(snakemake.input.samples)
     activations.stream_activation_files(
         model, ids, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,
-        {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]},
+        {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]}, arch.residual_kind(model),
     )
