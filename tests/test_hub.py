@@ -87,10 +87,10 @@ def test_architecture_read_from_each_family_config(name):
 def test_architecture_defaults_kv_heads_and_refuses_unknown_types():
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
     assert hub.architecture(cfg)["n_kv_heads"] == 2
-    with pytest.raises(hub.HubError, match="'gpt2' is not supported; supported families: llama"):
-        hub.architecture({"model_type": "gpt2"})
+    with pytest.raises(hub.HubError, match="'bloom' is not supported; supported families: llama"):
+        hub.architecture({"model_type": "bloom"})
     with pytest.raises(hub.HubError, match="parallel residual"):
-        hub.architecture({"model_type": "gpt_neox"})
+        hub.architecture({"model_type": "gptj"})
 
 
 # --- the paper-mini preset against its cache ------------------------------------------------------
@@ -217,12 +217,12 @@ def test_agreeing_overrides_are_accepted(offline):
 
 
 def test_unknown_model_type_is_refused(offline, tmp_path):
-    folder = tmp_path / "gpt2"
+    folder = tmp_path / "bloom"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 4}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "bloom", "n_layer": 4}))
     cfg = _mini()
     cfg["models"]["llama31"] = {"source": "local", "path": str(folder), "dataset": "wikitext"}
-    _stops(cfg, "models.llama31", "'gpt2' is not supported", "supported families: llama")
+    _stops(cfg, "models.llama31", "'bloom' is not supported", "supported families: llama")
 
 
 def test_local_model_reads_its_shapes(offline, tmp_path):
@@ -341,6 +341,18 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
     monkeypatch.setattr(models, "pick_device", lambda device: torch.device("meta"))
     models.load_model(record, "cuda")
     assert seen["device_map"] == "meta:0"  # the target device reaches from_pretrained
+
+
+def test_gpt2_and_gpt_neox_shapes_from_their_config_json():
+    """GPT-2's config.json keeps its own field names (n_layer, n_embd, n_head, n_inner: null =
+    4·n_embd, n_positions); GPT-NeoX's are the standard ones."""
+    gpt2 = transformers.GPT2Config(n_layer=5, n_embd=48, n_head=6, n_positions=96, vocab_size=300).to_dict()
+    arch = hub.architecture(json.loads(json.dumps(gpt2)))
+    assert (arch["family"], arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["d_ff"],
+            arch["max_position"], arch["vocab_size"]) == ("gpt2", 5, 48, 6, 6, 192, 96, 300)
+    neox = hubcache._gpt_neox(3).to_dict()
+    arch = hub.architecture(json.loads(json.dumps(neox)))
+    assert (arch["family"], arch["n_layers"], arch["d_model"], arch["d_ff"]) == ("gpt_neox", 3, 32, 128)
 
 
 def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
