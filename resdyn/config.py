@@ -8,16 +8,17 @@ name the key, the bad value and what is allowed.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+from resdyn import hub
+
+# Package data, so that an installed (non-editable) resdyn validates configs too.
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -25,7 +26,7 @@ class ConfigError(ValueError):
 
 
 def load_schema() -> dict:
-    """The JSON Schema of the configuration (workflow/schemas/config.schema.yaml)."""
+    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml)."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
@@ -76,11 +77,26 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
                 model.setdefault("train", {})
         problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
     if not problems:
+        _inherit_seed(config)
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
     _sort_keys(config)
     return config
+
+
+def _inherit_seed(config: dict) -> None:
+    """Every stage seed that the config does not give takes the top-level ``seed``."""
+    base = config["seed"]
+    stages = [config[k] for k in SEEDED_SECTIONS]
+    stages += list(config["datasets"].values())
+    stages += [m["train"] for m in config["models"].values() if "train" in m]
+    for stage in stages:
+        stage.setdefault("seed", base)
+
+
+#: Top-level sections with a ``seed`` of their own (datasets and zoo training have theirs too).
+SEEDED_SECTIONS = ("samples", "topology", "lens", "bridge", "causal", "bootstrap")
 
 
 def _sort_keys(node: Any) -> None:
@@ -121,29 +137,60 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             kv = m.get("n_kv_heads", m["n_heads"])
             if m["n_heads"] % kv:
                 out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
-            if config["samples"]["length"] > m["max_position"]:
-                out.append(
-                    f"config key 'samples.length': {config['samples']['length']} exceeds "
-                    f"{key}.max_position={m['max_position']}"
-                )
         if m["source"] == "local":
             folders = m["paths"].values() if "paths" in m else [m["path"]]
-            for folder in folders:
-                if not (base / folder / "config.json").is_file():
-                    out.append(
-                        f"config key '{key}': local model folder {folder!r} does not exist or has no "
-                        "config.json (expected a Hugging Face model folder)"
-                    )
+            missing = [f for f in folders if not (base / f / "config.json").is_file()]
+            for folder in missing:
+                out.append(
+                    f"config key '{key}': local model folder {folder!r} does not exist or has no "
+                    "config.json (expected a Hugging Face model folder)"
+                )
+            if not missing:
+                out += _shape_errors(key, m, [(f, base / f / "config.json") for f in folders])
+        if m["source"] == "hf":
+            try:
+                order = hub.order_revisions(m["revisions"], m.get("steps"))
+            except ValueError as err:
+                out.append(f"config key '{key}.revisions': {err}; add a `steps:` map (revision -> training step)")
+                continue
+            if order != m["revisions"]:
+                out.append(
+                    f"config key '{key}.revisions': {m['revisions']} is not in training order; by their "
+                    f"{'steps map' if m.get('steps') else 'step numbers'} it is {order} (step 0 first, final last)"
+                )
+                continue
+            found, problems = [], []
+            for rev in m["revisions"]:
+                try:
+                    cfg_json, path = hub.hub_config_json(m["repo"], rev)
+                    found.append((f"{m['repo']}@{rev}", cfg_json))
+                    problems += _missing_weights(m["repo"], rev, path.parent)
+                except hub.HubError as err:
+                    problems.append(f"config key '{key}.revisions': {err}")
+            out += problems
+            if not problems:
+                out += _shape_errors(key, m, found)
+        if "max_position" in m and config["samples"]["length"] > m["max_position"]:
+            out.append(
+                f"config key 'samples.length': {config['samples']['length']} exceeds "
+                f"{key}.max_position={m['max_position']} (the positions the model supports)"
+            )
         ckpts = checkpoints(config, name)
+        clashes = sorted({c for c in ckpts if ckpts.count(c) > 1})
+        if clashes:
+            out.append(f"config key '{key}.revisions': revisions map to the same checkpoint names {clashes}")
         bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
         if bad:
             out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    for name, ds in datasets.items():
+        if ds["source"] == "hf":
+            out += _dataset_errors(f"datasets.{name}", ds, base)
     tols = config["spectra"]["complex_tolerances"]
     for section in ("bridge", "bootstrap"):
         tol = config[section]["complex_tol"]
         if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
-    if config["jacobian"]["store_first_n"] < 2:
+    if runs(config, "A") and config["jacobian"]["store_first_n"] < 2:
         out.append(
             f"config key 'jacobian.store_first_n': {config['jacobian']['store_first_n']} — the bootstrap needs the "
             "per-sample Jacobians of at least 2 samples (set it to samples.n to bootstrap over all)"
@@ -151,11 +198,70 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
             out.append(f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}")
     return out
+
+
+def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
+    """Fill family and shape keys of a hub/local model entry from its config.json file(s).
+
+    ``configs``: (where, config.json dict or path) per checkpoint. Keys written in the entry are
+    overrides that must agree with the file; every checkpoint must have the same architecture.
+    """
+    out, seen = [], None
+    for where, cfg in configs:
+        try:
+            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
+        except hub.HubError as err:
+            return [f"config key '{key}': {where}: {err}"]
+        if seen is not None and found != seen[1]:
+            diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
+            return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
+        seen = (where, found)
+    where, found = seen
+    for k, value in found.items():
+        if k == "model_type":
+            continue
+        if k in m and m[k] != value:
+            field = "model_type" if k == "family" else hub.SHAPE_FIELDS[k]
+            shown = found["model_type"] if k == "family" else value
+            out.append(
+                f"config key '{key}.{k}': {m[k]!r} disagrees with config.json of {where} "
+                f"({field} = {shown!r}); remove the key (it is read from config.json) or fix it"
+            )
+        m.setdefault(k, value)
+    if "n_layers" not in m:
+        out.append(f"config key '{key}': config.json of {where} has no num_hidden_layers; set n_layers")
+    return out
+
+
+def _missing_weights(repo: str, revision: str, snapshot: Path) -> list[str]:
+    """Offline, a snapshot whose config.json is cached but whose weights are not is an error now."""
+    if not hub.hub_offline() or any(next(snapshot.glob(p), None) for p in ("*.safetensors", "*.bin")):
+        return []
+    return [
+        f"hub model {repo!r} at revision {revision!r}: the cache has its config.json but no weight files "
+        f"(HF_HUB_OFFLINE=1); fetch them with `{hub.download_command(repo, revision)}`"
+    ]
+
+
+def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
+    """An hf dataset must be a readable local path, or (offline) be in the HF cache."""
+    if "path" in ds:
+        if not (base / ds["path"]).exists():
+            return [f"config key '{key}.path': {ds['path']!r} does not exist (a save_to_disk folder or parquet file(s))"]
+        return []
+    if hub.datasets_offline() and hub.cached_snapshot(ds["name"], ds.get("revision"), "dataset") is None:
+        return [
+            f"config key '{key}': dataset {ds['name']!r} (config {ds.get('config')!r}, revision "
+            f"{ds.get('revision') or 'main'!r}) is not in the Hugging Face cache and downloads are off; "
+            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}`"
+        ]
+    return []
 
 
 def load_config(path: str | Path) -> dict:
@@ -164,7 +270,12 @@ def load_config(path: str | Path) -> dict:
     try:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
     return validate_config(config)
 
 
@@ -182,7 +293,7 @@ def checkpoints(config: dict, model: str) -> list[str]:
     if m["source"] == "train":
         return [f"step{s}" for s in sorted(m["train"]["checkpoints"])]
     if m["source"] == "hf":
-        return [revision_name(r) for r in m["revisions"]]
+        return [revision_name(r) for r in hub.order_revisions(m["revisions"], m.get("steps"))]
     return list(m["paths"]) if "paths" in m else ["local"]
 
 
@@ -191,7 +302,7 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     m = config["models"][model]
     spec: dict[str, Any] = {"model": model, "checkpoint": ckpt, "source": m["source"], "dtype": m["dtype"]}
     if m["source"] == "hf":
-        spec.update(repo=m["repo"], revision=dict(zip(checkpoints(config, model), m["revisions"]))[ckpt])
+        spec.update(repo=m["repo"], revision={revision_name(r): r for r in m["revisions"]}[ckpt])
     elif m["source"] == "local":
         spec.update(path=m["paths"][ckpt] if "paths" in m else m["path"])
     else:
@@ -203,6 +314,49 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
     ckpts = checkpoints(config, model)
     return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
+    """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
+    {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
+    lens = config["lens"]
+    if lens.get("source", "train") != "tuned_lens":
+        return None
+    repo = config["models"][model].get("repo", "")
+    return {
+        "path": lens["path"].format(model=model, ckpt=ckpt, repo=repo),
+        "repo": lens.get("repo"),
+        "repo_type": lens.get("repo_type", "space"),
+        "revision": lens.get("revision"),
+    }
+
+
+def _lens_import_errors(config: dict, base: Path) -> list[str]:
+    """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
+    out: list[str] = []
+    if config["lens"].get("source", "train") != "tuned_lens":
+        return out
+    for name in config["models"]:
+        try:
+            ckpts = lens_checkpoints(config, name)
+        except ValueError:  # unorderable revisions: reported by the checks above
+            continue
+        for ckpt in ckpts:
+            try:
+                spec = lens_import_spec(config, name, ckpt)
+            except (KeyError, IndexError, ValueError) as err:
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
+                        f"substituted ({type(err).__name__}: {err})"]
+            if spec is None or spec["repo"]:
+                continue
+            missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
+            if missing:
+                out.append(
+                    f"config key 'lens.path': tuned-lens folder {spec['path']!r} (model {name}, checkpoint {ckpt}) "
+                    f"lacks {', '.join(missing)} (expected config.json + params.pt)"
+                )
+    return out
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:
@@ -218,19 +372,6 @@ def block_layers(block: str) -> list[int]:
     if not match:
         raise ValueError(f"block name {block!r} is not of the form layersAAA-BBB")
     return list(range(int(match[1]), int(match[2]) + 1))
-
-
-def code_version(*modules: str) -> str:
-    """Short hash of the source of the named ``resdyn`` modules.
-
-    Snakemake does not track imported code; a rule that passes this as a ``params:`` value is
-    rerun when one of the modules it uses changes (params are a default rerun trigger).
-    """
-    h = hashlib.sha256()
-    for name in sorted(set(modules)):
-        h.update(name.encode())
-        h.update(resources.files("resdyn").joinpath(f"{name}.py").read_bytes())
-    return h.hexdigest()[:16]
 
 
 # --- figures: name -> resdyn.plots function (the DAG's figure rules and the report use these) ---
@@ -284,3 +425,33 @@ def figure_category(figure: str) -> str:
     if figure in LENS_FIGURES or figure == "scaling":
         return "Study B"
     return "Study A"
+
+
+# --- the study switch (config key ``studies``) --------------------------------------------------
+
+#: Studies whose outputs each figure draws on (the bridge needs both).
+FIGURE_STUDIES: dict[str, frozenset[str]] = {
+    **{f: frozenset("A") for f in CKPT_FIGURES if f not in LENS_FIGURES},
+    **{f: frozenset("B") for f in LENS_FIGURES},
+    "bridge": frozenset("AB"),
+    "checkpoints": frozenset("A"),
+    "significant": frozenset("A"),
+    "training": frozenset(),
+    "scaling": frozenset("B"),
+}
+
+
+def runs(config: dict, *studies: str) -> bool:
+    """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""
+    return set(studies) <= set(config.get("studies", ("A", "B")))
+
+
+def require_studies(config: dict, figure: str, path: str = "") -> None:
+    """Stop with one line when ``figure`` needs a study that ``config['studies']`` leaves out."""
+    missing = sorted(FIGURE_STUDIES[figure] - set(config.get("studies", ("A", "B"))))
+    if missing:
+        where = f" ({path})" if path else ""
+        raise ConfigError(
+            f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
+            f"{figure!r}{where} needs; add it to studies or do not request this figure"
+        )

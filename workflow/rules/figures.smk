@@ -30,6 +30,7 @@ rule figure_ckpt:
                 ],
             }[w.figure]
         ),
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{ckpt}/{figure}.png",
@@ -53,7 +54,7 @@ rule figure_ckpt:
         title=lambda w: f"{w.model} · {w.ckpt} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -65,6 +66,7 @@ rule figure_model:
             "checkpoints": [f"results/{w.model}/checkpoints.tsv"],
             "significant": [f"results/{w.model}/coupling_counts.tsv"],
         }[w.figure],
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{figure}.png",
@@ -84,7 +86,7 @@ rule figure_model:
         title=lambda w: f"{w.model} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -93,6 +95,7 @@ rule figure_scaling:
     input:
         "results/scaling/widths.tsv",
         "results/scaling/phase_widths.tsv",
+        studies=lambda w: studies_of("scaling"),
     output:
         png=report(
             "results/figures/scaling/phase_widths.png",
@@ -111,6 +114,6 @@ rule figure_scaling:
         title="phase width vs depth",
         caption=rc.FIGURE_CAPTIONS["scaling"],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"

@@ -14,7 +14,7 @@ rule phases:
         k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
-        code=code("phases", "readout"),
+        code=code("phases"),
     script:
         "../scripts/phases.py"
 
@@ -41,10 +41,12 @@ rule phase_metrics:
         "logs/phase_metrics/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("phase_metrics", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("phase_metrics", "mem_mb"),
+        runtime=cost("phase_metrics", "runtime"),
     params:
-        code=code("geometry", "activations", "phases"),
+        code=code("phase_metrics"),
     script:
         "../scripts/phase_metrics.py"
 
@@ -76,6 +78,6 @@ rule scaling:
             for members in config["scaling"]["groups"].values()
             for m in members
         },
-        code=code("geometry", "phases"),
+        code=code("scaling"),
     script:
         "../scripts/scaling.py"

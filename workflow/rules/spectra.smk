@@ -18,12 +18,15 @@ rule spectra:
         "logs/spectra/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("spectra", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("spectra", "mem_mb"),
+        runtime=cost("spectra", "runtime"),
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        code=code("spectral", "jacobian"),
+        device=config["device"],
+        code=code("spectra"),
     script:
         "../scripts/spectra.py"
 
@@ -37,11 +40,13 @@ rule schur:
         "logs/schur/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("schur", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("schur", "mem_mb"),
+        runtime=cost("schur", "runtime"),
     params:
         alphas=config["schur"]["alphas"],
-        code=code("schur", "spectral", "jacobian"),
+        code=code("schur"),
     script:
         "../scripts/schur.py"
 
@@ -66,6 +71,6 @@ rule checkpoints:
         "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
-        code=code("spectral", "topology"),
+        code=code("checkpoints"),
     script:
         "../scripts/checkpoints.py"
