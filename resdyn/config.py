@@ -232,7 +232,7 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
     n, length = config["samples"]["n"], config["samples"]["length"]
     first_n = config["jacobian"]["store_first_n"]
-    if first_n is not None and first_n < 2:
+    if runs(config, "A") and first_n is not None and first_n < 2:
         out.append(
             f"config key 'jacobian.store_first_n': {first_n} — the bootstrap needs the "
             "per-sample Jacobians of at least 2 samples (leave it unset to keep all samples.n)"
@@ -254,6 +254,7 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
@@ -273,7 +274,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
             found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
-        if seen is not None and {k: v for k, v in found.items()} != seen[1]:
+        if seen is not None and found != seen[1]:
             diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
             return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
         seen = (where, found)
@@ -346,12 +347,11 @@ def read_yaml(path: str | Path) -> Any:
     try:
         with open(path, encoding="utf-8") as stream:  # a stream, so marks carry the file name
             return yaml.load(stream, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config file ({err.strerror})") from err
-    except yaml.YAMLError as err:
+    except yaml.YAMLError as err:  # (an unreadable file raises OSError, which names it)
         mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from err
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
 
 
 def check_config_files(paths: list[str | Path]) -> None:
@@ -362,7 +362,10 @@ def check_config_files(paths: list[str | Path]) -> None:
 
 def load_config(path: str | Path) -> dict:
     """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
-    return validate_config(read_yaml(path))
+    config = read_yaml(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
+    return validate_config(config)
 
 
 # --- lookups used by the Snakefile -------------------------------------------------------------
@@ -424,6 +427,49 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
     ckpts = checkpoints(config, model)
     return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
+    """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
+    {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
+    lens = config["lens"]
+    if lens.get("source", "train") != "tuned_lens":
+        return None
+    repo = config["models"][model].get("repo", "")
+    return {
+        "path": lens["path"].format(model=model, ckpt=ckpt, repo=repo),
+        "repo": lens.get("repo"),
+        "repo_type": lens.get("repo_type", "space"),
+        "revision": lens.get("revision"),
+    }
+
+
+def _lens_import_errors(config: dict, base: Path) -> list[str]:
+    """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
+    out: list[str] = []
+    if config["lens"].get("source", "train") != "tuned_lens":
+        return out
+    for name in config["models"]:
+        try:
+            ckpts = lens_checkpoints(config, name)
+        except ValueError:  # unorderable revisions: reported by the checks above
+            continue
+        for ckpt in ckpts:
+            try:
+                spec = lens_import_spec(config, name, ckpt)
+            except (KeyError, IndexError, ValueError) as err:
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
+                        f"substituted ({type(err).__name__}: {err})"]
+            if spec is None or spec["repo"]:
+                continue
+            missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
+            if missing:
+                out.append(
+                    f"config key 'lens.path': tuned-lens folder {spec['path']!r} (model {name}, checkpoint {ckpt}) "
+                    f"lacks {', '.join(missing)} (expected config.json + params.pt)"
+                )
+    return out
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:
@@ -492,3 +538,33 @@ def figure_category(figure: str) -> str:
     if figure in LENS_FIGURES or figure == "scaling":
         return "Study B"
     return "Study A"
+
+
+# --- the study switch (config key ``studies``) --------------------------------------------------
+
+#: Studies whose outputs each figure draws on (the bridge needs both).
+FIGURE_STUDIES: dict[str, frozenset[str]] = {
+    **{f: frozenset("A") for f in CKPT_FIGURES if f not in LENS_FIGURES},
+    **{f: frozenset("B") for f in LENS_FIGURES},
+    "bridge": frozenset("AB"),
+    "checkpoints": frozenset("A"),
+    "significant": frozenset("A"),
+    "training": frozenset(),
+    "scaling": frozenset("B"),
+}
+
+
+def runs(config: dict, *studies: str) -> bool:
+    """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""
+    return set(studies) <= set(config.get("studies", ("A", "B")))
+
+
+def require_studies(config: dict, figure: str, path: str = "") -> None:
+    """Stop with one line when ``figure`` needs a study that ``config['studies']`` leaves out."""
+    missing = sorted(FIGURE_STUDIES[figure] - set(config.get("studies", ("A", "B"))))
+    if missing:
+        where = f" ({path})" if path else ""
+        raise ConfigError(
+            f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
+            f"{figure!r}{where} needs; add it to studies or do not request this figure"
+        )

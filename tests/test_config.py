@@ -15,7 +15,8 @@ def _load(name):
     return yaml.safe_load((ROOT / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml",
+                                  "configs/pythia.yaml"])
 def test_shipped_configs_validate(name, paper_hub_cache, monkeypatch):
     # hub shapes come from config.json: the paper presets validate against stand-in snapshots
     monkeypatch.setenv("HF_HUB_CACHE", str(paper_hub_cache))
@@ -79,6 +80,8 @@ BAD = [
     (_set(["unknown_section"], {}), ["unknown_section", "unknown key"]),
     (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
     (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),
+    (_set(["studies"], ["A", "C"]), ["studies.1", "'C'", "'A', 'B'"]),
+    (_set(["studies"], []), ["studies", "[]", "non-empty"]),
 ]
 
 
@@ -179,3 +182,26 @@ def test_one_report_category_per_stage():
     used = set(re.findall(r'\bcategory="([^"]+)"', rules))
     used |= {rc.figure_category(f) for f in [*rc.CKPT_FIGURES, *rc.MODEL_FIGURES, "scaling"]}
     assert used == {"Zoo", "Study A", "Study B", "Beyond the studies", "Scorecard"}
+
+
+def test_study_switch_defaults_to_both_and_guards_figures():
+    cfg = rc.validate_config(_load("configs/smoke.yaml"))
+    assert cfg["studies"] == ["A", "B"] and rc.runs(cfg, "A", "B")
+    rc.require_studies(cfg, "bridge")  # both run: no error
+    only_a = _load("configs/smoke.yaml") | {"studies": ["A"]}
+    only_a["jacobian"]["store_first_n"] = 2
+    only_a = rc.validate_config(only_a)
+    assert rc.runs(only_a, "A") and not rc.runs(only_a, "B") and not rc.runs(only_a, "A", "B")
+    rc.require_studies(only_a, "funnel")
+    rc.require_studies(only_a, "training")  # needs no study
+    for figure in ("rss", "bridge", "scaling"):
+        with pytest.raises(rc.ConfigError) as err:
+            rc.require_studies(only_a, figure)
+        message = str(err.value)
+        assert "\n" not in message and "'studies'" in message and "['A']" in message and repr(figure) in message
+    # Study B alone needs no per-sample Jacobians: the bootstrap's store_first_n check is A's
+    only_b = _load("configs/smoke.yaml") | {"studies": ["B"]}
+    only_b["jacobian"] = {"store_first_n": 0}
+    rc.validate_config(only_b)
+    # every figure is mapped to the studies it needs
+    assert set(rc.FIGURE_STUDIES) == {*rc.CKPT_FIGURES, *rc.MODEL_FIGURES, "scaling"}

@@ -137,18 +137,21 @@ def test_missing_weights_get_no_checkpoint_record(work):
 
 
 def test_invalid_config_json_does_not_stick(work):
+    """A broken config.json stops before any job (it is read when the config is validated; and
+    resolve_checkpoint refuses it too, see test_models); the record made from the good folder is
+    left as it was, and once the folder is fixed the record is redone (its inputs are newer)."""
     cfg_path = work / "local" / "m" / "config.json"
     record = work / "models" / T.MODEL / T.CKPT / "checkpoint.json"
-    record.unlink()  # as on a first run: the broken folder must not get a record
-    io.prov_path(record).unlink()
+    before = record.read_bytes()
     good = cfg_path.read_text()
     cfg_path.write_text(good[: len(good) // 2])
-    # stops before any job (config.json is read when the config is validated), naming the file
     proc = T.snakemake(work, "--cores", "1", f"models/{T.MODEL}/{T.CKPT}/checkpoint.json")
     assert proc.returncode != 0
-    _one_line(work, proc, "config.json")
-    _no_leftovers(work / "models" / T.MODEL / T.CKPT, "checkpoint.json")
-    cfg_path.write_text(good)  # fixed: the record is redone, not kept from the broken folder
+    line = _one_line(work, proc, "config.json: not a readable config.json")
+    assert "local/m/config.json" in line
+    assert record.read_bytes() == before
+    assert not [p for p in record.parent.glob(".checkpoint.json.*")]
+    cfg_path.write_text(good)  # fixed: the record is redone, not kept from before
     assert "resolve_checkpoint" in T.planned_rules(work)
 
 

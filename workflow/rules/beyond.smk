@@ -25,8 +25,10 @@ rule bridge:
         "logs/bridge/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bridge", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bridge", "mem_mb"),
+        runtime=cost("bridge", "runtime"),
     params:
         k_fraction=config["bridge"]["k_fraction"],
         n_random=config["bridge"]["n_random"],
@@ -53,12 +55,14 @@ rule causal:
         ),
     log:
         "logs/causal/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/causal/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("causal", "mem_mb"),
+        runtime=cost("causal", "runtime"),
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
@@ -86,13 +90,16 @@ rule bootstrap:
         "logs/bootstrap/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bootstrap", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bootstrap", "mem_mb"),
+        runtime=cost("bootstrap", "runtime"),
     params:
         n_resamples=config["bootstrap"]["n_resamples"],
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
+        device=config["device"],
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"
@@ -100,24 +107,7 @@ rule bootstrap:
 
 rule scorecard:
     input:
-        unpack(
-            lambda w: {
-                "checkpoints": f"results/{w.model}/checkpoints.tsv",
-                "schur": f"results/{w.model}/{final_ckpt(w.model)}/schur.tsv",
-                "phases": f"results/{w.model}/{final_ckpt(w.model)}/phases.json",
-                "lens_metrics": f"results/{w.model}/{final_ckpt(w.model)}/lens_metrics.tsv",
-                "bootstrap": per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model),
-                "replicates": per_ckpt(
-                    "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
-                ),
-                # phase widths only for models in a scaling group (else: not testable)
-                **(
-                    {"phase_widths": "results/scaling/phase_widths.tsv"}
-                    if scaling_group(config, w.model)
-                    else {}
-                ),
-            }
-        ),
+        unpack(scorecard_inputs),
     output:
         report(
             "results/{model}/scorecard.tsv",
@@ -134,6 +124,7 @@ rule scorecard:
         group=lambda w: scaling_group(config, w.model),
         complex_tol=config["bootstrap"]["complex_tol"],
         level=config["bootstrap"]["ci"],
+        studies=sorted(config["studies"]),
         code=code("scorecard"),
     script:
         "../scripts/scorecard.py"

@@ -30,6 +30,7 @@ rule figure_ckpt:
                 ],
             }[w.figure]
         ),
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{ckpt}/{figure}.png",
@@ -65,6 +66,7 @@ rule figure_model:
             "checkpoints": [f"results/{w.model}/checkpoints.tsv"],
             "significant": [f"results/{w.model}/coupling_counts.tsv"],
         }[w.figure],
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{figure}.png",
@@ -93,6 +95,7 @@ rule figure_scaling:
     input:
         "results/scaling/widths.tsv",
         "results/scaling/phase_widths.tsv",
+        studies=lambda w: studies_of("scaling"),
     output:
         png=report(
             "results/figures/scaling/phase_widths.png",
