@@ -526,16 +526,18 @@ def cost_readout(config: dict, s: Shape) -> Cost:
 
 
 def cost_phase_metrics(config: dict, s: Shape) -> Cost:
-    """``phase_metrics``: every boundary's states are read back at once (float32,
-    N·(2n+1)·(T−skip)·d·4 bytes, :func:`resdyn.activations.read_all_boundaries`) and per layer
-    a centred token × d effective rank (singular values of an M × d matrix: 2·M·d² + 8/3 d³)."""
+    """``phase_metrics``: every boundary's states are streamed from the layer files one state and
+    one chunk of samples at a time (:class:`resdyn.activations.BoundaryView`), per layer a
+    centred token × d effective rank (Gram 2·M·d² + singular values 8/3 d³) and token cosines."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, n = N * Tk, s.d, s.n_layers
     c = Cost()
     c.add("gemm64", (n + 1) * 2.0 * M * d * d)
     c.add("svdvals", (n + 1) * decomposition_flops("svdvals", d))
     c.add("stream", N * (2 * n + 1) * Tk * d * (2 + 4 + 8.0))
-    c.host_bytes = BASE_HOST_BYTES + N * (2 * n + 1) * Tk * d * 4.0 + M * d * 8.0
+    # read lazily (resdyn.activations.BoundaryView): a chunk of ~2^22 entries, the d×d Gram, and
+    # the pooled M×d float64 tokens when the exact SVD path is taken (≤ 2^24 entries)
+    c.host_bytes = BASE_HOST_BYTES + 4 * 8.0 * 2**22 + 2 * 8.0 * d * d + 8.0 * min(M * d, 2**24)
     return c
 
 
