@@ -77,7 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
                 print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
         print(plan.render(cfg, device=args.gpu, gpus=args.gpus, cores=args.cores))
     except (rc.ConfigError, cost.ShapeError) as err:
-        print(err, file=sys.stderr)
+        print(f"resdyn plan: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -154,6 +154,15 @@ class Shape:
     vocab: int
     dtype_bytes: int = 2
     head_dim: int | None = None
+    #: MLP weight matrices: 3 (gated: gate, up, down) or 2 (plain: GPT-2, GPT-NeoX)
+    mlp_mats: int = 3
+    #: parallel residual (GPT-NeoX/Pythia): one operator per layer, three Jacobian groups stored
+    parallel: bool = False
+
+    @property
+    def jacobian_groups(self) -> int:
+        """Jacobians stored per layer: attn, mlp; or layer, attn_branch, mlp_branch (parallel)."""
+        return 3 if self.parallel else 2
 
     @property
     def hd(self) -> int:
@@ -170,8 +179,9 @@ class Shape:
 
     @property
     def layer_params(self) -> int:
-        """Weights of one layer: q, o (d·H·hd each), k, v (d·KV·hd each), gated MLP (3·d·d_ff)."""
-        return 2 * self.d * self.d_q + 2 * self.d * self.d_kv + 3 * self.d * self.d_ff
+        """Weights of one layer: q, o (d·H·hd each), k, v (d·KV·hd each), MLP (3·d·d_ff gated,
+        2·d·d_ff plain)."""
+        return 2 * self.d * self.d_q + 2 * self.d * self.d_kv + self.mlp_mats * self.d * self.d_ff
 
     @property
     def params(self) -> int:
@@ -181,6 +191,11 @@ class Shape:
     @property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
+
+
+#: families whose MLP is W_2 act(W_1 x) (two matrices); GPT-NeoX is priced as parallel residual
+#: (Pythia's use_parallel_residual, its default)
+PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
 
 
 class ShapeError(ValueError):
@@ -208,8 +223,10 @@ def model_shape(config: dict, model: str) -> Shape:
     if isinstance(d_ff, list):  # per-layer widths: the mean prices the sum
         d_ff = int(round(sum(d_ff) / len(d_ff)))
     head_dim = m.get("head_dim")
+    family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
-                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None)
+                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
+                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3, parallel=family == "gpt_neox")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,13 +311,13 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
         stream += 2 * 128 * 8.0 * d * d
     c.add("stream", N * L * P * stream)
     c.add("calls", N * (L * P * 4 + max(layers) + 1))
-    acc = L * 2 * (8.0 * d * d + n_first * P * 4.0 * d * d)
+    acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
     # tangent chunk: ≤ 1 GiB (resdyn.jacobian.TANGENT_BUDGET_BYTES), 4·(8·H·(T+1) + 8·H·hd) per direction
     tangents = min(2.0**30, d * 4.0 * (8 * s.n_heads * (T + 1) + 8 * s.d_q))
     work = 4.0 * s.layer_params * L + tangents + 3 * 4.0 * d * s.d_ff + 6 * 8.0 * d * d * P
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
-    c.disk_bytes = L * 2 * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
+    c.disk_bytes = L * s.jacobian_groups * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
     return c
 
 
@@ -338,6 +355,12 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
+    if lc.get("source", "train") == "tuned_lens":  # imported (resdyn.lens_import): load, check, write
+        c.add("stream", 3 * 4.0 * n * d * (d + 1))
+        c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * n * d * (d + 1)
+        c.device_bytes = s.weight_bytes + 4.0 * n * d * (d + 1) if gpu else 0.0
+        c.disk_bytes = 4.0 * n * d * (d + 1) * 2
+        return c
     c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V + 4.0 * B * n * d * V))
     c.add("gemm32", steps * 4.0 * B * n * d * d)
     evals = steps // lc["eval_every"] + 1
@@ -412,7 +435,8 @@ def _host_weights(s: Shape, gpu: bool) -> float:
 
 
 def _n_sublayers(s: Shape) -> int:
-    return 2 * s.n_layers
+    """Operators of the sublayer chain: two per layer, one per parallel-residual layer."""
+    return s.n_layers if s.parallel else 2 * s.n_layers
 
 
 def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:

@@ -69,6 +69,7 @@ def test_invalid_yaml_and_non_mapping_are_one_line_exit_2(tmp_path):
         assert out.returncode == 2 and "Traceback" not in out.stderr
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and name in lines[0], out.stderr
+        assert lines[0].startswith("resdyn plan: error: ")
 
 
 def test_usage_error_exits_2_and_success_exits_0():

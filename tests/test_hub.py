@@ -362,3 +362,55 @@ def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
     out = capsys.readouterr().out
     assert "olmo3: checkpoints in training order: stage1-step0 -> stage1-step471000 -> stage1-step1413814" in out
     print(out.splitlines()[0])
+
+
+def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
+    """Online with an empty cache, validation downloads config.json alone (hf_hub_download);
+    when that fails too, the error names the `hf download` command."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    asked = []
+
+    def fake_download(repo, filename, revision=None, cache_dir=None):
+        asked.append((repo, filename, revision, cache_dir))
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 16,
+                                    "num_attention_heads": 2}))
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    cfg, _ = hub.hub_config_json("org/m", "step5")
+    assert asked == [("org/m", "config.json", "step5", str(tmp_path / "empty"))]
+    assert hub.architecture(cfg)["n_layers"] == 3
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    with pytest.raises(hub.HubError, match="nor downloadable \\(ConnectionError\\).*`hf download org/m --revision step5`"):
+        hub.hub_config_json("org/m", "step5")
+
+
+def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
+    """Online, load_dataset(name) is tried first; when the hub is unreachable the cached
+    snapshot is used."""
+    import datasets
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    real = datasets.load_dataset
+    calls = []
+
+    def flaky(path, *args, **kwargs):
+        calls.append(path)
+        if path == hubcache.DATASET:
+            raise ConnectionError("hub unreachable")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", flaky)
+    docs = data.load_documents({"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
+                                "split": "test"})
+    assert calls[0] == hubcache.DATASET and Path(calls[1]).parent.name == "snapshots"
+    assert docs == hubcache.documents()[: len(hubcache.documents()) // 4]
