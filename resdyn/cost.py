@@ -345,8 +345,8 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     Per step: the frozen forward 2·B·P_layers (model dtype); the final logits 2·B·d·V; the
     translators forward and weight gradient 2·2·B·n·d² (fp32: the translators are fp32); the
     readout of every layer through the frozen head, forward and input gradient 2·2·B·n·d·V in
-    the head's dtype (bf16 for bf16 models: tensor-core GEMMs with fp32 accumulation; the head
-    dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
+    ``lens.readout_dtype`` (bfloat16: tensor-core GEMMs with fp32 accumulation, 13× the fp32
+    rate on an H100; float32 by default; the readout dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
     the bf16 logits and their gradient (4·B·n·V). Held-out evaluation every ``eval_every`` steps:
     forward only, on n_heldout·T tokens. Device: weights + translators, gradients, momentum
     (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
@@ -361,7 +361,9 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
         c.device_bytes = s.weight_bytes + 4.0 * n * d * (d + 1) if gpu else 0.0
         c.disk_bytes = 4.0 * n * d * (d + 1) * 2
         return c
-    c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V + 4.0 * B * n * d * V))
+    readout = "gemm16" if (gpu and lc.get("readout_dtype", "float32") == "bfloat16") else "gemm32"
+    c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V))
+    c.add(readout, steps * 4.0 * B * n * d * V)
     c.add("gemm32", steps * 4.0 * B * n * d * d)
     evals = steps // lc["eval_every"] + 1
     held = lc["n_heldout_blocks"] * T
