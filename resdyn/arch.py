@@ -44,26 +44,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-#: family name -> (HF config model types, HF decoder-layer class name)
-SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "llama": (("llama",), "LlamaDecoderLayer"),
-    "mistral": (("mistral",), "MistralDecoderLayer"),
-    "qwen2": (("qwen2",), "Qwen2DecoderLayer"),
-    "olmo2": (("olmo2",), "Olmo2DecoderLayer"),
-    "olmo3": (("olmo3",), "Olmo3DecoderLayer"),
-    "gemma4": (("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer"),
-}
-
-# Known model types we refuse, with the reason (the residual is not one d-vector, or the two
-# halves are not sequential, so there is no pre-MLP boundary m_L to split at).
-_REFUSED: dict[str, str] = {
-    "gpt_neox": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "gptj": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "phi": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "falcon": "parallel attention/MLP: there is no pre-MLP boundary",
-    "gemma3n": "AltUp: the residual stream is several d-vectors, not one",
-    "gemma3n_text": "AltUp: the residual stream is several d-vectors, not one",
-}
+# The family tables live in a torch-free module: config validation reads them too.
+from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
 
 
 # ----------------------------------------------------------------------------------------------

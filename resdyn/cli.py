@@ -66,6 +66,10 @@ def _plan(args: argparse.Namespace) -> int:
     except rc.ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    for name in cfg["models"]:  # the order every table's step 0 / final labels follow
+        order = rc.checkpoints(cfg, name)
+        if len(order) > 1:
+            print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
     table = plan.estimate(cfg, gpu_tflops=args.gpu_tflops, efficiency=args.efficiency)
     with_total = table.round(3)
     print(with_total.to_string(index=False))

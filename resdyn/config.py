@@ -217,7 +217,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
             found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
-        if seen is not None and {k: v for k, v in found.items()} != seen[1]:
+        if seen is not None and found != seen[1]:
             diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
             return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
         seen = (where, found)

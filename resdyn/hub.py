@@ -118,17 +118,17 @@ def read_config_json(path: str | Path) -> dict:
 
 
 def family_of(model_type: str | None, outer_type: str | None = None) -> str:
-    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.arch.SUPPORTED_FAMILIES`).
+    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.families.SUPPORTED_FAMILIES`).
 
     Raises HubError naming the type, why it is refused when known, and the supported families.
     """
-    from resdyn import arch  # imports torch: only reached when a hub/local model is configured
+    from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
 
-    supported = ", ".join(arch.SUPPORTED_FAMILIES)
+    supported = ", ".join(SUPPORTED_FAMILIES)
     for mt in (model_type, outer_type):
-        if mt in arch._REFUSED:
-            raise HubError(f"model_type {mt!r} is not supported ({arch._REFUSED[mt]}); supported families: {supported}")
-    for fam, (types, _) in arch.SUPPORTED_FAMILIES.items():
+        if mt in _REFUSED:
+            raise HubError(f"model_type {mt!r} is not supported ({_REFUSED[mt]}); supported families: {supported}")
+    for fam, (types, _) in SUPPORTED_FAMILIES.items():
         if model_type in types or outer_type in types:
             return fam
     raise HubError(f"model_type {model_type or outer_type!r} is not supported; supported families: {supported}")

@@ -125,6 +125,7 @@ def test_paper_mini_validates_offline_with_shapes_from_config_json(offline):
     assert [rc.checkpoint_spec(cfg, "olmo3", c)["revision"] for c in OLMO3] == OLMO3
 
 
+@pytest.mark.slow
 def test_paper_mini_dry_run_offline(offline, tmp_path):
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
            "HF_HOME": str(offline), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(tmp_path)}
@@ -153,6 +154,11 @@ def test_wrong_order_is_refused_naming_the_revisions(offline):
     cfg = _mini()
     cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
     _stops(cfg, "models.olmo3.revisions", "not in training order", str(OLMO3))
+    # the issue's example: `main` written first would have made step 0 the "final" checkpoint
+    cfg = _mini()
+    cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
+    _stops(cfg, "models.olmo3.revisions", "['main', 'stage1-step0'] is not in training order",
+           "it is ['stage1-step0', 'main']")
 
 
 def test_unorderable_revisions_are_refused(offline):
@@ -236,6 +242,7 @@ def test_samples_longer_than_the_model_positions_are_refused(offline):
     assert len(lines) == 8 and all("samples.length': 200 exceeds" in ln and "max_position=128" in ln for ln in lines)
 
 
+@pytest.mark.slow
 def test_bad_hub_input_stops_snakemake_before_any_job(offline, tmp_path):
     bad = _mini()
     bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
@@ -334,3 +341,12 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
     monkeypatch.setattr(models, "pick_device", lambda device: torch.device("meta"))
     models.load_model(record, "cuda")
     assert seen["device_map"] == "meta:0"  # the target device reaches from_pretrained
+
+
+def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
+    from resdyn import cli
+
+    assert cli.main(["plan", str(ROOT / "configs" / "paper-mini.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "olmo3: checkpoints in training order: stage1-step0 -> stage1-step471000 -> stage1-step1413814" in out
+    print(out.splitlines()[0])

@@ -53,6 +53,8 @@ rule causal:
         ),
     log:
         "logs/causal/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/causal/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]

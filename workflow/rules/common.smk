@@ -9,9 +9,12 @@ MODELS = list(config["models"])
 
 
 # Light steps (tables from tables, figures) run on the submit host instead of as cluster jobs,
-# which would cost more in scheduling than they compute.
+# which would cost more in scheduling than they compute. corpus and resolve_checkpoint fetch
+# from the hub when it is reachable: on clusters only the submit (login) host has internet.
 localrules:
     all,
+    corpus,
+    resolve_checkpoint,
     phases,
     scaling,
     checkpoints,

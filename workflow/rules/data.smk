@@ -40,6 +40,8 @@ rule samples:
         "results/{model}/samples.h5",
     log:
         "logs/samples/{model}.log",
+    benchmark:
+        "benchmarks/out/samples/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
@@ -60,6 +62,8 @@ rule lens_tokens:
         "results/{model}/lens_tokens.h5",
     log:
         "logs/lens_tokens/{model}.log",
+    benchmark:
+        "benchmarks/out/lens_tokens/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:

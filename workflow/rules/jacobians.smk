@@ -36,6 +36,8 @@ rule activations:
         directory("results/{model}/{ckpt}/activations"),
     log:
         "logs/activations/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/activations/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]

@@ -56,6 +56,8 @@ rule lens_metrics:
         ),
     log:
         "logs/lens_metrics/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/lens_metrics/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]

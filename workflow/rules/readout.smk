@@ -14,6 +14,8 @@ rule rss:
         ),
     log:
         "logs/rss/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/rss/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
