@@ -108,14 +108,14 @@ def _bytes(n: int) -> str:
 
 
 def peak_memory() -> str:
-    """Peak resident memory of this process (and of its finished children), and of the GPU
-    when torch used CUDA: ``getrusage`` ``ru_maxrss`` (KiB on Linux), ``torch.cuda.max_memory_allocated``."""
+    """Peak resident memory of this process, and of the GPU when torch used CUDA:
+    ``getrusage(RUSAGE_SELF).ru_maxrss`` (KiB on Linux), ``torch.cuda.max_memory_allocated``.
+
+    Child processes are left out: a forked helper (``git``) reports its parent's pages as its own.
+    """
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes
     text = f"host {_bytes(own * scale)}"
-    if children:
-        text += f" (largest child process {_bytes(children * scale)})"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         text += f", GPU {_bytes(torch.cuda.max_memory_allocated())} allocated"
