@@ -198,6 +198,7 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
@@ -269,7 +270,12 @@ def load_config(path: str | Path) -> dict:
     try:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
     return validate_config(config)
 
 
@@ -308,6 +314,49 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
     ckpts = checkpoints(config, model)
     return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
+    """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
+    {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
+    lens = config["lens"]
+    if lens.get("source", "train") != "tuned_lens":
+        return None
+    repo = config["models"][model].get("repo", "")
+    return {
+        "path": lens["path"].format(model=model, ckpt=ckpt, repo=repo),
+        "repo": lens.get("repo"),
+        "repo_type": lens.get("repo_type", "space"),
+        "revision": lens.get("revision"),
+    }
+
+
+def _lens_import_errors(config: dict, base: Path) -> list[str]:
+    """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
+    out: list[str] = []
+    if config["lens"].get("source", "train") != "tuned_lens":
+        return out
+    for name in config["models"]:
+        try:
+            ckpts = lens_checkpoints(config, name)
+        except ValueError:  # unorderable revisions: reported by the checks above
+            continue
+        for ckpt in ckpts:
+            try:
+                spec = lens_import_spec(config, name, ckpt)
+            except (KeyError, IndexError, ValueError) as err:
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
+                        f"substituted ({type(err).__name__}: {err})"]
+            if spec is None or spec["repo"]:
+                continue
+            missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
+            if missing:
+                out.append(
+                    f"config key 'lens.path': tuned-lens folder {spec['path']!r} (model {name}, checkpoint {ckpt}) "
+                    f"lacks {', '.join(missing)} (expected config.json + params.pt)"
+                )
+    return out
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:

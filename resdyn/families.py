@@ -9,12 +9,14 @@ SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "olmo2": (("olmo2",), "Olmo2DecoderLayer"),
     "olmo3": (("olmo3",), "Olmo3DecoderLayer"),
     "gemma4": (("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer"),
+    "gpt2": (("gpt2",), "GPT2Block"),
+    "gpt_neox": (("gpt_neox",), "GPTNeoXLayer"),
 }
 
 # Known model types we refuse, with the reason (the residual is not one d-vector, or the two
-# halves are not sequential, so there is no pre-MLP boundary m_L to split at).
+# halves run in parallel without an adapter that treats the layer as one operator, as
+# GPT-NeoX's does).
 _REFUSED: dict[str, str] = {
-    "gpt_neox": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
     "gptj": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
     "phi": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
     "falcon": "parallel attention/MLP: there is no pre-MLP boundary",

@@ -27,6 +27,15 @@ SHAPE_FIELDS: dict[str, str] = {
     "max_position": "max_position_embeddings",
 }
 
+#: GPT-2's config.json field names for the standard ones in SHAPE_FIELDS
+_GPT2_FIELDS: dict[str, str] = {
+    "num_hidden_layers": "n_layer",
+    "hidden_size": "n_embd",
+    "num_attention_heads": "n_head",
+    "intermediate_size": "n_inner",
+    "max_position_embeddings": "n_positions",
+}
+
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -146,8 +155,12 @@ def architecture(cfg: dict) -> dict:
     out["family"] = family_of(text.get("model_type"), cfg.get("model_type"))
     for key, field in SHAPE_FIELDS.items():
         value = text.get(field)
+        if value is None and field in _GPT2_FIELDS:  # GPT-2's config.json keeps its own names
+            value = text.get(_GPT2_FIELDS[field])
         if isinstance(value, int) and not isinstance(value, bool):
             out[key] = value
+    if out["family"] == "gpt2" and "d_ff" not in out and "d_model" in out:
+        out["d_ff"] = 4 * out["d_model"]  # n_inner: null means 4·n_embd
     if "n_kv_heads" not in out and "n_heads" in out:
         out["n_kv_heads"] = out["n_heads"]
     return out

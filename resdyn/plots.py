@@ -85,6 +85,7 @@ _RC: dict[str, Any] = {
 KIND_STYLE = {
     "attn": {"color": PALETTE[0], "marker": "o", "label": "attention"},
     "mlp": {"color": PALETTE[1], "marker": "s", "label": "MLP"},
+    "layer": {"color": PALETTE[2], "marker": "D", "label": "parallel layer"},
 }
 BOUNDARY_STYLE = {
     0: {"color": PALETTE[0], "marker": "o", "label": r"pre-attention $h_L$"},
@@ -470,7 +471,7 @@ def training_curve(df: pd.DataFrame, title: str) -> Figure:
 # Study A: spectra
 
 
-_GROUP_RE = re.compile(r"^L(\d+)_(attn|mlp)$")
+_GROUP_RE = re.compile(r"^L(\d+)_(attn|mlp|layer)$")
 
 
 @_styled
@@ -1241,7 +1242,9 @@ def bridge_profiles(bridge_df: pd.DataFrame, phases: Mapping[str, Any] | None = 
     if "chance" in df:
         axes[1].axhline(float(_num(df["chance"])[0]), color="k", ls=":", lw=1, label="chance k/d")
     axes[1].set_ylabel("transport\n‖P₊ J V‖²/‖J V‖²")
-    for kind, ls in (("attn", "-"), ("mlp", "--")):
+    for kind, ls in (("attn", "-"), ("mlp", "--"), ("layer", ":")):
+        if f"complex_frac_{kind}" not in df:
+            continue
         axes[2].plot(x, _num(df[f"complex_frac_{kind}"]), ls=ls, marker="o", label=f"complex fraction ({kind})")
         axes[2].plot(x, _num(df[f"henrici_{kind}"]), ls=ls, marker="s", label=f"Henrici ({kind})")
     axes[2].set_ylabel("operator type")

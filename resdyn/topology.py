@@ -861,7 +861,8 @@ def coupling_from_files(
     ``communities``: the communities folder (``layer*.tsv``, columns ``layer, boundary, unit,
     is_boundary`` …) or that table. ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
     zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'), ``pre_mlp``
-    uses (L, 'mlp') (:data:`BOUNDARY_KIND`). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
+    uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn`` (h_L, its
+    only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
     ‖(J − I) e_i‖ (:func:`unit_gains`). ``spectra``: spectra.tsv (``layer, kind, henrici``),
     whose Henrici departure is carried along (NaN if absent) for :func:`sign_dependence`.
 
@@ -886,6 +887,8 @@ def coupling_from_files(
         if boundary not in BOUNDARY_KIND:
             continue
         kind = BOUNDARY_KIND[str(boundary)]
+        if kind == "attn" and (int(layer), "attn") not in jacobians and (int(layer), "layer") in jacobians:
+            kind = "layer"  # parallel residual: h_L is read by the layer operator I + J_A + J_F
         key = (int(layer), kind)
         if key not in jacobians:
             raise ValueError(
@@ -907,7 +910,7 @@ def coupling_from_files(
                 "layer": int(layer),
                 "boundary": str(boundary),
                 "kind": kind,
-                "s": 2 * int(layer) + (0 if kind == "attn" else 1),
+                "s": 2 * int(layer) + (0 if boundary == "pre_attn" else 1),
                 "gain": gain,
                 **st,
                 "henrici": henrici.get(key, float("nan")),

@@ -146,12 +146,12 @@ def write_dataset(hub_cache: Path, docs: list[str]) -> Path:
     return snap
 
 
-def write_model(hub_cache: Path, repo: str, tokenizer_dir: Path) -> list[Path]:
+def write_model(hub_cache: Path, repo: str, tokenizer_dir: Path, models: dict | None = None) -> list[Path]:
     """One snapshot per revision: config.json, model.safetensors (seeded per revision), tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    build, n_layers, revisions = MODELS[repo]
+    build, n_layers, revisions = (models or MODELS)[repo]
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     out = []
     for i, revision in enumerate(revisions):
@@ -195,6 +195,12 @@ PAPER_STANDINS: dict[str, dict] = {
     "allenai/OLMo-2-1124-7B": _shape("olmo2", 32, 4096, 32, 32, 11008, 100352, 4096),
     "allenai/OLMo-2-1124-13B": _shape("olmo2", 40, 5120, 40, 40, 13824, 100352, 4096),
     "allenai/OLMo-2-0325-32B": _shape("olmo2", 64, 5120, 40, 8, 27648, 100352, 4096),
+    # configs/pythia.yaml (GPT-NeoX: no num_key_value_heads, heads = kv heads)
+    "EleutherAI/pythia-70m-deduped": _shape("gpt_neox", 6, 512, 8, 8, 2048, 50304, 2048),
+    "EleutherAI/pythia-160m-deduped": _shape("gpt_neox", 12, 768, 12, 12, 3072, 50304, 2048),
+    "EleutherAI/pythia-410m-deduped": _shape("gpt_neox", 24, 1024, 16, 16, 4096, 50304, 2048),
+    "EleutherAI/pythia-2.8b-deduped": _shape("gpt_neox", 32, 2560, 32, 32, 10240, 50304, 2048),
+    "EleutherAI/pythia-12b-deduped": _shape("gpt_neox", 36, 5120, 40, 40, 20480, 50688, 2048),
 }
 
 
@@ -216,6 +222,67 @@ def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
             if ds["source"] == "hf" and "name" in ds:
                 add_snapshot(hub_cache, ds["name"], ds.get("revision") or "main", "dataset")
     return Path(hub_cache)
+
+
+# --- tiny Pythia (GPT-NeoX, parallel residual) and its "published" tuned lenses (pythia-mini.yaml)
+
+
+def _gpt_neox(n_layers: int):
+    """Pythia in miniature: parallel residual, partial rotary (rotary_pct 0.25), LayerNorms."""
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=128, num_attention_heads=4,
+                         max_position_embeddings=128, num_hidden_layers=n_layers, rotary_pct=0.25,
+                         use_parallel_residual=True, bos_token_id=0, eos_token_id=0)
+
+
+def _gpt2(n_layers: int):
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=VOCAB, n_embd=32, n_inner=64, n_head=4, n_positions=128, n_layer=n_layers,
+                      bos_token_id=0, eos_token_id=0)
+
+
+PYTHIA_LENS_REPO = "resdyn-ci/tuned-lens"  # a Space, like AlignmentResearch/tuned-lens
+#: repo -> (config builder, n_layers, revisions in training order)
+PYTHIA_MODELS: dict[str, tuple] = {
+    "resdyn-ci/pythia-mini-8L": (_gpt_neox, 8, ["step0", "step1000", "step143000"]),
+    "resdyn-ci/pythia-mini-12L": (_gpt_neox, 12, ["step143000"]),
+    "resdyn-ci/pythia-mini-16L": (_gpt_neox, 16, ["step143000"]),
+}
+
+
+def write_tuned_lens(hub_cache: Path, repo: str, snapshot: Path, seed: int = 0) -> Path:
+    """A tuned lens for the final snapshot of ``repo`` in the tuned-lens Space layout
+    ``lens/{repo}/{config.json, params.pt}``: small seeded translators, the model's unembed_hash."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from resdyn import lens
+
+    model = AutoModelForCausalLM.from_pretrained(snapshot)
+    n, d = model.config.num_hidden_layers, model.config.hidden_size
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = 0.02 * torch.randn(n, d, d, generator=gen), 0.02 * torch.randn(n, d, generator=gen)
+    space = add_snapshot(hub_cache, PYTHIA_LENS_REPO, "main", "space")
+    fitted = lens.Lens(model, weight, bias, meta={"model_id": repo, "model_revision": snapshot.name})
+    return fitted.export_tuned_lens(space / "lens" / repo)
+
+
+def build_pythia(hf_home: Path) -> Path:
+    """The tiny Pythia models (a checkpoint series and a depth series), their lenses in the
+    Space layout, and the dataset under ``hf_home/hub``; returns the hub cache."""
+    from resdyn import data
+
+    hub_cache = Path(hf_home) / "hub"
+    docs = documents()
+    write_dataset(hub_cache, docs)
+    tok = Path(hf_home) / "tokenizer"
+    data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
+    for i, repo in enumerate(PYTHIA_MODELS):
+        snaps = write_model(hub_cache, repo, tok, PYTHIA_MODELS)
+        write_tuned_lens(hub_cache, repo, snaps[-1], seed=i)
+    return hub_cache
 
 
 def build(hf_home: Path) -> Path:

@@ -87,10 +87,10 @@ def test_architecture_read_from_each_family_config(name):
 def test_architecture_defaults_kv_heads_and_refuses_unknown_types():
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
     assert hub.architecture(cfg)["n_kv_heads"] == 2
-    with pytest.raises(hub.HubError, match="'gpt2' is not supported; supported families: llama"):
-        hub.architecture({"model_type": "gpt2"})
+    with pytest.raises(hub.HubError, match="'bloom' is not supported; supported families: llama"):
+        hub.architecture({"model_type": "bloom"})
     with pytest.raises(hub.HubError, match="parallel residual"):
-        hub.architecture({"model_type": "gpt_neox"})
+        hub.architecture({"model_type": "gptj"})
 
 
 # --- the paper-mini preset against its cache ------------------------------------------------------
@@ -217,12 +217,12 @@ def test_agreeing_overrides_are_accepted(offline):
 
 
 def test_unknown_model_type_is_refused(offline, tmp_path):
-    folder = tmp_path / "gpt2"
+    folder = tmp_path / "bloom"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 4}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "bloom", "n_layer": 4}))
     cfg = _mini()
     cfg["models"]["llama31"] = {"source": "local", "path": str(folder), "dataset": "wikitext"}
-    _stops(cfg, "models.llama31", "'gpt2' is not supported", "supported families: llama")
+    _stops(cfg, "models.llama31", "'bloom' is not supported", "supported families: llama")
 
 
 def test_local_model_reads_its_shapes(offline, tmp_path):
@@ -343,6 +343,18 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
     assert seen["device_map"] == "meta:0"  # the target device reaches from_pretrained
 
 
+def test_gpt2_and_gpt_neox_shapes_from_their_config_json():
+    """GPT-2's config.json keeps its own field names (n_layer, n_embd, n_head, n_inner: null =
+    4·n_embd, n_positions); GPT-NeoX's are the standard ones."""
+    gpt2 = transformers.GPT2Config(n_layer=5, n_embd=48, n_head=6, n_positions=96, vocab_size=300).to_dict()
+    arch = hub.architecture(json.loads(json.dumps(gpt2)))
+    assert (arch["family"], arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["d_ff"],
+            arch["max_position"], arch["vocab_size"]) == ("gpt2", 5, 48, 6, 6, 192, 96, 300)
+    neox = hubcache._gpt_neox(3).to_dict()
+    arch = hub.architecture(json.loads(json.dumps(neox)))
+    assert (arch["family"], arch["n_layers"], arch["d_model"], arch["d_ff"]) == ("gpt_neox", 3, 32, 128)
+
+
 def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
     from resdyn import cli
 
@@ -350,3 +362,55 @@ def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
     out = capsys.readouterr().out
     assert "olmo3: checkpoints in training order: stage1-step0 -> stage1-step471000 -> stage1-step1413814" in out
     print(out.splitlines()[0])
+
+
+def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
+    """Online with an empty cache, validation downloads config.json alone (hf_hub_download);
+    when that fails too, the error names the `hf download` command."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    asked = []
+
+    def fake_download(repo, filename, revision=None, cache_dir=None):
+        asked.append((repo, filename, revision, cache_dir))
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 16,
+                                    "num_attention_heads": 2}))
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    cfg, _ = hub.hub_config_json("org/m", "step5")
+    assert asked == [("org/m", "config.json", "step5", str(tmp_path / "empty"))]
+    assert hub.architecture(cfg)["n_layers"] == 3
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    with pytest.raises(hub.HubError, match="nor downloadable \\(ConnectionError\\).*`hf download org/m --revision step5`"):
+        hub.hub_config_json("org/m", "step5")
+
+
+def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
+    """Online, load_dataset(name) is tried first; when the hub is unreachable the cached
+    snapshot is used."""
+    import datasets
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    real = datasets.load_dataset
+    calls = []
+
+    def flaky(path, *args, **kwargs):
+        calls.append(path)
+        if path == hubcache.DATASET:
+            raise ConnectionError("hub unreachable")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", flaky)
+    docs = data.load_documents({"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
+                                "split": "test"})
+    assert calls[0] == hubcache.DATASET and Path(calls[1]).parent.name == "snapshots"
+    assert docs == hubcache.documents()[: len(hubcache.documents()) // 4]

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM_PROFILE = REPO / "profiles" / "slurm"
 LOCAL_PROFILE = REPO / "profiles" / "local"
 GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics")
+# rules that load no model but run their decompositions on the GPU (resdyn.cost.GPU_LINALG_RULES)
+GPU_LINALG_RULES = ("spectra", "bootstrap")
 # the plugin's first status check comes this many seconds after a submission; the local
 # cluster's MinJobAge must be >= 3x this or the plugin falls back to sacct (no accounting here)
 TEST_STATUS_DELAY_S = 2
@@ -204,7 +206,7 @@ def test_profiles_are_valid_yaml_with_expected_keys():
     # threads come from set-threads: cpus_per_task would silently override them
     for rule, res in slurm["set-resources"].items():
         assert "cpus_per_task" not in res, rule
-    for rule in GPU_RULES:
+    for rule in (*GPU_RULES, *GPU_LINALG_RULES):
         assert slurm["set-resources"][rule]["gpu"] == 1
         assert slurm["set-resources"][rule]["cpus_per_gpu"] == slurm["set-threads"][rule]
     local = _load_profile(LOCAL_PROFILE, _env())
@@ -241,7 +243,7 @@ def test_slurm_profile_resources(tmp_path, site):
     jobs = _job_resources(res.stdout)
     assert set(jobs) >= {*GPU_RULES, "zoo_train", "spectra"}, res.stdout
     zoo_gpu = site.get("RESDYN_SLURM_ZOO_GPU") == "1"
-    gpu_rules = set(GPU_RULES) | ({"zoo_train"} if zoo_gpu else set())
+    gpu_rules = set(GPU_RULES) | set(GPU_LINALG_RULES) | ({"zoo_train"} if zoo_gpu else set())
     cpus_per_gpu = site.get("RESDYN_SLURM_CPUS_PER_GPU", "8")
     for rule, resources in jobs.items():
         if rule == "all":
@@ -307,7 +309,8 @@ def test_bare_profile_name_resolves_after_install(tmp_path, where):
     if where == "toy":
         jobs = _job_resources(after.stdout)
         assert jobs["jacobians"].get("gpu") == "1", after.stdout  # the profile was applied
-        assert "gpu" not in jobs["spectra"], after.stdout
+        assert jobs["spectra"].get("gpu") == "1", after.stdout  # decompositions on the GPU
+        assert "gpu" not in jobs["zoo_train"], after.stdout
     # installing again is harmless
     _install_profile(home)
     assert (installed / "config.yaml").read_text() == (SLURM_PROFILE / "config.yaml").read_text()

@@ -184,6 +184,9 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
     recorded = [json.loads(line) for line in (calls / "sbatch.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (calls / "srun.jsonl").read_text().splitlines()]
     assert len(steps) == len(submitted)  # each job ran its rule as one job step
+    for step in steps:  # ... and the step inside a GPU job asked for the GPU again
+        rule = step[step.index("--target-jobs") + 1].split(":")[0]
+        assert any(re.match(r"--(gpus|gres)=(gpu:)?1$", a) for a in step) == (rule in GPU_RULES), step[:6]
     assert len(recorded) == len(submitted) > 0
 
     # --- what each submission asked for (the literal profile), matched to SLURM's job by comment ---

@@ -25,8 +25,10 @@ rule bridge:
         "logs/bridge/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bridge", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bridge", "mem_mb"),
+        runtime=cost("bridge", "runtime"),
     params:
         k_fraction=config["bridge"]["k_fraction"],
         n_random=config["bridge"]["n_random"],
@@ -59,8 +61,8 @@ rule causal:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("causal", "mem_mb"),
+        runtime=cost("causal", "runtime"),
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
@@ -88,13 +90,16 @@ rule bootstrap:
         "logs/bootstrap/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bootstrap", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bootstrap", "mem_mb"),
+        runtime=cost("bootstrap", "runtime"),
     params:
         n_resamples=config["bootstrap"]["n_resamples"],
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
+        device=config["device"],
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"

@@ -1,5 +1,6 @@
 # Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
 from resdyn import config as rc
+from resdyn import cost as rcost
 from resdyn.codeversion import script_code_version
 from resdyn.scorecard import scaling_group
 
@@ -32,6 +33,16 @@ wildcard_constraints:
     ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     dataset="|".join(config["datasets"]),
     block=r"layers\d{3}-\d{3}",
+
+
+def cost(rule, what):
+    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.cost), the numbers
+    `resdyn plan` prints; memory and runtime grow with the attempt."""
+
+    def value(wildcards, attempt):
+        return rcost.resources(config, rule, dict(wildcards.items()), attempt)[what]
+
+    return value
 
 
 def ckpts(model):

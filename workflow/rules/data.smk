@@ -9,6 +9,9 @@ rule corpus:
         "logs/corpus/{dataset}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("corpus", "mem_mb"),
+        runtime=cost("corpus", "runtime"),
     params:
         spec=lambda w: config["datasets"][w.dataset],
         code=code("corpus"),
@@ -25,6 +28,9 @@ rule tokenizer:
         "logs/tokenizer/{dataset}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("tokenizer", "mem_mb"),
+        runtime=cost("tokenizer", "runtime"),
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
         code=code("tokenizer"),
@@ -44,6 +50,9 @@ rule samples:
         "benchmarks/out/samples/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("samples", "mem_mb"),
+        runtime=cost("samples", "runtime"),
     params:
         n=config["samples"]["n"],
         length=config["samples"]["length"],
@@ -66,6 +75,9 @@ rule lens_tokens:
         "benchmarks/out/lens_tokens/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("lens_tokens", "mem_mb"),
+        runtime=cost("lens_tokens", "runtime"),
     params:
         n=lambda w: config["lens"]["n_train_blocks"]
         + config["lens"]["n_heldout_blocks"],

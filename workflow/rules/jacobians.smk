@@ -15,8 +15,8 @@ rule jacobians:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("jacobians", "mem_mb"),
+        runtime=cost("jacobians", "runtime"),
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
@@ -42,8 +42,8 @@ rule activations:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=cost("activations", "mem_mb"),
+        runtime=cost("activations", "runtime"),
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],

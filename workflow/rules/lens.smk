@@ -1,5 +1,8 @@
 # Study B core: tuned-lens translators and per-layer prediction metrics (GPU rules on SLURM).
 
+# lens.source = tuned_lens imports a published lens instead of training one (same output).
+LENS_IMPORT_KEYS = ("source", "path", "repo", "repo_type", "revision")
+
 
 rule lens:
     input:
@@ -15,8 +18,8 @@ rule lens:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("lens", "mem_mb"),
+        runtime=cost("lens", "runtime"),
     params:
         options=lambda w: {
             k: v
@@ -27,8 +30,10 @@ rule lens:
                 "n_train_blocks",
                 "n_heldout_blocks",
                 "checkpoint_every",
+                *LENS_IMPORT_KEYS,
             )
         },
+        source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
         checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
@@ -62,7 +67,8 @@ rule lens_metrics:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
+        mem_mb=cost("lens_metrics", "mem_mb"),
+        runtime=cost("lens_metrics", "runtime"),
     params:
         device=config["device"],
         code=code("lens_metrics"),

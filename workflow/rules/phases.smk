@@ -41,8 +41,10 @@ rule phase_metrics:
         "logs/phase_metrics/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("phase_metrics", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("phase_metrics", "mem_mb"),
+        runtime=cost("phase_metrics", "runtime"),
     params:
         code=code("phase_metrics"),
     script:

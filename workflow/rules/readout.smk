@@ -18,6 +18,10 @@ rule rss:
         "benchmarks/out/rss/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("rss", "threads")
+    resources:
+        mem_mb=cost("rss", "mem_mb"),
+        runtime=cost("rss", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
         code=code("rss"),
@@ -34,6 +38,10 @@ rule resolution:
         "logs/resolution/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("resolution", "threads")
+    resources:
+        mem_mb=cost("resolution", "mem_mb"),
+        runtime=cost("resolution", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
         code=code("resolution"),

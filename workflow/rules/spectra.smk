@@ -18,11 +18,14 @@ rule spectra:
         "logs/spectra/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("spectra", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("spectra", "mem_mb"),
+        runtime=cost("spectra", "runtime"),
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
+        device=config["device"],
         code=code("spectra"),
     script:
         "../scripts/spectra.py"
@@ -37,8 +40,10 @@ rule schur:
         "logs/schur/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("schur", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("schur", "mem_mb"),
+        runtime=cost("schur", "runtime"),
     params:
         alphas=config["schur"]["alphas"],
         code=code("schur"),

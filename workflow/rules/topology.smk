@@ -21,8 +21,10 @@ rule communities:
         "logs/communities/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("communities", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("communities", "mem_mb"),
+        runtime=cost("communities", "runtime"),
     params:
         top_k=config["topology"]["top_k"],
         min_abs_r=config["topology"]["min_abs_r"],
@@ -52,6 +54,10 @@ rule coupling:
         "logs/coupling/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("coupling", "threads")
+    resources:
+        mem_mb=cost("coupling", "mem_mb"),
+        runtime=cost("coupling", "runtime"),
     params:
         gain=config["topology"]["gain"],
         fdr_q=config["topology"]["fdr_q"],

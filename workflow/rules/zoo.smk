@@ -22,8 +22,8 @@ rule zoo_train:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=4000,
-        runtime=120,
+        mem_mb=cost("zoo_train", "mem_mb"),
+        runtime=cost("zoo_train", "runtime"),
     params:
         arch=lambda w: {
             k: config["models"][w.model].get(k)
@@ -56,6 +56,9 @@ rule resolve_checkpoint:
         "logs/resolve_checkpoint/{model}/{ckpt}.log",
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("resolve_checkpoint", "mem_mb"),
+        runtime=cost("resolve_checkpoint", "runtime"),
     params:
         spec=lambda w: rc.checkpoint_spec(config, w.model, w.ckpt),
         code=code("resolve_checkpoint"),
