@@ -80,6 +80,7 @@ CHECKPOINT_FORMAT = "resdyn.lens-checkpoint/1"
 OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")
+READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Effective learning rates used when ``lr`` is not given; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
@@ -119,6 +120,10 @@ class LensOptions:
     - seed: torch seed for the run (forked RNG; the global state is left as it was).
     - chunk_elements: max logits elements (layers × tokens × vocab) per forward/backward chunk,
       bounding memory on large vocabularies; None: :func:`default_chunk_elements`.
+    - readout_dtype: dtype of the training readout's two vocabulary-sized matmuls and softmax
+      ("float32", or "bfloat16" as tuned-lens's trainer autocasts; see :class:`_LinearHeadKL`).
+      Held-out evaluation, the convergence criterion and :func:`lens_metrics` always run in
+      float32 through the model's own readout.
     - progress: tqdm bar (stderr, i.e. the rule's log).
     """
 
@@ -137,12 +142,14 @@ class LensOptions:
     tol: float = 1e-3
     seed: int = 0
     chunk_elements: int | None = None
+    readout_dtype: str = "float32"
     progress: bool = True
 
     def __post_init__(self) -> None:
         _check(self.optimizer in OPTIMIZERS, f"optimizer={self.optimizer!r}; allowed: {OPTIMIZERS}")
         _check(self.lr_schedule in LR_SCHEDULES, f"lr_schedule={self.lr_schedule!r}; allowed: {LR_SCHEDULES}")
         _check(self.clip_scope in CLIP_SCOPES, f"clip_scope={self.clip_scope!r}; allowed: {CLIP_SCOPES}")
+        _check(self.readout_dtype in READOUT_DTYPES, f"readout_dtype={self.readout_dtype!r}; allowed: {tuple(READOUT_DTYPES)}")
         _check(_is_int(self.steps) and self.steps >= 1, f"steps={self.steps!r}; must be an integer ≥ 1")
         _check(
             self.tokens_per_step is None or (_is_int(self.tokens_per_step) and self.tokens_per_step >= 1),
@@ -312,6 +319,45 @@ def fused_kl(z: torch.Tensor, target_p: torch.Tensor, target_neg_entropy: torch.
     ``value=False`` returns zeros whose backward is still ∂KL/∂z (gradient-only steps).
     """
     return _FusedKL.apply(z, target_p, target_neg_entropy, value)
+
+
+class _LinearHeadKL(torch.autograd.Function):
+    """Per-token KL(p ‖ softmax(W y)) for a linear head W (V, d), from d-sized teacher statistics.
+
+    With ``z = W y``: ``KL = logsumexp(z) − yᵀ m + Σ p log p`` and ``∂KL/∂y = Wᵀ softmax(z) − m``,
+    where ``m = Wᵀ p``. The teacher enters only through m (d numbers per token) and Σ p log p,
+    so the vocabulary-sized target p is never stored nor read during training: one matmul, one
+    softmax and one matmul per chunk. W and the softmax may run in bfloat16 (``w.dtype``); m is
+    then computed from the same rounded W in float32 (:func:`_teacher_stats`), so that
+    ``Wᵀ q − m`` cancels exactly where q = p, and only the rounding of z and q remains.
+    Shapes: y (..., N, d), w (V, d), m (N, d), neg_entropy (N,) → (..., N) float32 (float64 for float64 y).
+    """
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+        acc = torch.promote_types(y.dtype, torch.float32)  # float32 (float64 in the tests)
+        z = torch.matmul(y.to(w.dtype), w.mT)
+        q = torch.softmax(z, dim=-1)
+        ctx.save_for_backward(q, w, m)
+        ctx.y_dtype, ctx.acc = y.dtype, acc
+        if not value:
+            return y.new_zeros(y.shape[:-1], dtype=acc)
+        # logsumexp(z) = z_v − log q_v at v = argmax (see _FusedKL.forward).
+        lse = z.amax(dim=-1).to(acc) - q.amax(dim=-1).to(acc).log()
+        return lse - torch.linalg.vecdot(y.to(acc), m.to(acc).expand(*y.shape[:-2], *m.shape)) + neg_entropy
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, w, m = ctx.saved_tensors
+        g = torch.matmul(q, w).to(ctx.acc).sub_(m)
+        if g.device.type != "cpu" or not bool((grad == 1).all()):
+            g.mul_(grad.unsqueeze(-1))
+        return g.to(ctx.y_dtype), None, None, None, None
+
+
+def linear_head_kl(y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+    """Differentiable (in y) per-token KL(p ‖ softmax(W y)); see :class:`_LinearHeadKL`."""
+    return _LinearHeadKL.apply(y, w, m, neg_entropy, value)
 
 
 def kl_to_target(z: torch.Tensor, target: _Target) -> torch.Tensor:
@@ -521,38 +567,69 @@ class _TokenStream:
 
     Each batch's frozen forward runs once; its tokens are served to as many steps as they fill.
     The batch order is the given one (deterministic), cycled when the steps outrun the data.
-    ``position()``/``seek()`` save and restore where the stream stands (for resume).
+    ``take()`` returns the states (n+1, k, d) and the teacher statistics of those tokens
+    (``teacher(final_states)``: a tuple of token-major tensors, or None). When every batch's
+    states and statistics fit in ``cache_bytes`` they are kept, so later epochs run no forward
+    (the teacher's distribution does not change across steps). ``position()``/``seek()`` save and
+    restore where the stream stands (for resume); a recomputed batch has the same bits.
     """
 
-    def __init__(self, model: nn.Module, batches: Sequence[torch.Tensor], k: int | None):
-        self.model, self.batches, self.k = model, batches, k
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Sequence[torch.Tensor],
+        k: int | None,
+        teacher: Any = None,
+        cache_bytes: int = 0,
+    ):
+        self.model, self.batches, self.k, self.teacher = model, batches, k, teacher
         self.next_batch = 0
-        self.buffer: torch.Tensor | None = None
+        self.buffer: tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None = None
         self.offset = 0  # tokens of the current buffer's batch already served
+        info = _model_info(model)
+        per_token = (info["n_layers"] + 1) * info["d_model"] * _dtype_of(model).itemsize + (info["d_model"] + 1) * 4
+        total = sum(b.numel() for b in batches) * per_token
+        self.cache: dict[int, Any] | None = {} if total <= cache_bytes else None
 
-    def _fetch(self) -> torch.Tensor:
-        ids = self.batches[self.next_batch % len(self.batches)]
+    def _fetch(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        i = self.next_batch % len(self.batches)
         self.next_batch += 1
         self.offset = 0
-        return layer_major_states(self.model, ids)
+        if self.cache is not None and i in self.cache:
+            return self.cache[i]
+        states = layer_major_states(self.model, self.batches[i])
+        item = (states, None if self.teacher is None else self.teacher(states[-1]))
+        if self.cache is not None:
+            self.cache[i] = item
+        return item
 
-    def take(self) -> torch.Tensor:
+    @staticmethod
+    def _slice(item, sl: slice):
+        states, stats = item
+        return states[:, sl], None if stats is None else tuple(t[sl] for t in stats)
+
+    def take(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         if self.k is None:
             return self._fetch()
         parts, have = [], 0
         while have < self.k:
-            if self.buffer is None or self.buffer.shape[1] == 0:
+            if self.buffer is None or self.buffer[0].shape[1] == 0:
                 self.buffer = self._fetch()
-            part = self.buffer[:, : self.k - have]
-            self.buffer = self.buffer[:, part.shape[1] :]
-            self.offset += part.shape[1]
+            part = self._slice(self.buffer, slice(0, self.k - have))
+            n_part = part[0].shape[1]
+            self.buffer = self._slice(self.buffer, slice(n_part, None))
+            self.offset += n_part
             parts.append(part)
-            have += part.shape[1]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            have += n_part
+        if len(parts) == 1:
+            return parts[0]
+        states = torch.cat([p[0] for p in parts], dim=1)
+        stats = None if parts[0][1] is None else tuple(torch.cat(ts, dim=0) for ts in zip(*(p[1] for p in parts)))
+        return states, stats
 
     def position(self) -> tuple[int, int]:
         """(batches fetched so far, tokens of the last fetched batch served; 0 if it is used up)."""
-        left = 0 if self.buffer is None else self.buffer.shape[1]
+        left = 0 if self.buffer is None else self.buffer[0].shape[1]
         return self.next_batch, (self.offset if left else 0)
 
     def seek(self, next_batch: int, offset: int) -> None:
@@ -561,8 +638,35 @@ class _TokenStream:
         self.next_batch = next_batch
         if offset:
             self.next_batch -= 1
-            states = self._fetch()
-            self.buffer, self.offset = states[:, offset:], offset
+            item = self._fetch()
+            self.buffer, self.offset = self._slice(item, slice(offset, None)), offset
+
+
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    return model.get_output_embeddings().weight.dtype
+
+
+def linear_readout_weight(model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
+    """The head's weight W (V, d) in ``dtype`` when the readout is ``W · final_norm(h)`` (no head
+    bias, no softcap) so that :class:`_LinearHeadKL` applies; None otherwise (Gemma's softcap)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None or _softcap(model) is not None:
+        return None
+    return head.weight.detach().to(dtype)
+
+
+@torch.no_grad()
+def _teacher_stats(model: nn.Module, w: torch.Tensor, final_states: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token teacher statistics ``(m = Wᵀ p (N, d) float32, Σ p log p (N,))`` of the model's
+    final distribution p, from the last layer's raw output (N, d); W as used by the training
+    readout (its bf16 rounding included, so the KL gradient cancels exactly at q = p)."""
+    wf = w.float()
+    ms, negs = [], []
+    for ts, _ in _blocks(1, final_states.shape[0], w.shape[0], budget):
+        tgt = _final_target(model, final_states[ts])
+        ms.append(tgt.p.float() @ wf)
+        negs.append(tgt.neg_entropy.float())
+    return torch.cat(ms), torch.cat(negs)
 
 
 def _blocks(n_layers: int, n_tokens: int, vocab: int, budget: int) -> Iterator[tuple[slice, list[slice]]]:
@@ -595,11 +699,21 @@ def _final_target(model: nn.Module, final_states: torch.Tensor) -> _Target:
 
 
 def _train_step_kl(
-    model: nn.Module, weight: torch.Tensor, bias: torch.Tensor, states: torch.Tensor, budget: int, value: bool = True
+    model: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    states: torch.Tensor,
+    budget: int,
+    value: bool = True,
+    teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
+    head_w: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Accumulate ∇ of Σ_L mean_tokens KL_L into weight/bias grads; return per-layer KL (n,).
 
     ``value=False``: gradient only, the returned KL is zeros (see :func:`fused_kl`).
+    ``teacher``, ``head_w``: the tokens' (Wᵀ p, Σ p log p) and the linear head W; with them
+    the loss runs through :class:`_LinearHeadKL`, otherwise through the model's whole readout
+    and :class:`_FusedKL` with the target recomputed per chunk (softcapped or biased heads).
 
     The sum over layers has independent per-layer terms, so each parameter block receives
     exactly the gradient of its own layer's mean KL. Backward runs per chunk (bounded memory).
@@ -607,11 +721,16 @@ def _train_step_kl(
     n, n_tok = weight.shape[0], states.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]
     kl_sum = torch.zeros(n, dtype=torch.float64, device=weight.device)
+    norm = arch.final_norm(model)
     for ts, groups in _blocks(n, n_tok, vocab, budget):
-        tgt = _final_target(model, states[-1, ts])
+        tgt = _final_target(model, states[-1, ts]) if teacher is None or head_w is None else None
         for ls in groups:
-            z = lens_readout(model, states[ls, ts], weight[ls], bias[ls]).float()
-            kl = fused_kl(z, tgt.p, tgt.neg_entropy, value)  # (layers, tokens)
+            if tgt is None:
+                y = norm(apply_translator(states[ls, ts], weight[ls], bias[ls]))
+                kl = linear_head_kl(y, head_w, teacher[0][ts], teacher[1][ts], value)
+            else:
+                z = lens_readout(model, states[ls, ts], weight[ls], bias[ls]).float()
+                kl = fused_kl(z, tgt.p, tgt.neg_entropy, value)  # (layers, tokens)
             kl.sum().backward()  # unit upstream gradient: see _FusedKL.backward
             kl_sum[ls] += kl.detach().sum(-1).double()
     # ∇ of the token mean = ∇ of the sum / N, applied to the (n, d, d) grads, not (…, V) tensors.
@@ -895,6 +1014,7 @@ def train_lens(
     model_hash: str | None = None,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 50,
+    cache_mb: int = 1024,
     **options: Any,
 ) -> Lens:
     """Train one affine translator per layer by distillation to the model's own output.
@@ -904,7 +1024,9 @@ def train_lens(
     (their states are cached once); without them training runs all ``steps`` and no layer is
     reported converged. ``model_id/revision/hash``: provenance stored in config.json.
     ``checkpoint``: file for the resumable state, saved every ``checkpoint_every`` steps (module
-    docstring); None: no checkpoints.
+    docstring); None: no checkpoints. ``cache_mb``: the training set's residual states and
+    teacher statistics are kept across epochs when they fit in this many MiB (the results do
+    not depend on it: a recomputed forward gives the same bits).
     ``options``: see :class:`LensOptions`. Loss per step: Σ_L mean_tokens KL(p_final ‖ p_lens,L),
     all layers from one cached frozen forward.
     """
@@ -931,7 +1053,10 @@ def train_lens(
         heldout_states = None
         if heldout is not None:
             heldout_states = torch.cat([layer_major_states(model, b) for b in heldout], dim=1)
-        result = _fit(model, weight, bias, optimizer, _TokenStream(model, batches, opt.tokens_per_step), heldout_states, opt, saver)
+        head_w = linear_readout_weight(model, READOUT_DTYPES[opt.readout_dtype])
+        teacher = None if head_w is None else (lambda final: _teacher_stats(model, head_w, final, opt.chunk_elements))
+        stream = _TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
+        result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w)
     if saver is not None:
         saver.remove()
 
@@ -961,6 +1086,7 @@ def _fit(
     heldout_states: torch.Tensor | None,
     opt: LensOptions,
     saver: _Checkpointer | None = None,
+    head_w: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The training loop; returns curves, per-layer convergence, steps run and why it stopped."""
     n = weight.shape[0]
@@ -1017,14 +1143,14 @@ def _fit(
         evaluate(0)
     bar = tqdm(total=opt.steps, initial=step, desc="lens", disable=not opt.progress, leave=False)
     while step < opt.steps:
-        states = stream.take()
+        states, teacher = stream.take()
         factor = lr_factor(step, opt)
         for g, lr in zip(optimizer.param_groups, base_lrs):
             g["lr"] = lr * factor
         # The train curve is the KL of the batch of the step just before each eval; other
         # steps compute the gradient only.
         logged = (step + 1) % opt.eval_every == 0 or step + 1 == opt.steps
-        kl = _train_step_kl(model, weight, bias, states, opt.chunk_elements, value=logged)
+        kl = _train_step_kl(model, weight, bias, states, opt.chunk_elements, value=logged, teacher=teacher, head_w=head_w)
         if logged:
             train_kl = kl.cpu().numpy()
         if opt.clip_grad_norm is not None:

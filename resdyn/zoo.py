@@ -65,7 +65,9 @@ def build_model(arch: Architecture, vocab_size: int, seed: int, eos_token_id: in
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
-        attn_implementation="eager",
+        # Training only: PyTorch's fused attention is ~25 % faster per step on a CPU than the
+        # eager softmax(QKᵀ)V (measured on the zoo shapes). Analyses reload with eager attention.
+        attn_implementation="sdpa",
     )
     if arch.family == "llama":
         config = transformers.LlamaConfig(**common)

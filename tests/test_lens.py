@@ -280,11 +280,17 @@ def test_chunked_readout_matches_unchunked(llama, train_data):
 
 def test_token_stream_serves_exact_slices_in_order(llama, train_data):
     batches = train_data[:2]  # 2 × 256 tokens, cycled
-    stream = L._TokenStream(llama, batches, k=100)
-    got = torch.cat([stream.take() for _ in range(7)], dim=1)  # 700 tokens: wraps once
     full = torch.cat([L.layer_major_states(llama, b) for b in batches + batches], dim=1)[:, :700]
-    assert got.shape == (N_LAYERS + 1, 700, D)
-    assert torch.equal(got, full)
+    teacher = lambda final: (final * 2, final.sum(-1))  # any token-major statistics  # noqa: E731
+    for cache in (0, 1 << 30):  # recomputed every epoch, or kept
+        stream = L._TokenStream(llama, batches, k=100, teacher=teacher, cache_bytes=cache)
+        assert (stream.cache is None) == (cache == 0)
+        parts = [stream.take() for _ in range(7)]  # 700 tokens: wraps once
+        got = torch.cat([p[0] for p in parts], dim=1)
+        assert got.shape == (N_LAYERS + 1, 700, D)
+        assert torch.equal(got, full)
+        for i, stat in enumerate(teacher(full[-1])):
+            assert torch.equal(torch.cat([p[1][i] for p in parts]), stat)
 
 
 def test_model_is_left_untouched(llama, train_data):
@@ -348,6 +354,7 @@ def test_lr_schedule():
         ({"clip_scope": "model"}, r"clip_scope='model'; allowed: \('layer', 'global'\)"),
         ({"steps": 0}, "steps=0"),
         ({"tokens_per_step": 0}, "tokens_per_step=0"),
+        ({"readout_dtype": "float16"}, r"readout_dtype='float16'; allowed: \('float32', 'bfloat16'\)"),
         ({"learning_rate": 1.0}, r"unknown lens option\(s\) \['learning_rate'\]"),
     ],
 )
@@ -385,6 +392,52 @@ def test_fused_kl_value_and_gradient():
     kl.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward may run only once"):
         kl.backward()
+
+
+def test_linear_head_kl_value_and_gradient():
+    """Oracle: autograd of KL(p ‖ softmax(W y)) with the full target p (float64)."""
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(3, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 7, generator=g, dtype=torch.float64)
+    target = L._Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64) * 2)
+    m = target.p @ w  # the teacher enters only through Wᵀ p and Σ p log p
+
+    def reference(y):
+        logq = torch.log_softmax(y @ w.T, -1)
+        return F.kl_div(logq, torch.log(target.p).expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
+
+    torch.testing.assert_close(L.linear_head_kl(y, w, m, target.neg_entropy), reference(y))
+    assert torch.equal(L.linear_head_kl(y, w, m, target.neg_entropy, value=False), torch.zeros(3, 5, dtype=torch.float64))
+    for upstream in (torch.ones(3, 5, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)):
+        for value in (True, False):
+            (got,) = torch.autograd.grad(L.linear_head_kl(y, w, m, target.neg_entropy, value), y, upstream)
+            (ref,) = torch.autograd.grad(reference(y), y, upstream)
+            torch.testing.assert_close(got, ref)
+
+
+def test_linear_head_path_equals_the_full_readout_path(llama, train_data, heldout_data, monkeypatch):
+    """The d-sized teacher statistics give the same training as the vocabulary-sized target."""
+    kw = dict(steps=12, eval_every=4, tokens_per_step=200, progress=False)
+    fast = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    monkeypatch.setattr(L, "linear_readout_weight", lambda model, dtype: None)  # force _FusedKL
+    full = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    torch.testing.assert_close(fast.weight, full.weight, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(fast.bias, full.bias, atol=1e-6, rtol=1e-4)
+    np.testing.assert_allclose(fast.curves.kl, full.curves.kl, rtol=1e-4, atol=1e-7)
+
+
+def test_bfloat16_readout_trains_as_well_as_float32(llama, train_data, heldout_data):
+    """bf16 rounds z and q (relative 2⁻⁹), not the teacher: same held-out KL within 1 %."""
+    kw = dict(steps=60, eval_every=20, tokens_per_step=256, optimizer="adam", lr=3e-3, progress=False)
+    f32 = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
+    b16 = L.train_lens(llama, train_data, heldout_batches=heldout_data, readout_dtype="bfloat16", **kw)
+    assert b16.options["readout_dtype"] == "bfloat16"
+    k32, k16 = heldout_curve(f32).iloc[-1].to_numpy(), heldout_curve(b16).iloc[-1].to_numpy()
+    first = heldout_curve(f32).iloc[0].to_numpy()
+    assert (k16 < 0.8 * first).all()  # it learns
+    np.testing.assert_allclose(k16, k32, rtol=0.01)
+    rel = torch.linalg.norm(b16.weight - f32.weight) / torch.linalg.norm(f32.weight)
+    assert rel < 0.05, rel
 
 
 # --- persistence -----------------------------------------------------------------------------------
