@@ -47,6 +47,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 GB = 1e9
 MiB = 2**20
 EXACT_SPECTRAL_MAX_D = 512  # = resdyn.jacobian.EXACT_SPECTRAL_MAX_D (not imported: no torch here)
+JACOBIAN_GPU_BATCH = 16  # = resdyn.jacobian.default_batch_size on CUDA
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     else:
         stream += 2 * 128 * 8.0 * d * d
     c.add("stream", N * L * P * stream)
-    c.add("calls", N * (L * P * 4 + max(layers) + 1))
+    batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.jacobian.default_batch_size: one forward per batch
+    c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
     acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
     # tangent chunk: ≤ 1 GiB (resdyn.jacobian.TANGENT_BUDGET_BYTES), 4·(8·H·(T+1) + 8·H·hd) per direction
     tangents = min(2.0**30, d * 4.0 * (8 * s.n_heads * (T + 1) + 8 * s.d_q))
