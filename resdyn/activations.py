@@ -163,3 +163,42 @@ def read_all_boundaries(folder: str | Path) -> np.ndarray:
         parts += [read_boundary(path, "pre_attn"), read_boundary(path, "pre_mlp")]
     parts.append(read_boundary(files[-1], "output"))
     return np.stack(parts, axis=1)
+
+
+class BoundaryView:
+    """:func:`read_all_boundaries` without reading: a lazy (N, 2·n_layers + 1, T', d) float32 view
+    of a folder of layer files for :func:`resdyn.geometry.layer_geometry`, which indexes it as
+    ``view[samples, state, positions, units]`` (an int state, slices elsewhere) one state and
+    one chunk of samples at a time — host memory is a chunk, not N·(2n+1)·T'·d·4 bytes (140 GB
+    at Llama-3.1-8B shapes with N = 1000, T = 128)."""
+
+    def __init__(self, folder: str | Path):
+        self.files = sorted(Path(folder).glob("layer*.h5"))
+        if not self.files:
+            raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
+        try:
+            with h5py.File(self.files[0], "r") as f:
+                n, t, d = f["pre_attn"].shape
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{self.files[0]}: cannot read activations 'pre_attn' ({err})") from err
+        self.shape = (int(n), 2 * len(self.files) + 1, int(t), int(d))
+
+    def _where(self, state: int) -> tuple[Path, str]:
+        n_states = self.shape[1]
+        if not -n_states <= state < n_states:
+            raise IndexError(f"state {state} outside 0..{n_states - 1}")
+        state %= n_states
+        if state == n_states - 1:
+            return self.files[-1], "output"
+        return self.files[state // 2], ("pre_attn", "pre_mlp")[state % 2]
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        if not (isinstance(key, tuple) and len(key) == 4 and isinstance(key[1], (int, np.integer))):
+            raise TypeError(f"index as view[samples, state, positions, units] with an int state, got {key!r}")
+        samples, state, positions, units = key
+        path, name = self._where(int(state))
+        try:
+            with h5py.File(path, "r") as f:
+                return f[name][samples, positions, units].astype(np.float32)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: cannot read activations '{name}' ({err})") from err

@@ -461,7 +461,18 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
             except (KeyError, IndexError, ValueError) as err:
                 return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
                         f"substituted ({type(err).__name__}: {err})"]
-            if spec is None or spec["repo"]:
+            if spec is None or (spec["repo"] and not hub.hub_offline()):
+                continue  # online, a hub lens is fetched by the lens job
+            if spec["repo"]:  # offline: it must already be in the HF cache
+                snap = hub.cached_snapshot(spec["repo"], spec["revision"], spec["repo_type"])
+                folder = None if snap is None else snap / spec["path"]
+                missing = [f for f in ("config.json", "params.pt") if folder is None or not (folder / f).is_file()]
+                if missing:
+                    out.append(
+                        f"config key 'lens.path': tuned lens {spec['repo']}:{spec['path']} (model {name}) is not in the "
+                        f"HF cache (HF_HUB_OFFLINE is set); fetch it with `{hub.download_command(spec['repo'], spec['revision'], spec['repo_type'])} "
+                        f"--include '{spec['path']}/*'`"
+                    )
                 continue
             missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
             if missing:

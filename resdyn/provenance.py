@@ -22,6 +22,7 @@ import datetime as dt
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -209,32 +210,43 @@ class Step:
 def step(snakemake) -> Iterator[Step]:
     """Context for a rule's script: log to ``snakemake.log[0]``, write provenance at the end.
 
-    Exceptions are logged with their traceback and re-raised, so Snakemake marks the job failed
-    and (outputs being written atomically) nothing half-written remains.
+    Everything the job prints (tqdm bars, warnings, logging) goes to its log file
+    (:func:`resdyn.joblog.job_log`), which opens with INFO lines on the rule, its inputs and
+    threads and closes with its outputs, seconds, device and peak memory. Exceptions are logged
+    with their traceback and re-raised, so Snakemake marks the job failed and (outputs being
+    written atomically) nothing half-written remains.
     """
-    log_file = snakemake.log[0] if len(snakemake.log) else None
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file, mode="w"))
-    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)
-    # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
-    # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
-    from threadpoolctl import threadpool_limits
+    from resdyn import joblog
 
-    threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
-    with threadpool_limits(limits=threads):
-        try:
-            s = Step(snakemake)
-            yield s
-        except Exception:
-            logging.getLogger(snakemake.rule).exception("rule %s failed", snakemake.rule)
-            raise
-    s.finish()
+    log_file = snakemake.log[0] if len(snakemake.log) else None
+    with joblog.job_log(log_file):
+        jl = logging.getLogger(f"resdyn.rule.{snakemake.rule}")
+        clock = joblog.JobClock()
+        # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
+        # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
+        from threadpoolctl import threadpool_limits
+
+        threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+        jl.info("rule %s, wildcards %s, threads %d, host %s, pid %d", snakemake.rule,
+                dict(snakemake.wildcards.items()), threads, platform.node(), os.getpid())
+        joblog.log_files(jl, "input", [str(p) for p in snakemake.input])
+        with threadpool_limits(limits=threads):
+            try:
+                s = Step(snakemake)  # hashes and checks the inputs: a corrupt one stops here, logged
+                yield s
+            except Exception:
+                jl.exception("rule %s failed after %s; peak memory %s", snakemake.rule, clock,
+                             joblog.peak_memory())
+                raise
+        s.finish()
+        joblog.log_files(jl, "output", [str(p) for p in snakemake.output])
+        torch = sys.modules.get("torch")
+        device = s.extra.get("device") or (
+            "cuda:" + torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "cpu")
+        torch_threads = f", torch threads {torch.get_num_threads()}" if torch is not None else ""
+        jl.info("done in %s; device %s%s; peak memory %s", clock, device, torch_threads, joblog.peak_memory())
 
 
 # --- auditing ----------------------------------------------------------------------------------

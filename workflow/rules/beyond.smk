@@ -88,6 +88,8 @@ rule bootstrap:
         replicates="results/{model}/{ckpt}/bootstrap_replicates.tsv",
     log:
         "logs/bootstrap/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bootstrap/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("bootstrap", "threads")

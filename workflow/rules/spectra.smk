@@ -16,6 +16,8 @@ rule spectra:
         bottleneck="results/{model}/{ckpt}/bottleneck.tsv",
     log:
         "logs/spectra/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/spectra/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("spectra", "threads")

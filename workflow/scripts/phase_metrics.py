@@ -3,7 +3,7 @@
 from resdyn import activations, geometry, io, provenance
 
 with provenance.step(snakemake) as step:
-    per_layer = geometry.layer_geometry(activations.read_all_boundaries(snakemake.input.activations))
+    per_layer = geometry.layer_geometry(activations.BoundaryView(snakemake.input.activations))
     per_layer = geometry.with_lens_hits(per_layer, io.read_tsv(snakemake.input.lens_metrics))
     cuts = io.read_json(snakemake.input.phases)
     # the output row has no update after it
