@@ -105,7 +105,7 @@ def _no_leftovers(folder: Path, name: str) -> None:
     assert not [p for p in folder.glob(f".{name}.*") if "staging" not in p.name], list(folder.iterdir())
 
 
-def test_nan_weight_stops_lens_activations_and_jacobians(work):
+def test_nan_weight_stops_lens_and_activations(work):
     _set_weight(work, "layers.1.mlp.down_proj", float("nan"))
     targets = [f"{T.R}/lens", f"{T.R}/activations"]  # (the Jacobian engine had its guard already)
     proc = T.snakemake(work, "--cores", "1", "--keep-going", *targets)
@@ -151,7 +151,11 @@ def test_invalid_config_json_does_not_stick(work):
     assert "local/m/config.json" in line
     assert record.read_bytes() == before
     assert not [p for p in record.parent.glob(".checkpoint.json.*")]
-    cfg_path.write_text(good)  # fixed: the record is redone, not kept from before
+    cfg_path.write_text(good)  # restored as it was: the record still describes it
+    assert T.verify(work).returncode == 0
+    fixed = good.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
+    assert fixed != good
+    cfg_path.write_text(fixed)  # fixed differently: the record is redone
     assert "resolve_checkpoint" in T.planned_rules(work)
 
 
