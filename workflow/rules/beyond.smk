@@ -23,6 +23,8 @@ rule bridge:
         alignment="results/{model}/{ckpt}/bridge_alignment.tsv",
     log:
         "logs/bridge/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bridge/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("bridge", "threads")
@@ -88,6 +90,8 @@ rule bootstrap:
         replicates="results/{model}/{ckpt}/bootstrap_replicates.tsv",
     log:
         "logs/bootstrap/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bootstrap/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("bootstrap", "threads")
@@ -117,6 +121,8 @@ rule scorecard:
         ),
     log:
         "logs/scorecard/{model}.log",
+    benchmark:
+        "benchmarks/out/scorecard/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
