@@ -80,6 +80,7 @@ __all__ = [
 BOOTSTRAP_COLUMNS = [
     "metric", "layer", "kind", "s", "estimate", "ci_low", "ci_high", "level", "n_resamples",
     "n_bootstrap_samples", "n_samples_total", "estimate_all_samples", "seed", "bootstrapped", "note",
+    "reason",  # why a row's numbers are empty (not bootstrapped)
 ]
 REPLICATE_COLUMNS = ["replicate", "metric", "value"]
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
@@ -410,7 +411,7 @@ def jacobian_bootstrap(
         low, high = percentile_ci(values[2:], lvl)
         return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
                 "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
-                "note": "; ".join(x for x in (note, extra) if x)}
+                "note": "; ".join(x for x in (note, extra) if x), "reason": ""}
 
     out = []
     for s, (layer, kind) in enumerate(keys):
@@ -438,7 +439,7 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
     rows = [{"metric": m, "layer": None, "kind": "all", "s": None, "estimate": float("nan"), "ci_low": float("nan"),
              "ci_high": float("nan"), "level": _check_level(level), "n_resamples": 0, "n_bootstrap_samples": 0,
              "n_samples_total": 0, "estimate_all_samples": float("nan"), "seed": None, "bootstrapped": False,
-             "note": NOT_BOOTSTRAPPED_NOTE} for m in ("rss_profile", "b1", "b2")]
+             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE} for m in ("rss_profile", "b1", "b2")]
     table = pd.DataFrame(rows, columns=BOOTSTRAP_COLUMNS)
     for c in ("layer", "s", "seed"):
         table[c] = table[c].astype("Int64")

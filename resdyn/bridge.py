@@ -455,7 +455,9 @@ def bridge_tables(
     table["rss"] = list(at_k["rss"].astype(float)) + [float("nan")]
     table["rss_k"] = k_phase
     table["phase"] = pd.array(list(labels) + [None], dtype="Int64")
-    order = TRANSPORT_COLUMNS + [c for c in prof.columns if c != "layer"] + ["rss", "rss_k", "phase"]
+    # why the last layer's transport, RSS and phase are empty
+    table["reason"] = [""] * (n - 1) + ["last layer: no next layer (transport, RSS and phase undefined)"]
+    order = TRANSPORT_COLUMNS + [c for c in prof.columns if c != "layer"] + ["rss", "rss_k", "phase", "reason"]
     table = table[order]
 
     profiles = {c: table[c].to_numpy(dtype=np.float64) for c in

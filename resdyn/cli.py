@@ -29,6 +29,13 @@ def _provenance(args: argparse.Namespace) -> int:
         print(json.dumps([{"path": p, **prov} for p, prov in steps], indent=2))
         return 0
     for path, prov in steps:
+        if prov.get("source"):
+            digest = prov.get("sha256")
+            made_here = Path(path).parts[:1] in (("results",), ("models",))
+            what = ("NO PROVENANCE SIDECAR (deleted? run `resdyn verify`)" if made_here
+                    else "source (no provenance of its own)")
+            print(f"{path}\n  {what}: " + (f"sha256 {digest[:16]}…" if digest else "missing"))
+            continue
         wc = ", ".join(f"{k}={v}" for k, v in prov.get("wildcards", {}).items())
         git = prov.get("git") or {}
         print(f"{path}\n  made by rule {prov.get('rule')} ({wc}) at {prov.get('end') or prov.get('start')}"
@@ -49,19 +56,17 @@ def _provenance(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from resdyn import provenance
 
-    root = Path(args.path)
-    sidecars = [io.prov_path(root)] if root.is_file() else sorted(root.rglob("*.prov.json"))
-    problems, checked = [], 0
-    for side in sidecars:
-        artifact = Path(str(side)[: -len(".prov.json")])
-        if not artifact.exists():
-            problems.append(f"{artifact}: artifact missing (sidecar {side} remains)")
-            continue
-        checked += 1
-        problems += provenance.verify(artifact)
+    roots = args.path or [r for r in ("results", "models") if Path(r).exists()]
+    missing = [r for r in roots if not Path(r).exists()]
+    if missing or not roots:
+        print(f"resdyn verify: error: {', '.join(missing) or 'results/ and models/'}: no such file or directory "
+              "(run it in the workflow's folder, or name the folders to audit)", file=sys.stderr)
+        return 2
+    checked, problems = provenance.audit(roots)
     for line in problems:
         print(line)
-    print(f"verified {checked} artifacts: {len(problems)} problem(s)", file=sys.stderr)
+    print(f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)",
+          file=sys.stderr)
     return 1 if problems else 0
 
 
@@ -130,8 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="an artifact (table, HDF5 file, figure) with a .prov.json sidecar")
     p.add_argument("--json", action="store_true", help="the whole chain as JSON")
     p.set_defaults(func=_provenance)
-    v = sub.add_parser("verify", help="re-hash recorded inputs; report artifacts whose inputs changed")
-    v.add_argument("path", nargs="?", default="results", help="a folder of artifacts or one artifact (default: results)")
+    v = sub.add_parser("verify", help="re-hash every artifact and its inputs; report changed outputs and inputs, "
+                       "stale chains, missing sidecars and sidecars without artifacts (see docs/audit.md)")
+    v.add_argument("path", nargs="*", help="folders or files to audit (default: results and models)")
     v.set_defaults(func=_verify)
     pl = sub.add_parser("plan", help="jobs, GPU/CPU-hours, memory, disk, critical path and wall time a config needs")
     pl.add_argument("config", help="a config YAML file (config.yaml or one of configs/*.yaml)")

@@ -50,14 +50,50 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` of a config value cut to ``limit`` characters (a mapping is named, not dumped)."""
+    if isinstance(value, dict):
+        text = "{" + ", ".join(map(str, list(value)[:6])) + (", …" if len(value) > 6 else "") + "}"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _mapping_error(err) -> str:
+    """An unknown or missing key, named by its full dotted key (the mapping is not quoted)."""
+    prefix = _key(err.absolute_path) + "." if err.absolute_path else ""
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return f"config key '{prefix}{missing[0]}': required but missing"
+    allowed = sorted(err.schema.get("properties", {}))
+    unknown = sorted(k for k in err.instance if k not in allowed)
+    return (f"config key '{prefix}{unknown[0]}': unknown key"
+            + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "") + f"; allowed: {allowed}")
+
+
 def _schema_errors(config: dict, schema: dict) -> list[str]:
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    out = []
+    out, seen = [], set()
     for err in errors:
+        # One line per key: the same bad value can fail several schema branches (a family enum
+        # in the model and again in the source-specific ``then``); the first error says it.
+        key = _key(err.absolute_path)
+        if key in seen:
+            continue
+        seen.add(key)
+        if err.validator in ("additionalProperties", "required") and isinstance(err.instance, dict):
+            out.append(_mapping_error(err))
+            continue
         # For oneOf/anyOf the most specific sub-error is the useful one.
         best = jsonschema.exceptions.best_match([err]) if err.context else err
         desc = best.schema.get("description") if isinstance(best.schema, dict) else None
-        msg = f"config key '{_key(err.absolute_path)}': value {err.instance!r} is invalid — {best.message}"
+        reason = best.message
+        if len(reason) > 200:  # jsonschema quotes the whole instance; cut it
+            reason = reason[:199] + "…"
+        msg = f"config key '{key}': value {_short(err.instance)} is invalid — {reason}"
+        if desc:  # the schema's description, first sentence only: a hint, not a manual
+            desc = desc.split(". ")[0]
+            desc = desc if len(desc) <= 160 else desc[:159] + "…"
         out.append(msg + (f" ({desc})" if desc else ""))
     return out
 
@@ -81,6 +117,10 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
+        config["jacobian"]["store_first_n"] = config["samples"]["n"]
+    if config["causal"]["n_samples"] is None:
+        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
     _sort_keys(config)
     return config
 
@@ -190,11 +230,27 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
         tol = config[section]["complex_tol"]
         if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
-    if runs(config, "A") and config["jacobian"]["store_first_n"] < 2:
+    n, length = config["samples"]["n"], config["samples"]["length"]
+    first_n = config["jacobian"]["store_first_n"]
+    if runs(config, "A") and first_n is not None and first_n < 2:
         out.append(
-            f"config key 'jacobian.store_first_n': {config['jacobian']['store_first_n']} — the bootstrap needs the "
-            "per-sample Jacobians of at least 2 samples (set it to samples.n to bootstrap over all)"
+            f"config key 'jacobian.store_first_n': {first_n} — the bootstrap needs the "
+            "per-sample Jacobians of at least 2 samples (leave it unset to keep all samples.n)"
         )
+    elif first_n is not None and first_n > n:
+        out.append(f"config key 'jacobian.store_first_n': {first_n} exceeds samples.n={n} (allowed 2..{n})")
+    positions = config["jacobian"]["positions"]
+    if isinstance(positions, list):
+        outside = [q for q in positions if not -length <= q < length]
+        if outside:
+            out.append(f"config key 'jacobian.positions': {outside} outside samples.length={length} "
+                       f"(allowed {-length}..{length - 1}; negative counts from the end)")
+    if config["causal"]["n_samples"] is not None and config["causal"]["n_samples"] > n:
+        out.append(f"config key 'causal.n_samples': {config['causal']['n_samples']} exceeds samples.n={n} "
+                   "(the causal test uses the first causal.n_samples held-out samples)")
+    if config["activations"]["skip_positions"] >= length:
+        out.append(f"config key 'activations.skip_positions': {config['activations']['skip_positions']} leaves no "
+                   f"token of samples.length={length}")
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
@@ -264,16 +320,49 @@ def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
     return []
 
 
-def load_config(path: str | Path) -> dict:
-    """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML loader that refuses a key written twice in one mapping (YAML's last-one-wins
+    would silently drop the first). Keys brought in by a ``<<:`` merge may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in first:
+                    raise ConfigError(
+                        f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first written at line "
+                        f"{first[key]}); YAML would keep only the last — remove or rename one"
+                    )
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file strictly (duplicate keys are an error); errors name the file and line."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
+        with open(path, encoding="utf-8") as stream:  # a stream, so marks carry the file name
+            return yaml.load(stream, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:  # (an unreadable file raises OSError, which names it)
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         what = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
+
+
+def check_config_files(paths: list[str | Path]) -> None:
+    """Re-read every config file Snakemake loaded with the strict loader (duplicate keys)."""
+    for path in paths:
+        read_yaml(path)
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
+    config = read_yaml(path)
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
     return validate_config(config)
@@ -308,6 +397,30 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     else:
         spec.update(path=f"models/{model}/weights/{ckpt}", step=int(ckpt.removeprefix("step")))
     return spec
+
+
+def dataset_inputs(config: dict, dataset: str) -> list[str]:
+    """Local files a dataset's corpus is read from (text files, a local hf path), so editing one reruns the corpus."""
+    ds = config["datasets"][dataset]
+    if ds["source"] == "text":
+        return list(ds["paths"])
+    return [ds["path"]] if ds["source"] == "hf" and "path" in ds else []  # save_to_disk folder / parquet
+
+
+def checkpoint_inputs(config: dict, model: str, ckpt: str) -> list[str]:
+    """Files ``checkpoint.json`` is made from: a zoo model's weights folder, or every file of a local
+    model folder (weights, config.json, tokenizer), so editing or swapping one redoes the
+    checkpoint record and what depends on it. Hub snapshots are pinned by their revision."""
+    m = config["models"][model]
+    if m["source"] == "train":
+        return [f"models/{model}/weights"]
+    if m["source"] != "local":
+        return []
+    folder = Path(checkpoint_spec(config, model, ckpt)["path"])
+    if not folder.is_dir():
+        return []  # the config check reports the missing folder
+    return sorted(str(p) for p in folder.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
 def lens_checkpoints(config: dict, model: str) -> list[str]:
@@ -348,7 +461,18 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
             except (KeyError, IndexError, ValueError) as err:
                 return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
                         f"substituted ({type(err).__name__}: {err})"]
-            if spec is None or spec["repo"]:
+            if spec is None or (spec["repo"] and not hub.hub_offline()):
+                continue  # online, a hub lens is fetched by the lens job
+            if spec["repo"]:  # offline: it must already be in the HF cache
+                snap = hub.cached_snapshot(spec["repo"], spec["revision"], spec["repo_type"])
+                folder = None if snap is None else snap / spec["path"]
+                missing = [f for f in ("config.json", "params.pt") if folder is None or not (folder / f).is_file()]
+                if missing:
+                    out.append(
+                        f"config key 'lens.path': tuned lens {spec['repo']}:{spec['path']} (model {name}) is not in the "
+                        f"HF cache (HF_HUB_OFFLINE is set); fetch it with `{hub.download_command(spec['repo'], spec['revision'], spec['repo_type'])} "
+                        f"--include '{spec['path']}/*'`"
+                    )
                 continue
             missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
             if missing:

@@ -47,6 +47,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 GB = 1e9
 MiB = 2**20
 EXACT_SPECTRAL_MAX_D = 512  # = resdyn.jacobian.EXACT_SPECTRAL_MAX_D (not imported: no torch here)
+JACOBIAN_GPU_BATCH = 16  # = resdyn.jacobian.default_batch_size on CUDA
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,15 @@ class Shape:
     vocab: int
     dtype_bytes: int = 2
     head_dim: int | None = None
+    #: MLP weight matrices: 3 (gated: gate, up, down) or 2 (plain: GPT-2, GPT-NeoX)
+    mlp_mats: int = 3
+    #: parallel residual (GPT-NeoX/Pythia): one operator per layer, three Jacobian groups stored
+    parallel: bool = False
+
+    @property
+    def jacobian_groups(self) -> int:
+        """Jacobians stored per layer: attn, mlp; or layer, attn_branch, mlp_branch (parallel)."""
+        return 3 if self.parallel else 2
 
     @property
     def hd(self) -> int:
@@ -170,8 +180,9 @@ class Shape:
 
     @property
     def layer_params(self) -> int:
-        """Weights of one layer: q, o (d·H·hd each), k, v (d·KV·hd each), gated MLP (3·d·d_ff)."""
-        return 2 * self.d * self.d_q + 2 * self.d * self.d_kv + 3 * self.d * self.d_ff
+        """Weights of one layer: q, o (d·H·hd each), k, v (d·KV·hd each), MLP (3·d·d_ff gated,
+        2·d·d_ff plain)."""
+        return 2 * self.d * self.d_q + 2 * self.d * self.d_kv + self.mlp_mats * self.d * self.d_ff
 
     @property
     def params(self) -> int:
@@ -181,6 +192,11 @@ class Shape:
     @property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
+
+
+#: families whose MLP is W_2 act(W_1 x) (two matrices); GPT-NeoX is priced as parallel residual
+#: (Pythia's use_parallel_residual, its default)
+PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
 
 
 class ShapeError(ValueError):
@@ -208,8 +224,10 @@ def model_shape(config: dict, model: str) -> Shape:
     if isinstance(d_ff, list):  # per-layer widths: the mean prices the sum
         d_ff = int(round(sum(d_ff) / len(d_ff)))
     head_dim = m.get("head_dim")
+    family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
-                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None)
+                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
+                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3, parallel=family == "gpt_neox")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +291,7 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
                  fp32 values;
       summaries  σ_max by 64 power-iteration steps on a float64 d×d (two mat-vecs each: 128·8·d²
                  bytes streamed; exact singular values for d ≤ 512), ‖J−I‖_F and the float64 sum into the accumulator (3·8·d²).
-    Host: the weights (loaded on the host first today), float64 sums 2·8·d² and the first
+    Host: one shard of the weights (device_map loading; all of them on a CPU), float64 sums 2·8·d² and the first
     ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Device: the weights, fp32
     copies of the block's layers, a 1 GiB tangent chunk, M and J temporaries. Disk per layer:
     2 kinds × (mean d² in ``store_dtype`` + per-sample n·P·d²·4, gzip ≈ incompressible).
@@ -293,14 +311,15 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     else:
         stream += 2 * 128 * 8.0 * d * d
     c.add("stream", N * L * P * stream)
-    c.add("calls", N * (L * P * 4 + max(layers) + 1))
-    acc = L * 2 * (8.0 * d * d + n_first * P * 4.0 * d * d)
+    batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.jacobian.default_batch_size: one forward per batch
+    c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
+    acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
     # tangent chunk: ≤ 1 GiB (resdyn.jacobian.TANGENT_BUDGET_BYTES), 4·(8·H·(T+1) + 8·H·hd) per direction
     tangents = min(2.0**30, d * 4.0 * (8 * s.n_heads * (T + 1) + 8 * s.d_q))
     work = 4.0 * s.layer_params * L + tangents + 3 * 4.0 * d * s.d_ff + 6 * 8.0 * d * d * P
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + acc + (0.0 if gpu else work)
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
-    c.disk_bytes = L * 2 * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
+    c.disk_bytes = L * s.jacobian_groups * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
     return c
 
 
@@ -316,7 +335,7 @@ def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
     states = N * (2 * s.n_layers + 1) * Tk * s.d
     c.add("stream", states * (4.0 + 4.0 + DTYPE_BYTES[config["activations"]["dtype"]]))
     c.add("calls", N * (2 * s.n_layers + 1))
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * (2 * s.n_layers + 1) * Tk * s.d
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 2 * 4.0 * (2 * s.n_layers + 1) * Tk * s.d
     c.device_bytes = s.weight_bytes + 4.0 * (2 * s.n_layers + 1) * T * s.d * 4 if gpu else 0.0
     c.disk_bytes = states * DTYPE_BYTES[config["activations"]["dtype"]]
     return c
@@ -328,8 +347,8 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     Per step: the frozen forward 2·B·P_layers (model dtype); the final logits 2·B·d·V; the
     translators forward and weight gradient 2·2·B·n·d² (fp32: the translators are fp32); the
     readout of every layer through the frozen head, forward and input gradient 2·2·B·n·d·V in
-    the head's dtype (bf16 for bf16 models: tensor-core GEMMs with fp32 accumulation; the head
-    dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
+    ``lens.readout_dtype`` (bfloat16: tensor-core GEMMs with fp32 accumulation, 13× the fp32
+    rate on an H100; float32 by default; the readout dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
     the bf16 logits and their gradient (4·B·n·V). Held-out evaluation every ``eval_every`` steps:
     forward only, on n_heldout·T tokens. Device: weights + translators, gradients, momentum
     (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
@@ -338,14 +357,22 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
-    c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V + 4.0 * B * n * d * V))
+    if lc.get("source", "train") == "tuned_lens":  # imported (resdyn.lens_import): load, check, write
+        c.add("stream", 3 * 4.0 * n * d * (d + 1))
+        c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * n * d * (d + 1)
+        c.device_bytes = s.weight_bytes + 4.0 * n * d * (d + 1) if gpu else 0.0
+        c.disk_bytes = 4.0 * n * d * (d + 1) * 2
+        return c
+    readout = "gemm16" if (gpu and lc.get("readout_dtype", "float32") == "bfloat16") else "gemm32"
+    c.add(head, steps * (_forward_flops(s, B, n, T) + 2.0 * B * d * V))
+    c.add(readout, steps * 4.0 * B * n * d * V)
     c.add("gemm32", steps * 4.0 * B * n * d * d)
     evals = steps // lc["eval_every"] + 1
     held = lc["n_heldout_blocks"] * T
     c.add(head, evals * (_forward_flops(s, held, n, T) + 2.0 * held * d * V * (n + 1) + 2.0 * held * n * d * d))
     c.add("stream", steps * 16.0 * B * n * V + evals * 12.0 * held * n * V)
     c.add("calls", steps * (n + 4) + evals * (n + 1))
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 8.0 * (lc["n_train_blocks"] + lc["n_heldout_blocks"]) * T
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * (lc["n_train_blocks"] + lc["n_heldout_blocks"]) * T
     # logits chunk (resdyn.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
     # logits, softmax and gradient in fp32
     chunk = min(B * n * V, 2**27 if gpu else 2**22)
@@ -367,7 +394,7 @@ def cost_lens_metrics(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add(head, _forward_flops(s, N * T, n, T) + 4.0 * N * T * (n + 1) * d * V)
     c.add("gemm32", 2.0 * N * T * n * d * d)
     c.add("stream", 2 * 12.0 * N * T * (n + 1) * V)
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu)
     c.device_bytes = s.weight_bytes + 4.0 * n * d * d + 2 * 2**30 if gpu else 0.0
     return c
 
@@ -392,7 +419,7 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
     c.add("stream", heads * n * 12.0 * B * T * s.vocab)
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
-    c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 8.0 * n * s.d * s.d
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * n * s.d * s.d
     c.device_bytes = s.weight_bytes + 4.0 * B * T * (s.d * 4 + s.vocab * 3) if gpu else 0.0
     return c
 
@@ -401,8 +428,19 @@ def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+#: Host bytes of weights a GPU job holds while loading: transformers' ``device_map`` reads each
+#: safetensors shard straight to the device (resdyn.models.load_model), ≈ one shard (≤ 5 GB).
+SHARD_BYTES = 5.0 * GB
+
+
+def _host_weights(s: Shape, gpu: bool) -> float:
+    """Weights resident on the host: all of them on a CPU, about one shard on a GPU."""
+    return min(s.weight_bytes, SHARD_BYTES) if gpu else float(s.weight_bytes)
+
+
 def _n_sublayers(s: Shape) -> int:
-    return 2 * s.n_layers
+    """Operators of the sublayer chain: two per layer, one per parallel-residual layer."""
+    return s.n_layers if s.parallel else 2 * s.n_layers
 
 
 def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
@@ -526,16 +564,18 @@ def cost_readout(config: dict, s: Shape) -> Cost:
 
 
 def cost_phase_metrics(config: dict, s: Shape) -> Cost:
-    """``phase_metrics``: every boundary's states are read back at once (float32,
-    N·(2n+1)·(T−skip)·d·4 bytes, :func:`resdyn.activations.read_all_boundaries`) and per layer
-    a centred token × d effective rank (singular values of an M × d matrix: 2·M·d² + 8/3 d³)."""
+    """``phase_metrics``: every boundary's states are streamed from the layer files one state and
+    one chunk of samples at a time (:class:`resdyn.activations.BoundaryView`), per layer a
+    centred token × d effective rank (Gram 2·M·d² + singular values 8/3 d³) and token cosines."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, n = N * Tk, s.d, s.n_layers
     c = Cost()
     c.add("gemm64", (n + 1) * 2.0 * M * d * d)
     c.add("svdvals", (n + 1) * decomposition_flops("svdvals", d))
     c.add("stream", N * (2 * n + 1) * Tk * d * (2 + 4 + 8.0))
-    c.host_bytes = BASE_HOST_BYTES + N * (2 * n + 1) * Tk * d * 4.0 + M * d * 8.0
+    # read lazily (resdyn.activations.BoundaryView): a chunk of ~2^22 entries, the d×d Gram, and
+    # the pooled M×d float64 tokens when the exact SVD path is taken (≤ 2^24 entries)
+    c.host_bytes = BASE_HOST_BYTES + 4 * 8.0 * 2**22 + 2 * 8.0 * d * d + 8.0 * min(M * d, 2**24)
     return c
 
 

@@ -78,8 +78,24 @@ def stdlib_docstrings(max_modules: int | None = None) -> list[str]:
     return docs
 
 
-def load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
-    """Documents of a dataset entry of the config (see module docstring for the sources)."""
+def load_documents(spec: dict, base_dir: str | Path = ".", name: str = "?") -> list[str]:
+    """Documents of dataset ``name`` of the config (see module docstring for the sources).
+
+    Fewer than 2 documents (nothing to split into train and held-out) raises ValueError naming
+    the dataset and where its text came from.
+    """
+    docs = _load_documents(spec, base_dir)
+    if len(docs) < 2:
+        where = {"text": f"text files {spec.get('paths')}", "hf": f"hub dataset {spec.get('name')!r} "
+                 f"(config {spec.get('config')!r}, split {spec.get('split', 'train')!r})"}.get(
+                     spec["source"], f"embedded parts {spec.get('parts')}")
+        raise ValueError(f"dataset {name!r}: {where} gave {len(docs)} non-empty document(s); at least 2 are "
+                         "needed (one train, one held out) — add text or split it into paragraphs "
+                         "(split_paragraphs: true)")
+    return docs
+
+
+def _load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
     source = spec["source"]
     if source == "embedded":
         parts = spec.get("parts", ["kjv", "python_docs"])
@@ -95,10 +111,13 @@ def load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
             path = Path(base_dir, p)
             if not path.is_file():
                 raise FileNotFoundError(f"dataset text file {path} does not exist")
-            text = path.read_text(encoding="utf-8")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"dataset text file {path}: not UTF-8 ({err.reason} at byte {err.start})") from err
             if spec.get("split_paragraphs", False):
                 docs += [d.strip() for d in text.split("\n\n") if d.strip()]
-            else:
+            elif text.strip():
                 docs.append(text)
         return docs
     if source == "hf":
@@ -243,7 +262,8 @@ def token_stream(tokenizer, docs: Iterable[str]) -> np.ndarray:
     return np.concatenate(pieces)
 
 
-def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
+                source: str = "the held-out stream", keys: str = "samples.n") -> tuple[np.ndarray, np.ndarray]:
     """Draw ``n`` non-overlapping blocks of ``length`` tokens from a token stream, seeded.
 
     The stream is cut into ``len(stream) // length`` consecutive windows; a seeded permutation
@@ -253,8 +273,8 @@ def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int) -> tuple[np.
     n_windows = len(stream) // length
     if n > n_windows:
         raise ValueError(
-            f"asked for {n} samples of {length} tokens but the held-out stream has only "
-            f"{len(stream)} tokens ({n_windows} windows); lower samples.n or samples.length"
+            f"asked for {n} samples of {length} tokens but {source} has only {len(stream)} tokens "
+            f"({n_windows} windows); lower {keys} (at most {n_windows}) or samples.length, or use a larger corpus"
         )
     chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=n, replace=False))
     starts = chosen * length

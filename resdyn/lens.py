@@ -1051,12 +1051,16 @@ def train_lens(
         bias = nn.Parameter(torch.zeros(n, d, device=device))
         optimizer = _make_optimizer([weight, bias], opt)
         heldout_states = None
+        where = f"lens of model {model_id!r} checkpoint {model_revision!r}"
         if heldout is not None:
             heldout_states = torch.cat([layer_major_states(model, b) for b in heldout], dim=1)
+            _require_finite(heldout_states, where, "held-out residual state", 0)
         head_w = linear_readout_weight(model, READOUT_DTYPES[opt.readout_dtype])
         teacher = None if head_w is None else (lambda final: _teacher_stats(model, head_w, final, opt.chunk_elements))
         stream = _TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
         result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w)
+        _require_finite(torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator",
+                        result["steps"])
     if saver is not None:
         saver.remove()
 
@@ -1075,6 +1079,20 @@ def train_lens(
             "stop_reason": result["stop_reason"],
         },
     )
+
+
+def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
+    """Raise FloatingPointError naming the first layer (dim 0 of ``x``) that holds NaN/Inf.
+
+    A NaN in the model's weights makes every translator NaN; refusing here keeps a lens of NaN
+    translators (and an empty KL column) from being written.
+    """
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
+    if bad.any():
+        layer = int(torch.nonzero(bad)[0])
+        raise FloatingPointError(
+            f"{where}: non-finite {what} (NaN/Inf) at layer {layer}, lens step {step} — the model's weights or "
+            "states hold NaN/Inf (or training diverged: lower lens.lr); no lens written")
 
 
 def _fit(
@@ -1247,7 +1265,7 @@ def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[to
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl"]
+METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
 
 
 @torch.no_grad()
@@ -1292,6 +1310,10 @@ def lens_metrics(model: nn.Module, lens: Lens, token_batches: Iterable[torch.Ten
             if name == "tuned" and conv is not None and layer in conv.index:
                 c = conv.loc[layer]
                 row.update(converged=bool(c["converged"]), steps=int(c["steps"]), converged_step=int(c["converged_step"]), final_heldout_kl=float(c["final_heldout_kl"]))
+                row["reason"] = "" if np.isfinite(row["final_heldout_kl"]) else "no held-out batches: no held-out KL"
+            else:  # why the training columns are empty
+                row["reason"] = ("logit lens: nothing trained" if name == "logit" else
+                                 "last layer's output: read as is, no translator trained")
             rows.append(row)
     return pd.DataFrame(rows, columns=METRIC_COLUMNS)
 

@@ -19,6 +19,30 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "config.json")
+TOKENIZER_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "*.model")
+
+
+def _check_folder(folder: Path, what: str) -> None:
+    """Refuse a folder whose config.json or safetensors headers do not parse (names the file)."""
+    import json
+
+    for path in sorted(folder.glob("*.json")):  # config, tokenizer, generation config
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"checkpoint {what}: {path} is not valid JSON ({err})") from err
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ValueError(f"checkpoint {what}: {folder / 'config.json'} has no 'model_type' "
+                         "(expected a Hugging Face model config)")
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise ValueError(f"checkpoint {what}: {path} is not a readable safetensors file ({err})") from err
 
 
 def _hub_snapshot(repo: str, revision: str) -> Path:
@@ -61,6 +85,7 @@ def resolve_checkpoint(spec: dict) -> dict:
                 f"checkpoint {spec['model']}/{spec['checkpoint']}: {folder} has no config.json "
                 "(expected a Hugging Face model folder)"
             )
+    _check_folder(folder, f"{spec['model']}/{spec['checkpoint']}")
     weights = sorted(p.name for pat in WEIGHT_PATTERNS for p in folder.glob(pat))
     if not any(w != "config.json" for w in weights):
         raise FileNotFoundError(f"checkpoint {spec['model']}/{spec['checkpoint']}: no weight files in {folder}")
@@ -70,6 +95,8 @@ def resolve_checkpoint(spec: dict) -> dict:
         "resolved_commit": commit,
         "weight_files": weights,
         "content_hash": io.sha256_tree(folder, WEIGHT_PATTERNS),
+        # the tokenizer decides which tokens every sample holds: recorded beside the weights
+        "tokenizer_hash": io.sha256_tree(folder, TOKENIZER_PATTERNS),
     }
 
 
@@ -98,17 +125,21 @@ def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
     return kwargs
 
 
-def load_model(record: dict, device: str = "auto", verify_hash: bool = False):
+def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
     """Load (model, tokenizer) from a checkpoint record, eval mode, eager attention.
 
     Eager attention makes every sublayer an explicit, differentiable PyTorch function.
-    With ``verify_hash`` the folder is re-hashed and must match the record.
+    With ``verify_hash`` (the default) the folder is re-hashed and must match the record, so
+    swapped weights stop the job instead of being analysed under the old record's name.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(record["folder"])
     if verify_hash and io.sha256_tree(folder, WEIGHT_PATTERNS) != record["content_hash"]:
-        raise RuntimeError(f"weights in {folder} changed since they were resolved (content hash mismatch)")
+        raise RuntimeError(
+            f"checkpoint {record['model']}/{record['checkpoint']}: weights in {folder} changed since they were "
+            f"resolved (content hash mismatch with models/{record['model']}/{record['checkpoint']}/checkpoint.json) "
+            "— rerun snakemake to redo the checkpoint record and everything made from it")
     target = pick_device(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **load_kwargs(folder, record.get("dtype", "float32"), target))

@@ -221,6 +221,14 @@ def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
         for ds in cfg["datasets"].values():
             if ds["source"] == "hf" and "name" in ds:
                 add_snapshot(hub_cache, ds["name"], ds.get("revision") or "main", "dataset")
+        lens = cfg.get("lens", {})
+        if lens.get("source") == "tuned_lens" and lens.get("repo"):  # published-lens stand-ins (files only)
+            space = add_snapshot(hub_cache, lens["repo"], lens.get("revision") or "main", lens.get("repo_type", "space"))
+            for key, m in cfg["models"].items():
+                folder = space / lens["path"].format(model=key, repo=m.get("repo", ""), ckpt="")
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "config.json").write_text("{}")
+                (folder / "params.pt").write_bytes(b"")
     return Path(hub_cache)
 
 

@@ -30,3 +30,22 @@ def test_streamed_files_equal_collected(tmp_path, dtype):
                 np.testing.assert_array_equal(fa[key][()], fb[key][()])
     with pytest.raises(ValueError, match="skip_positions"):
         activations.stream_activation_files(model, ids, sids, 12, tmp_path / "c", dtype, attrs, progress=False)
+
+
+def test_boundary_view_gives_the_same_geometry_as_reading_everything(tmp_path):
+    from resdyn import geometry
+
+    model = make_model("llama")
+    ids = np.random.default_rng(1).integers(0, model.config.vocab_size, (5, 12))
+    activations.stream_activation_files(model, ids, np.arange(5), 1, tmp_path, "float32", {}, progress=False)
+    full = activations.read_all_boundaries(tmp_path)
+    view = activations.BoundaryView(tmp_path)
+    assert view.shape == full.shape
+    np.testing.assert_array_equal(view[1:4, 3, 2:, :], full[1:4, 3, 2:, :])
+    np.testing.assert_array_equal(view[:, -1, :, :], full[:, -1])
+    a = geometry.layer_geometry(full, chunk_samples=2)
+    b = geometry.layer_geometry(view, chunk_samples=2)
+    num = a.select_dtypes("number").columns
+    np.testing.assert_allclose(b[num].to_numpy(float), a[num].to_numpy(float), rtol=1e-12, equal_nan=True)
+    with pytest.raises(TypeError):
+        view[0]

@@ -287,7 +287,7 @@ def test_last_state_is_raw_layer_output(family_model):
     torch.testing.assert_close(arch.unembed_logits(model, states[-1]), out.logits[0], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma4"])
+@pytest.mark.parametrize("name", ["llama", "gemma4", "gpt2", PARALLEL])
 def test_boundary_states_match_sdpa_model(name):
     """Default attention (sdpa): equal up to the fused kernel's summation order."""
     model = make_model(name, attn_implementation="sdpa")
@@ -338,7 +338,7 @@ def test_sublayer_metadata():
 
 def test_bf16_boundaries_follow_hf():
     """bf16 weights: the split runs in bf16 like HF (eager); states agree to bf16 rounding."""
-    for name in ("llama", "olmo2", "gemma4"):
+    for name in ("llama", "olmo2", "gemma4", "gpt2", PARALLEL):
         model = make_model(name).to(torch.bfloat16)
         ids = sample_ids()
         states = arch.boundary_states(model, ids)

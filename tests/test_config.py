@@ -77,7 +77,7 @@ BAD = [
     (_set(["lens", "optimizer"], "lbfgs"), ["lens.optimizer", "'lbfgs'", "adam"]),
     (_set(["bootstrap"], {"complex_tol": 0.05}), ["bootstrap.complex_tol", "0.05", "spectra.complex_tolerances"]),
     (_set(["jacobian", "store_first_n"], 0), ["jacobian.store_first_n", "0", "at least 2"]),
-    (_set(["unknown_section"], {}), ["unknown_section", "Additional properties"]),
+    (_set(["unknown_section"], {}), ["unknown_section", "unknown key"]),
     (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
     (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),
     (_set(["studies"], ["A", "C"]), ["studies.1", "'C'", "'A', 'B'"]),

@@ -15,7 +15,7 @@ import yaml
 
 import hubcache
 from resdyn import config as rc
-from resdyn import data, hub, models
+from resdyn import data, hub, io, models
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -323,7 +323,8 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
     from safetensors.torch import load_file
 
     snap = next((offline / "hub" / "models--resdyn-ci--Qwen2.5-mini-8L" / "snapshots").iterdir())
-    record = {"model": "q", "checkpoint": "main", "folder": str(snap), "dtype": "float32", "content_hash": ""}
+    record = {"model": "q", "checkpoint": "main", "folder": str(snap), "dtype": "float32",
+              "content_hash": io.sha256_tree(snap, models.WEIGHT_PATTERNS)}  # load_model re-hashes
     real = transformers.AutoModelForCausalLM.from_pretrained
     seen = {}
 

@@ -149,3 +149,33 @@ def test_config_lens_import_spec_and_validation(tmp_path, trained):
     with pytest.raises(rc.ConfigError, match=r"only \{model\}, \{ckpt\} and \{repo\}"):
         rc.validate_config(json.loads(json.dumps(cfg)))
     assert rc.lens_import_spec(rc.validate_config({**cfg, "lens": {}}), "m", "step600") is None
+
+
+def test_offline_hub_lens_must_be_cached(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE with a hub lens that is not in the cache stops validation with one line
+    naming the repository, the folder and the download command."""
+    import hubcache
+    from resdyn import config as rc
+
+    cache = tmp_path / "hub"
+    from safetensors.torch import save_file
+
+    snap = hubcache.write_config_only(cache, "org/tiny-neox", "main", hubcache._gpt_neox(2).to_dict())
+    save_file({}, str(snap / "model.safetensors"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = {"datasets": {"e": {"source": "embedded"}},
+           "models": {"m": {"source": "hf", "repo": "org/tiny-neox", "revisions": ["main"], "dataset": "e"}},
+           "jacobian": {"store_first_n": 2},
+           "lens": {"source": "tuned_lens", "repo": "org/lenses", "path": "lens/{repo}"}}
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(json.loads(json.dumps(cfg)))
+    problems = str(err.value).splitlines()[1:]
+    assert len(problems) == 1, problems
+    for needle in ("org/lenses:lens/org/tiny-neox", "hf download --repo-type space org/lenses"):
+        assert needle in problems[0], problems[0]
+    space = hubcache.add_snapshot(cache, "org/lenses", "main", "space") / "lens" / "org" / "tiny-neox"
+    space.mkdir(parents=True)
+    (space / "config.json").write_text("{}")
+    (space / "params.pt").write_bytes(b"")
+    assert rc.validate_config(json.loads(json.dumps(cfg)))["models"]["m"]["family"] == "gpt_neox"

@@ -108,3 +108,31 @@ def test_plots_style_the_layer_operator(parallel_files):
     _, _, loaders = parallel_files
     table, _ = spectral.spectra_table(loaders)
     assert isinstance(table, pd.DataFrame) and set(table["kind"]) <= set(plots.KIND_STYLE)
+
+
+def test_cost_model_prices_parallel_layers_and_imported_lenses():
+    """The plan's cost model: GPT-NeoX has a plain MLP (2·d·d_ff weights), stores three Jacobian
+    groups per layer and has one operator (and boundary) per layer; an imported lens costs no
+    training."""
+    import copy
+
+    from resdyn import cost
+
+    base = {"samples": {"n": 8, "length": 16}, "jacobian": {"positions": "last", "store_first_n": 2,
+                                                             "store_dtype": "float32"},
+            "lens": {"tokens_per_step": 64, "steps": 10, "eval_every": 5, "n_heldout_blocks": 2,
+                     "n_train_blocks": 4}}
+    shape = dict(source="hf", n_layers=4, d_model=32, n_heads=4, d_ff=128, vocab_size=100, dtype="float32")
+    neox = {**base, "models": {"m": {**shape, "family": "gpt_neox"}}}
+    llama = {**base, "models": {"m": {**shape, "family": "llama"}}}
+    s_neox, s_llama = cost.model_shape(neox, "m"), cost.model_shape(llama, "m")
+    assert s_neox.parallel and s_neox.mlp_mats == 2 and not s_llama.parallel
+    assert s_llama.layer_params - s_neox.layer_params == 32 * 128  # one MLP matrix fewer
+    disk = [cost.cost_jacobians(c, s, [0, 1], gpu=True).disk_bytes for c, s in ((neox, s_neox), (llama, s_llama))]
+    assert disk[0] == pytest.approx(1.5 * disk[1])  # layer, attn_branch, mlp_branch vs attn, mlp
+    assert cost._n_sublayers(s_neox) == 4 and cost._n_sublayers(s_llama) == 8
+    trained = cost.cost_lens(neox, s_neox, gpu=True)
+    imported_cfg = copy.deepcopy(neox)
+    imported_cfg["lens"]["source"] = "tuned_lens"
+    imported = cost.cost_lens(imported_cfg, s_neox, gpu=True)
+    assert imported.flops < trained.flops / 100 and imported.device_bytes < trained.device_bytes

@@ -142,6 +142,28 @@ def test_provenance_chain_reaches_model_and_data(smoke, monkeypatch):
     assert rules[0] == "figure_ckpt" and "zoo_train" in rules
 
 
+def test_every_rule_log_records_the_job_on_success(smoke):
+    """Issue 12 item 7: each job's log holds its INFO lines (inputs with shapes, threads, outputs,
+    seconds, device, peak memory) and its progress bars, although every job succeeded."""
+    logs = sorted((smoke / "logs").rglob("*.log"))
+    assert len(logs) >= 50
+    for log in logs:
+        text = log.read_text()
+        assert re.search(r"INFO resdyn\.rule\.\w+: rule \w+, wildcards .*, threads \d+", text), log
+        assert re.search(r"INFO resdyn\.rule\.\w+: done in [\d.]+ s wall, [\d.]+ s CPU; device cpu.*; peak memory host "
+                         r"[\d.]+ (MiB|GiB)", text), log
+        assert " output " in text, log
+    log = lambda rel: (smoke / "logs" / rel).read_text()  # noqa: E731
+    assert re.search(r"input results/tiny_llama/samples\.h5: [\d.]+ KiB, datasets .*\(6, 16\)", log(
+        "jacobians/tiny_llama/step30/layers000-003.log"))
+    assert "jacobians L0-3: 100%" in log("jacobians/tiny_llama/step30/layers000-003.log")  # tqdm bars
+    assert "lens: " in log("lens/tiny_llama/step30.log")
+    assert "train llama-6L: 100%" in log("zoo_train/tiny_llama.log")
+    assert re.search(r"output results/tiny_llama/step30/spectra\.tsv: [\d.]+ KiB, 12 rows x \d+ columns",
+                     log("spectra/tiny_llama/step30.log"))
+    assert "fontTools" not in log("figures/tiny_llama/step30/funnel.log")  # library chatter kept out
+
+
 def test_verify_detects_an_edited_upstream_table(smoke, tmp_path):
     work = copy_workflow(tmp_path / "wf")
     shutil.copytree(smoke / "results", work / "results")
@@ -152,7 +174,7 @@ def test_verify_detects_an_edited_upstream_table(smoke, tmp_path):
     table.write_text(table.read_text().replace("\t0.", "\t1.", 1))
     bad = subprocess.run([RESDYN, "verify", "results"], cwd=work, env=env_for(work), capture_output=True, text=True)
     assert bad.returncode == 1
-    assert "spectra.tsv changed" in bad.stdout
+    assert "changed output: results/tiny_llama/step30/spectra.tsv: differs from what rule spectra wrote" in bad.stdout
     assert "checkpoints.tsv" in bad.stdout  # the artifacts made from it are named
 
 
@@ -210,23 +232,26 @@ def reached_modules(work: Path, script: str) -> set[str]:
     return {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")}
 
 
-def params_changed(work: Path, rule_of: dict[str, str]) -> set[str]:
-    """Rules with an output whose recorded params differ from the current ones (no job runs)."""
-    out = snakemake(work, "-n", "--list-changes", "params").stdout
-    return {rule_of[line.strip()] for line in out.splitlines() if line.strip() in rule_of}
+def summary_rows(work: Path, config: str = "configs/smoke.yaml") -> list[list[str]]:
+    """snakemake --summary: [output_file, date, rule, log, status, plan] per output (nothing runs)."""
+    lines = snakemake(work, "--summary", config=config).stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("output_file\t"))
+    return [cols for cols in (line.split("\t") for line in lines[start + 1:]) if len(cols) >= 6]
+
+
+def params_changed(work: Path) -> set[str]:
+    """Rules with an output whose recorded params differ from today's ("params changed" in
+    --summary; unlike a dry run's reasons, it is checked for every job, not only the first
+    needing a rerun on each path)."""
+    rows = summary_rows(work)
+    assert {r[4] for r in rows} <= {"ok", "params changed"}, {r[4] for r in rows}
+    return {r[2] for r in rows if r[4] == "params changed"}
 
 
 def test_editing_any_resdyn_module_reruns_exactly_the_rules_reaching_it(smoke, tmp_path):
     """Issue 14: every resdyn module edited in turn; params (the derived code version) change for
     exactly the rules whose scripts import it, directly or not, and for no other rule."""
-    summary = snakemake(smoke, "--summary").stdout.splitlines()
-    header = summary.index(next(line for line in summary if line.startswith("output_file")))
-    rule_of = {}
-    for line in summary[header + 1:]:
-        cols = line.split("\t")
-        if len(cols) > 2:
-            rule_of[cols[0]] = cols[2]
-    in_dag = set(rule_of.values())
+    in_dag = {row[2] for row in summary_rows(smoke)}
     scripts = {r: s for r, s in rule_scripts(smoke).items() if r in in_dag}
     assert len(scripts) >= 20  # every rule with a script has jobs in the smoke DAG
     reach = {r: reached_modules(smoke, s) for r, s in scripts.items()}
@@ -239,14 +264,14 @@ def test_editing_any_resdyn_module_reruns_exactly_the_rules_reaching_it(smoke, t
         work = copy_workflow(tmp_path / f"wf{index}")
         for d in ("results", "models", ".snakemake"):
             shutil.copytree(smoke / d, work / d, symlinks=True)
-        assert params_changed(work, rule_of) == set()
+        assert params_changed(work) == set()
         problems = []
         for rel in chunk:
             name = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
             expected = {r for r, mods in reach.items() if name in mods}
             original = (work / rel).read_bytes()
             (work / rel).write_bytes(original + b"\n# an edit\n")
-            got = params_changed(work, rule_of)
+            got = params_changed(work)
             (work / rel).write_bytes(original)
             if got != expected:
                 problems.append(f"{rel}: rerun {sorted(got)}, expected {sorted(expected)}")
@@ -261,10 +286,8 @@ def test_editing_any_resdyn_module_reruns_exactly_the_rules_reaching_it(smoke, t
 
 
 def dag_outputs(work: Path, config: str) -> dict[str, str]:
-    """Output file -> rule for every job of the DAG (snakemake --summary, nothing runs)."""
-    lines = snakemake(work, "--summary", config=config).stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("output_file\t"))
-    return {c[0]: c[2] for c in (line.split("\t") for line in lines[start + 1:]) if len(c) > 2}
+    """Output file -> rule for every job of the DAG."""
+    return {row[0]: row[2] for row in summary_rows(work, config)}
 
 
 A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap"}

@@ -4,6 +4,8 @@ from resdyn import cost as rcost
 from resdyn.codeversion import script_code_version
 from resdyn.scorecard import scaling_group
 
+# Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
+rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
 
 MODELS = list(config["models"])

@@ -2,6 +2,8 @@
 
 
 rule corpus:
+    input:
+        lambda w: rc.dataset_inputs(config, w.dataset),
     output:
         train="results/data/{dataset}/train.jsonl",
         heldout="results/data/{dataset}/heldout.jsonl",

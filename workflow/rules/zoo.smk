@@ -45,11 +45,7 @@ rule zoo_train:
 
 rule resolve_checkpoint:
     input:
-        lambda w: (
-            [f"models/{w.model}/weights"]
-            if config["models"][w.model]["source"] == "train"
-            else []
-        ),
+        lambda w: rc.checkpoint_inputs(config, w.model, w.ckpt),
     output:
         "models/{model}/{ckpt}/checkpoint.json",
     log:

@@ -10,4 +10,5 @@ with provenance.step(snakemake) as step:
     activations.stream_activation_files(
         model, ids, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,
         {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]}, arch.residual_kind(model),
+        where=f"model {record['model']} checkpoint {record['checkpoint']}",
     )

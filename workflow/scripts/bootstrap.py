@@ -8,5 +8,6 @@ with provenance.step(snakemake) as step:
         snakemake.input.blocks, n_resamples=p.n_resamples, seed=p.seed, level=p.ci, complex_tol=p.complex_tol,
         device=models.pick_device(p.device),
     )
-    io.write_tsv(table, snakemake.output.table)
+    # whole-model rows (early-minus-late, RSS) have no layer or sublayer index
+    io.write_tsv(table, snakemake.output.table, allow_nan=("layer", "s"))
     io.write_tsv(replicates, snakemake.output.replicates)
