@@ -23,6 +23,8 @@ rule bridge:
         alignment="results/{model}/{ckpt}/bridge_alignment.tsv",
     log:
         "logs/bridge/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bridge/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("bridge", "threads")
@@ -119,6 +121,8 @@ rule scorecard:
         ),
     log:
         "logs/scorecard/{model}.log",
+    benchmark:
+        "benchmarks/out/scorecard/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:

@@ -9,6 +9,8 @@ rule corpus:
         heldout="results/data/{dataset}/heldout.jsonl",
     log:
         "logs/corpus/{dataset}.log",
+    benchmark:
+        "benchmarks/out/corpus/{dataset}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     resources:
@@ -28,6 +30,8 @@ rule tokenizer:
         directory("results/data/{dataset}/tokenizer"),
     log:
         "logs/tokenizer/{dataset}.log",
+    benchmark:
+        "benchmarks/out/tokenizer/{dataset}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     resources:

@@ -45,6 +45,8 @@ rule figure_ckpt:
         pdf="results/figures/{model}/{ckpt}/{figure}.pdf",
     log:
         "logs/figures/{model}/{ckpt}/{figure}.log",
+    benchmark:
+        "benchmarks/out/figure_ckpt/{model}/{ckpt}/{figure}.tsv"
     wildcard_constraints:
         figure="|".join(rc.CKPT_FIGURES),
     conda:
@@ -77,6 +79,8 @@ rule figure_model:
         pdf="results/figures/{model}/{figure}.pdf",
     log:
         "logs/figures/{model}/{figure}.log",
+    benchmark:
+        "benchmarks/out/figure_model/{model}/{figure}.tsv"
     wildcard_constraints:
         figure="|".join(rc.MODEL_FIGURES),
     conda:
@@ -107,6 +111,8 @@ rule figure_scaling:
         pdf="results/figures/scaling/phase_widths.pdf",
     log:
         "logs/figures/scaling.log",
+    benchmark:
+        "benchmarks/out/figure_scaling/scaling.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:

@@ -8,6 +8,8 @@ rule phases:
         "results/{model}/{ckpt}/phases.json",
     log:
         "logs/phases/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/phases/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
@@ -39,6 +41,8 @@ rule phase_metrics:
         ),
     log:
         "logs/phase_metrics/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/phase_metrics/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("phase_metrics", "threads")
@@ -69,6 +73,8 @@ rule scaling:
         ),
     log:
         "logs/scaling/scaling.log",
+    benchmark:
+        "benchmarks/out/scaling/scaling.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:

@@ -36,6 +36,8 @@ rule resolution:
         "results/{model}/{ckpt}/resolution.tsv",
     log:
         "logs/resolution/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/resolution/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("resolution", "threads")

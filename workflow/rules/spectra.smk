@@ -40,6 +40,8 @@ rule schur:
         "results/{model}/{ckpt}/schur.tsv",
     log:
         "logs/schur/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/schur/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("schur", "threads")
@@ -69,6 +71,8 @@ rule checkpoints:
         counts="results/{model}/coupling_counts.tsv",
     log:
         "logs/checkpoints/{model}.log",
+    benchmark:
+        "benchmarks/out/checkpoints/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:

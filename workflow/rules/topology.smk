@@ -19,6 +19,8 @@ rule communities:
         ),
     log:
         "logs/communities/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/communities/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("communities", "threads")
@@ -52,6 +54,8 @@ rule coupling:
         ),
     log:
         "logs/coupling/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/coupling/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("coupling", "threads")

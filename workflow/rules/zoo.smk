@@ -50,6 +50,8 @@ rule resolve_checkpoint:
         "models/{model}/{ckpt}/checkpoint.json",
     log:
         "logs/resolve_checkpoint/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/resolve_checkpoint/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     resources:
