@@ -224,7 +224,7 @@ def test_bottleneck_reuses_spectra_singular_values():
 
 def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dict]]:
     env = {**env, "RESDYN_GPU_KIND": "h100"}
-    res = subprocess.run(["snakemake", "-n", "--cores", "64", "--configfile", str(configfile)], capture_output=True,
+    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "64", "--configfile", str(configfile)], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     jobs = []

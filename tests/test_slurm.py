@@ -380,6 +380,10 @@ def write_test_profile(dest: Path, slurm: dict, logdir: Path) -> Path:
             res.pop(key, None)
         if "mem_mb" in res:
             res["mem_mb"] = cap_mem(res["mem_mb"])
+    # A rule left with nothing to set would become a bare `--set-resources` (a usage error).
+    prof["set-resources"] = {rule: res for rule, res in prof["set-resources"].items() if res}
+    if not prof["set-resources"]:
+        del prof["set-resources"]
     prof.update(
         {
             "max-threads": slurm["cpus"],
