@@ -4,11 +4,20 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
-# The CPU build of torch that lies on disk; installed before the project so that pip never
-# resolves torch to the multi-GB CUDA wheels. GPU users: see README "Installing on a GPU cluster".
+# The CPU build of torch, installed before the project so that pip never resolves torch to the
+# multi-GB CUDA wheels. GPU users: see README "Installing on a GPU cluster".
 TORCH_SPEC ?= torch==2.13.0
+# Where the CPU build comes from. If pip, as configured, already resolves TORCH_SPEC to a CPU wheel
+# (a "+cpu" version: this machine's pip config serves one from disk), nothing is added. Otherwise
+# (plain PyPI, whose Linux torch is the CUDA build) the PyTorch CPU index is added as an extra
+# index: its 2.13.0+cpu satisfies ==2.13.0 and, as a local version, sorts above PyPI's 2.13.0.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP_ARGS ?= $(shell $(BIN)/pip install --dry-run --quiet --no-deps --ignore-installed --report - \
+	"$(TORCH_SPEC)" 2>/dev/null | $(BIN)/python -c 'import json, sys; \
+	v = json.load(sys.stdin)["install"][0]["metadata"]["version"]; sys.exit(0 if v.endswith("+cpu") else 1)' \
+	2>/dev/null || echo "--extra-index-url $(TORCH_CPU_INDEX)")
 
-.PHONY: all setup run smoke report test test-fast lint format install-slurm-profile clean
+.PHONY: all setup run smoke report test test-fast lint format install-slurm-profile clean torch-args
 
 all: run
 
@@ -17,11 +26,15 @@ $(BIN)/activate:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The extra pip arguments the CPU torch install uses here (empty: pip's own configuration has it).
+torch-args: $(BIN)/activate
+	@echo "$(TORCH_PIP_ARGS)"
 
 run: setup
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES)

@@ -1,7 +1,14 @@
 # resdyn: residual-stream dynamics of decoder-only transformers (see README.md).
+import sys
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+# This checkout's resdyn is importable without installing it: Snakemake hands the main process's
+# sys.path to every rule's script, also inside `--sdm conda` envs (envs/resdyn.yaml holds only the
+# dependencies, since a path to the package would not survive Snakemake's copy of the env file).
+sys.path.insert(0, workflow.basedir)
 
 
 # A preset given with --configfile (configs/*.yaml) is a complete config and replaces the

@@ -126,7 +126,7 @@ def hf_batches(path: str, n: int, batch: int, length: int, seed: int) -> list[to
 # --- the per-layer loops (tuned-lens's trainer structure) -------------------------------------------
 
 
-def per_layer_loop(model: nn.Module, batches: list[torch.Tensor], lens: nn.Module, readout, steps: int) -> None:
+def per_layer_loop(model: nn.Module, batches: list[torch.Tensor], lens: nn.Module, readout, steps: int, autocast: bool = False) -> None:
     """tuned-lens's train_loop body: no-grad forward, then one forward+backward per layer.
 
     ``readout(h, i)``: logits of the translated stream of layer i. KL as in tuned-lens:
@@ -142,8 +142,9 @@ def per_layer_loop(model: nn.Module, batches: list[torch.Tensor], lens: nn.Modul
             out = model(input_ids=ids, output_hidden_states=True)
         labels = out.logits.float().log_softmax(dim=-1)
         for i, h in enumerate(out.hidden_states[:-1]):
-            logits = readout(h, i)
-            loss = torch.sum(labels.exp() * (labels - logits.log_softmax(-1)), dim=-1).mean()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # as its trainer, per layer
+                logits = readout(h, i)
+                loss = torch.sum(labels.exp() * (labels - logits.log_softmax(-1)), dim=-1).mean()
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, SGD["clip"])
         opt.step()
@@ -161,7 +162,7 @@ def run_plain(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tupl
     return torch.stack([t.weight.detach() for t in lens]), torch.stack([t.bias.detach() for t in lens])
 
 
-def run_tuned_lens(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_tuned_lens(model: nn.Module, batches: list[torch.Tensor], steps: int, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     from tuned_lens.nn import TunedLens  # noqa: PLC0415
 
     try:
@@ -171,11 +172,20 @@ def run_tuned_lens(model: nn.Module, batches: list[torch.Tensor], steps: int) ->
 
         cfg = TunedLensConfig(base_model_name_or_path="bench", d_model=model.config.hidden_size, num_hidden_layers=L.n_layers_of(model))
         tl = TunedLens(L.TunedLensReadout(model), cfg)
-    per_layer_loop(model, batches, tl, lambda h, i: tl(h, idx=i), steps)
+    per_layer_loop(model, batches, tl, lambda h, i: tl(h, idx=i), steps, autocast)
     return torch.stack([t.weight.detach() for t in tl]), torch.stack([t.bias.detach() for t in tl])
 
 
-def run_resdyn(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_tuned_lens_bf16(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """tuned-lens as its trainer runs it: each layer's readout and loss under bf16 autocast."""
+    return run_tuned_lens(model, batches, steps, autocast=True)
+
+
+def run_resdyn_bf16(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_resdyn(model, batches, steps, readout_dtype="bfloat16")
+
+
+def run_resdyn(model: nn.Module, batches: list[torch.Tensor], steps: int, **extra) -> tuple[torch.Tensor, torch.Tensor]:
     lens = L.train_lens(
         model,
         batches,
@@ -189,8 +199,19 @@ def run_resdyn(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tup
         lr_schedule="linear",
         eval_every=steps,
         progress=False,
+        **extra,
     )
     return lens.weight, lens.bias
+
+
+# name -> trainer; "tuned-lens*" rows need the package (see the module docstring).
+METHODS = {
+    "resdyn": run_resdyn,
+    "resdyn-bf16": run_resdyn_bf16,
+    "tuned-lens": run_tuned_lens,
+    "tuned-lens-bf16": run_tuned_lens_bf16,
+    "per-layer": run_plain,
+}
 
 
 # --- driver ------------------------------------------------------------------------------------------
@@ -212,7 +233,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq", type=int, help="tokens per sequence")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared cores)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["resdyn", "tuned-lens", "per-layer"])
+    ap.add_argument(
+        "--train-batches", type=int, default=16,
+        help="distinct training batches, cycled over the steps as the pipeline does (256 windows of 64 tokens = "
+        "16 steps of 1024 tokens); 0: a new batch every step (every method then runs the model every step)",
+    )
+    ap.add_argument("--skip", nargs="*", default=[], choices=list(METHODS))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -221,11 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     batch = args.batch or 4
     seq = args.seq or (128 if q else 256)
     heldout_n = 2 if q else 4
+    n_train = min(steps, args.train_batches) if args.train_batches > 0 else steps
     t0 = time.perf_counter()
     if args.model:
         model = load_hf_model(args.model)
         vocab = model.get_output_embeddings().weight.shape[0]
-        train = hf_batches(args.model, steps, batch, seq, args.seed)
+        train = hf_batches(args.model, n_train, batch, seq, args.seed)
         heldout = hf_batches(args.model, heldout_n, batch, seq, args.seed + 1)
         source, pre_loss = args.model, float("nan")
     else:
@@ -233,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         model = build_llama(d, layers, vocab, args.seed)
         pre_steps = 60 if q else 150
         pre_loss = pretrain(model, markov_batches(pre_steps, 4 if q else 8, 128, vocab, args.seed + 10), lr=1e-2)
-        train = markov_batches(steps, batch, seq, vocab, args.seed + 1)
+        train = markov_batches(n_train, batch, seq, vocab, args.seed + 1)
         heldout = markov_batches(heldout_n, batch, seq, vocab, args.seed + 2)
         source = f"random Llama d={d} n_layers={layers} vocab={vocab}, pretrained {pre_steps} steps (loss {pre_loss:.3f})"
     model.eval()
@@ -248,34 +275,35 @@ def main(argv: list[str] | None = None) -> None:
         held = torch.cat([L.layer_major_states(model, b) for b in heldout], dim=1)
         logit_kl = L._layer_kl(model, None, None, held, 1 << 26)
 
-    methods = {"resdyn": run_resdyn, "per-layer": run_plain}
+    methods = {k: v for k, v in METHODS.items() if k not in args.skip}
     try:
         import tuned_lens  # noqa: F401, PLC0415
-
-        methods["tuned-lens"] = run_tuned_lens
         from importlib.metadata import version  # noqa: PLC0415
 
         tl_note = f"tuned-lens {version('tuned-lens')} imported"
     except Exception as err:  # noqa: BLE001 — report any import failure, then use the baseline
+        methods = {k: v for k, v in methods.items() if not k.startswith("tuned-lens")}
         tl_note = f"tuned-lens NOT importable ({type(err).__name__}: {err}); compared against the per-layer baseline"
     print(tl_note)
+    regime = f"{n_train} distinct batches cycled" if n_train < steps else "a new batch every step"
+    print(f"data: {regime}")
 
     results = {}
     for name, fn in methods.items():
-        if name in args.skip:
-            continue
         secs, cpu, (w, b) = timed(fn, model, train, steps)
         kl = L._layer_kl(model, w, b, held, 1 << 26)
         results[name] = (secs, kl, cpu)
+        print(f"  {name}: {cpu:.1f} CPU s", flush=True)
 
     ref = "tuned-lens" if "tuned-lens" in results else "per-layer"
     print()
-    print(f"{'method':<11} {'wall s':>7} {'cpu s':>7} {'tokens/s':>9} {'speed vs ' + ref + ' (wall/cpu)':>30} {'held-out KL (mean)':>19} {'vs ' + ref:>15}")
-    print(f"{'logit lens':<11} {'':>7} {'':>7} {'':>9} {'':>30} {logit_kl.mean():>19.5f} {'':>15}")
+    head = f"{'method':<15} {'wall s':>7} {'cpu s':>7} {'tokens/cpu-s':>12} {'speed vs ' + ref + ' (wall/cpu)':>30} {'held-out KL (mean)':>19} {'vs ' + ref:>15}"
+    print(head)
+    print(f"{'logit lens':<15} {'':>7} {'':>7} {'':>12} {'':>30} {logit_kl.mean():>19.5f} {'':>15}")
     for name, (secs, kl, cpu) in results.items():
         speed = f"{results[ref][0] / secs:.2f}× / {results[ref][2] / cpu:.2f}×" if ref in results else "n/a"
         rel = kl.mean() / results[ref][1].mean() if ref in results else float("nan")
-        print(f"{name:<11} {secs:>7.2f} {cpu:>7.2f} {tokens / secs:>9.0f} {speed:>30} {kl.mean():>19.5f} {rel:>14.4f}×")
+        print(f"{name:<15} {secs:>7.2f} {cpu:>7.2f} {tokens / cpu:>12.0f} {speed:>30} {kl.mean():>19.5f} {rel:>14.4f}×")
     print()
     print("held-out KL per layer:")
     print(f"{'layer':>5} {'logit':>9} " + " ".join(f"{k:>10}" for k in results))

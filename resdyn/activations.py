@@ -14,6 +14,7 @@ Schema of ``activations/layer{L:03d}.h5`` (``resdyn.activations/1``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,26 +27,48 @@ from tqdm import tqdm
 from resdyn import arch, io
 
 SCHEMA = "resdyn.activations/1"
+RESIDUAL_KINDS = ("sequential", "parallel")
+
+
+def _require_finite(states: torch.Tensor, sample: int, where: str) -> None:
+    """Raise FloatingPointError naming ``where``, the first non-finite boundary and the sample."""
+    if torch.isfinite(states).all():
+        return
+    b = int(torch.nonzero(~torch.isfinite(states).flatten(1).all(1))[0])
+    layer, kind = (b // 2, ("pre_attn", "pre_mlp")[b % 2]) if b < states.shape[0] - 1 else (b // 2 - 1, "output")
+    raise FloatingPointError(
+        f"{where}: non-finite residual state (NaN/Inf) at layer {layer} {kind}, sample index {sample} — "
+        "the model's weights or inputs hold NaN/Inf; no activations written")
 
 
 @torch.no_grad()
-def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True) -> np.ndarray:
-    """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each)."""
+def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True,
+                            where: str = "the model") -> np.ndarray:
+    """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each).
+
+    A NaN/Inf state raises FloatingPointError naming ``where`` (model and checkpoint), the first
+    non-finite boundary (layer, pre_attn/pre_mlp/output) and the sample.
+    """
     if not 0 <= skip_positions < input_ids.shape[1]:
         raise ValueError(f"skip_positions={skip_positions} must be in [0, {input_ids.shape[1]}) (sample length)")
     device = next(model.parameters()).device
     out = []
-    for ids in tqdm(input_ids, desc="boundary states", disable=not progress):
+    for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
         states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
-        if not torch.isfinite(states).all():
-            raise FloatingPointError("non-finite residual state (NaN/Inf) in a forward pass")
+        _require_finite(states, i, where)
         out.append(states[:, skip_positions:].float().cpu().numpy())
     return np.stack(out)
 
 
 def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_positions: int, out_dir: str | Path,
-                           dtype: str, attrs: Mapping) -> list[Path]:
-    """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output."""
+                           dtype: str, attrs: Mapping, residual: str = "sequential") -> list[Path]:
+    """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output.
+
+    ``residual`` (:func:`resdyn.arch.residual_kind`) is stored as a file attribute: for
+    "parallel" layers ``pre_mlp`` holds the virtual state h_L + A (not a boundary, see
+    :mod:`resdyn.arch`) and :func:`boundaries` lists ``pre_attn`` only."""
+    if residual not in RESIDUAL_KINDS:
+        raise ValueError(f"residual={residual!r}: allowed are {RESIDUAL_KINDS}")
     n_layers = (states.shape[1] - 1) // 2
     positions = np.arange(skip_positions, skip_positions + states.shape[2])
     paths = []
@@ -58,11 +81,67 @@ def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_posi
                 f.create_dataset("output", data=states[:, -1].astype(dtype))
             f.create_dataset("sample_ids", data=sample_ids)
             f.create_dataset("positions", data=positions)
-            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions})
+            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
         paths.append(path)
     return paths
+
+
+@torch.no_grad()
+def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray, skip_positions: int,
+                            out_dir: str | Path, dtype: str, attrs: Mapping, residual: str = "sequential",
+                            progress: bool = True, where: str = "the model") -> list[Path]:
+    """:func:`collect_boundary_states` + :func:`write_activation_files` without holding them all.
+
+    Same files, bit for bit, but each sample's states go to the open layer files as soon as
+    they are computed: host memory is one sample's (2n+1)·T'·d·4 bytes instead of
+    N·(2n+1)·T'·d·4 (plus a copy) — 135 GB at Llama-3.1-8B shapes with N = 1000, T = 128.
+    ``residual``: as in :func:`write_activation_files`.
+    """
+    if residual not in RESIDUAL_KINDS:
+        raise ValueError(f"residual={residual!r}: allowed are {RESIDUAL_KINDS}")
+    if not 0 <= skip_positions < input_ids.shape[1]:
+        raise ValueError(f"skip_positions={skip_positions} must be in [0, {input_ids.shape[1]}) (sample length)")
+    n_layers, d = arch.n_layers(model), arch.hidden_size(model)
+    n, length = input_ids.shape[0], input_ids.shape[1] - skip_positions
+    positions = np.arange(skip_positions, input_ids.shape[1])
+    device = next(model.parameters()).device
+    paths = [Path(out_dir) / f"layer{layer:03d}.h5" for layer in range(n_layers)]
+    with contextlib.ExitStack() as stack:
+        files = []
+        for layer, path in enumerate(paths):
+            f = stack.enter_context(h5py.File(stack.enter_context(io.atomic_path(path)), "w"))
+            names = ["pre_attn", "pre_mlp"] + (["output"] if layer == n_layers - 1 else [])
+            for name in names:
+                f.create_dataset(name, shape=(n, length, d), dtype=dtype)
+            f.create_dataset("sample_ids", data=sample_ids)
+            f.create_dataset("positions", data=positions)
+            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
+            for k, v in attrs.items():
+                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
+            files.append(f)
+        for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
+            states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
+            _require_finite(states, i, where)
+            x = states[:, skip_positions:].float().cpu().numpy()
+            for layer, f in enumerate(files):
+                f["pre_attn"][i] = x[2 * layer].astype(dtype)
+                f["pre_mlp"][i] = x[2 * layer + 1].astype(dtype)
+                if layer == n_layers - 1:
+                    f["output"][i] = x[-1].astype(dtype)
+    return paths
+
+
+def boundaries(path: str | Path) -> tuple[str, ...]:
+    """The residual boundaries of a layer file: ("pre_attn", "pre_mlp"), or ("pre_attn",) for a
+    parallel-residual layer (its one boundary h_L; attr ``residual``, absent = sequential)."""
+    try:
+        with h5py.File(path, "r") as f:
+            residual = f.attrs.get("residual", "sequential")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read activations ({err})") from err
+    return ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
 
 
 def read_boundary(path: str | Path, boundary: str) -> np.ndarray:
@@ -84,3 +163,42 @@ def read_all_boundaries(folder: str | Path) -> np.ndarray:
         parts += [read_boundary(path, "pre_attn"), read_boundary(path, "pre_mlp")]
     parts.append(read_boundary(files[-1], "output"))
     return np.stack(parts, axis=1)
+
+
+class BoundaryView:
+    """:func:`read_all_boundaries` without reading: a lazy (N, 2·n_layers + 1, T', d) float32 view
+    of a folder of layer files for :func:`resdyn.geometry.layer_geometry`, which indexes it as
+    ``view[samples, state, positions, units]`` (an int state, slices elsewhere) one state and
+    one chunk of samples at a time — host memory is a chunk, not N·(2n+1)·T'·d·4 bytes (140 GB
+    at Llama-3.1-8B shapes with N = 1000, T = 128)."""
+
+    def __init__(self, folder: str | Path):
+        self.files = sorted(Path(folder).glob("layer*.h5"))
+        if not self.files:
+            raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
+        try:
+            with h5py.File(self.files[0], "r") as f:
+                n, t, d = f["pre_attn"].shape
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{self.files[0]}: cannot read activations 'pre_attn' ({err})") from err
+        self.shape = (int(n), 2 * len(self.files) + 1, int(t), int(d))
+
+    def _where(self, state: int) -> tuple[Path, str]:
+        n_states = self.shape[1]
+        if not -n_states <= state < n_states:
+            raise IndexError(f"state {state} outside 0..{n_states - 1}")
+        state %= n_states
+        if state == n_states - 1:
+            return self.files[-1], "output"
+        return self.files[state // 2], ("pre_attn", "pre_mlp")[state % 2]
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        if not (isinstance(key, tuple) and len(key) == 4 and isinstance(key[1], (int, np.integer))):
+            raise TypeError(f"index as view[samples, state, positions, units] with an int state, got {key!r}")
+        samples, state, positions, units = key
+        path, name = self._where(int(state))
+        try:
+            with h5py.File(path, "r") as f:
+                return f[name][samples, positions, units].astype(np.float32)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: cannot read activations '{name}' ({err})") from err

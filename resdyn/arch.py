@@ -14,7 +14,23 @@ olmo2, olmo3 (post-norm)   m = h + n_post_attn(A(h))              h' = m + n_pos
 gemma4 (sandwich)          m = h + n_post_attn(A(n_in(h)))        y = m + n_post_ff(F(n_pre_ff(m)));
                                                                   y = y + n_ple(P(act(G(y)) * e_L));
                                                                   h' = layer_scalar * y
+gpt2                       m = h + A(ln_1(h))                     h' = m + F(ln_2(m))
+gpt_neox (sequential)      m = h + A(ln_in(h))                    h' = m + F(ln_post_attn(m))
 =========================  =====================================  ==========================================
+
+GPT-2 and GPT-NeoX use LayerNorm with bias and a plain MLP ``F(x) = W_2 act(W_1 x + b_1) + b_2``;
+GPT-2's projections are Conv1D (weights stored transposed), GPT-NeoX's fused ``query_key_value``
+interleaves q/k/v per head and rotates only the first ``partial_rotary_factor`` (Pythia's
+``rotary_pct``) of each head; GPT-2's positions are learned and added to the token embedding.
+
+Parallel residual (GPT-NeoX with ``use_parallel_residual=True``, i.e. Pythia; DESIGN.md
+"Parallel-residual layers"): ``h' = h + A(ln_in(h)) + F(ln_post_attn(h))``. Both branches read
+h_L, so the layer has ONE boundary, h_L, and one operator, the layer Jacobian
+``J_L = I + J_A + J_F`` (``J_A = ∂A(ln_in(h))/∂h``, ``J_F = ∂F(ln_post_attn(h))/∂h``, the branch
+Jacobians). In the boundary-state array the pre-MLP slot of a parallel layer holds the virtual
+state ``m_L = h_L + A(ln_in(h_L))``: not a boundary (no sublayer reads it), but it makes the
+update vectors Δ_attn = m_L − h_L and Δ_mlp = h_{L+1} − m_L the two branch outputs, so update
+norms and ratios keep their meaning. :func:`residual_kind` tells the two designs apart.
 
 (``e_L``: Gemma 4's per-layer input of layer L, a function of the token ids and the embedding
 only, hence a constant of the MLP half; ``G``/``P`` its gate and projection.) Attention details
@@ -32,7 +48,7 @@ tables); only the attention core (scores, mask, softmax in fp32 then cast back, 
 as HF's eager path does) is written here, so the composition reproduces HF's eager forward bit
 for bit in fp32 and bf16, and its sdpa forward to that kernel's rounding. Families whose
 residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel (GPT-NeoX
-parallel residual), MoE blocks and unknown families are refused with a ValueError.
+parallel residual without an adapter: GPT-J, Phi, Falcon), MoE blocks and unknown families are refused with a ValueError.
 """
 
 from __future__ import annotations
@@ -44,26 +60,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-#: family name -> (HF config model types, HF decoder-layer class name)
-SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "llama": (("llama",), "LlamaDecoderLayer"),
-    "mistral": (("mistral",), "MistralDecoderLayer"),
-    "qwen2": (("qwen2",), "Qwen2DecoderLayer"),
-    "olmo2": (("olmo2",), "Olmo2DecoderLayer"),
-    "olmo3": (("olmo3",), "Olmo3DecoderLayer"),
-    "gemma4": (("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer"),
-}
-
-# Known model types we refuse, with the reason (the residual is not one d-vector, or the two
-# halves are not sequential, so there is no pre-MLP boundary m_L to split at).
-_REFUSED: dict[str, str] = {
-    "gpt_neox": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "gptj": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "phi": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
-    "falcon": "parallel attention/MLP: there is no pre-MLP boundary",
-    "gemma3n": "AltUp: the residual stream is several d-vectors, not one",
-    "gemma3n_text": "AltUp: the residual stream is several d-vectors, not one",
-}
+# The family tables live in a torch-free module: config validation reads them too.
+from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,25 +69,51 @@ _REFUSED: dict[str, str] = {
 # ----------------------------------------------------------------------------------------------
 
 
+#: Attribute names of (decoder stack, layer list, final norm) per HF layout: Llama-style
+#: ``model.layers``/``norm``, GPT-NeoX ``gpt_neox.layers``/``final_layer_norm``, GPT-2
+#: ``transformer.h``/``ln_f``.
+_STACK_ATTRS = ("model", "gpt_neox", "transformer")
+_LAYERS_ATTRS = ("layers", "h")
+_NORM_ATTRS = ("norm", "final_layer_norm", "ln_f")
+
+
 def text_model(model: nn.Module) -> nn.Module:
-    """The decoder stack (the module holding ``layers``, ``norm`` and ``embed_tokens``)."""
-    inner = getattr(model, "model", model)
+    """The decoder stack (the module holding the layers, the final norm and the embedding)."""
+    inner = next((getattr(model, a) for a in _STACK_ATTRS if isinstance(getattr(model, a, None), nn.Module)), model)
     # Multimodal wrappers (e.g. Gemma 4 ConditionalGeneration) nest the text stack one deeper.
-    if not hasattr(inner, "layers") and hasattr(inner, "language_model"):
+    if not any(hasattr(inner, a) for a in _LAYERS_ATTRS) and hasattr(inner, "language_model"):
         inner = inner.language_model
-    if not hasattr(inner, "layers"):
+    if not any(isinstance(getattr(inner, a, None), nn.ModuleList) for a in _LAYERS_ATTRS):
         raise ValueError(f"{type(model).__name__}: cannot find the decoder layers (no .model.layers)")
     return inner
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The ordered decoder layers of a causal LM."""
-    return text_model(model).layers
+    stack = text_model(model)
+    return next(getattr(stack, a) for a in _LAYERS_ATTRS if isinstance(getattr(stack, a, None), nn.ModuleList))
 
 
 def final_norm(model: nn.Module) -> nn.Module:
     """The final normalisation applied before the unembedding."""
-    return text_model(model).norm
+    stack = text_model(model)
+    return next(getattr(stack, a) for a in _NORM_ATTRS if isinstance(getattr(stack, a, None), nn.Module))
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Device of the token embedding (where input ids must live)."""
+    return model.get_input_embeddings().weight.device
+
+
+def residual_kind(model: nn.Module) -> str:
+    """"parallel" for GPT-NeoX layers with ``use_parallel_residual`` (one boundary per layer),
+    "sequential" otherwise (two boundaries per layer, h_L and m_L)."""
+    config = _text_config(model)
+    return "parallel" if _is_parallel(config) else "sequential"
+
+
+def _is_parallel(config) -> bool:
+    return getattr(config, "model_type", None) == "gpt_neox" and bool(getattr(config, "use_parallel_residual", True))
 
 
 def unembed_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -189,6 +213,11 @@ def family(model: nn.Module) -> str:
             f"model type {model_type!r}: decoder layers are {bad}, expected {expected_layer!r} "
             f"(transformers' implementation); supported families: {_supported_list()}"
         )
+    if found == "gpt2" and getattr(config, "add_cross_attention", False):
+        raise ValueError(
+            "gpt2 with add_cross_attention=True is not a decoder-only model; "
+            f"supported families: {_supported_list()} (decoder-only models)"
+        )
     if found == "gemma4":
         if getattr(config, "enable_moe_block", False):
             raise ValueError(
@@ -234,6 +263,9 @@ class SequenceContext:
         """(cos, sin), each (1, T, head_dim), as the model's rotary module returns them for
         activations of ``dtype`` (Llama-style modules cast to it, OLMo keeps fp32)."""
         key = (layer_type, dtype)
+        if key not in self._rope and self.family == "gpt2":  # learned positions: no rotation
+            empty = torch.zeros(1, self.length, 0, dtype=dtype, device=self.position_ids.device)
+            self._rope[key] = (empty, empty)
         if key not in self._rope:
             dummy = torch.empty(0, dtype=dtype, device=self.position_ids.device)
             rotary = self.stack.rotary_emb
@@ -258,7 +290,7 @@ def prepare(model: nn.Module, input_ids: torch.Tensor) -> SequenceContext:
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
     stack = text_model(model)
-    device = stack.embed_tokens.weight.device
+    device = input_device(model)
     input_ids = input_ids.to(device)
     # Multimodal wrappers (Gemma 4) splice encoder features in at placeholder tokens; the split
     # here is for text, so refuse those ids rather than embed them as words.
@@ -272,12 +304,14 @@ def prepare(model: nn.Module, input_ids: torch.Tensor) -> SequenceContext:
         raise ValueError(
             f"input_ids contain multimodal placeholder tokens ({', '.join(present)}); only text inputs are supported"
         )
-    embeddings = stack.embed_tokens(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=device)[None]
+    embeddings = model.get_input_embeddings()(input_ids)
+    if fam == "gpt2":  # learned absolute positions, added as GPT2Model does
+        embeddings = embeddings + stack.wpe(positions)
     per_layer = None
     if fam == "gemma4" and getattr(stack, "hidden_size_per_layer_input", 0):
         # Token-identity part plus the projection of the embedding (HF's own two methods).
         per_layer = stack.project_per_layer_inputs(embeddings, stack.get_per_layer_inputs(input_ids, embeddings))
-    positions = torch.arange(input_ids.shape[1], device=device)[None]
     return SequenceContext(fam, stack, positions, embeddings, per_layer)
 
 
@@ -293,8 +327,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x cos + rotate_half(x) sin`` over heads: x (..., H, hd), cos/sin (..., hd); result in
-    x's dtype (OLMo's fp32 tables promote, then cast back, exactly as HF does)."""
+    """``x cos + rotate_half(x) sin`` over heads: x (..., H, hd), cos/sin (..., r); result in
+    x's dtype (OLMo's fp32 tables promote, then cast back, exactly as HF does). Partial rotary
+    (GPT-NeoX, r < hd): only the first r dims of each head rotate, the rest pass; r = 0: none."""
+    rot = cos.shape[-1]
+    if rot == 0:
+        return x
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return (x * cos + rotate_half(x) * sin).to(x.dtype)
 
@@ -365,6 +405,14 @@ def rms_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, float]:
     return weight, float(eps)
 
 
+def layer_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+    """(weight or None, bias or None, eps) of a LayerNorm ``w ⊙ (x − μ)/sqrt(var + eps) + b``
+    over the last dimension (torch's ``nn.LayerNorm``); ValueError for any other module."""
+    if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
+        raise ValueError(f"norm {type(norm).__name__!r} is not a 1-d torch.nn.LayerNorm")
+    return norm.weight, norm.bias, float(norm.eps)
+
+
 class LayerSublayers:
     """The two sublayers of one decoder layer.
 
@@ -387,21 +435,30 @@ class LayerSublayers:
     mlp_pre: str | None = "post_attention_layernorm"
     mlp_post: str | None = None
     qk_norm: str | None = None
+    #: True for a parallel-residual layer (one boundary: both branches read h_L).
+    parallel: bool = False
+    #: attribute of the layer holding self-attention
+    attention_attr: str = "self_attn"
 
     def __init__(self, layer: nn.Module, index: int, fam: str, config) -> None:
         self.layer = layer
         self.index = index
         self.family = fam
         self.config = config
-        self.attention = layer.self_attn
-        self.head_dim: int = self.attention.head_dim
+        self.attention = getattr(layer, self.attention_attr)
+        self.head_dim: int = self._head_dim()
         self.scaling: float = float(self.attention.scaling)
         layer_types = getattr(config, "layer_types", None)
         self.layer_type: str = layer_types[index] if layer_types else "full_attention"
         self.window: int | None = self._window()
         self.kv_source: int = index
 
+    def _head_dim(self) -> int:
+        return self.attention.head_dim
+
     def _window(self) -> int | None:
+        if self.family in ("gpt2", "gpt_neox"):
+            return None
         if self.family == "mistral":
             return getattr(self.config, "sliding_window", None)
         if self.family in ("llama", "olmo2"):
@@ -430,7 +487,7 @@ class LayerSublayers:
             return self
         clone = copy.copy(self)
         clone.layer = copy.deepcopy(self.layer).float()
-        clone.attention = clone.layer.self_attn
+        clone.attention = getattr(clone.layer, self.attention_attr)
         return clone
 
     # -- building blocks --------------------------------------------------------------------
@@ -443,6 +500,31 @@ class LayerSublayers:
     def _apply_norm(self, slot: str, x: torch.Tensor) -> torch.Tensor:
         module = self.norm(slot)
         return x if module is None else module(x)
+
+    @property
+    def n_heads(self) -> int:
+        """Number of query heads H."""
+        return self.projection_weights()[0].shape[0] // self.head_dim
+
+    def projection_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(W_q, W_k, W_v) as (out, d) matrices with ``raw = W n + b`` (W_v None: v = raw k; W_k and
+        W_v None for KV-shared layers, which project queries only)."""
+        k_proj, v_proj = getattr(self.attention, "k_proj", None), getattr(self.attention, "v_proj", None)
+        return (self.attention.q_proj.weight, None if k_proj is None else k_proj.weight,
+                None if v_proj is None else v_proj.weight)
+
+    def out_proj(self, o: torch.Tensor) -> torch.Tensor:
+        """The attention output projection of the concatenated heads o (..., H·hd)."""
+        return self.attention.o_proj(o)
+
+    def out_weight(self) -> torch.Tensor:
+        """W_o (d, H·hd) of :meth:`out_proj` (``out_proj(o) = W_o o + b``)."""
+        return self.attention.o_proj.weight
+
+    def plain_mlp(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, nn.Module] | None:
+        """(W_1 (d_ff, d), b_1, W_2 (d, d_ff), act) of a non-gated MLP ``W_2 act(W_1 u + b_1) + b_2``;
+        None for the gated MLP ``down(act(gate(u)) ⊙ up(u))`` of the Llama-style families."""
+        return None
 
     def project_q(self, n: torch.Tensor) -> torch.Tensor:
         """Raw query projection (..., H·hd) of the attention input n (..., d)."""
@@ -494,6 +576,10 @@ class LayerSublayers:
 
         ``kv`` is required for KV-shared layers (the source layer's keys/values, see ``kv``);
         otherwise keys/values come from h."""
+        return h + self.attn_update(h, ctx, kv)
+
+    def attn_update(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> torch.Tensor:
+        """The attention branch's output ``n_post(A(n_pre(h)))`` (B, T, d), added to h."""
         n = self._apply_norm("attn_pre", h)
         cos, sin = ctx.rope(self.layer_type, h.dtype)
         q = self.shape_q(self.project_q(n), cos, sin)
@@ -504,11 +590,19 @@ class LayerSublayers:
         else:
             k, v = self.shape_kv(*self.project_kv(n), cos, sin)
         out = causal_attention(q, k, v, self.scaling, self.window)
-        return h + self._apply_norm("attn_post", self.attention.o_proj(out))
+        return self._apply_norm("attn_post", self.out_proj(out))
 
     def mlp(self, m: torch.Tensor, ctx: SequenceContext) -> torch.Tensor:
         """MLP half on a full sequence: m (B, T, d) -> h_{L+1} (B, T, d)."""
         return self.mlp_fn(m, ctx.per_layer_input(self.index, m.dtype))
+
+    def layer_forward(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> KV:
+        """The whole layer on a full sequence: h_L (B, T, d) -> (m_L, h_{L+1}).
+
+        Sequential: ``m = attn(h)``, ``h' = mlp(m)``. Parallel residual: m is the virtual state
+        ``h + A`` (module docstring) and ``h' = (F + A) + h`` in HF's order of additions."""
+        m = self.attn(h, ctx, kv)
+        return m, self.mlp(m, ctx)
 
     # -- one position, the rest frozen ------------------------------------------------------
 
@@ -571,13 +665,18 @@ class LayerSublayers:
         key and value are functions of x (only the query for KV-shared layers). At x = h[t] it
         returns ``attn(h)[t]``. Dtype: that of h and of the layer (see :meth:`to_float32`).
         """
+        update = self.attn_update_token_fn(h, t, ctx, kv)
+        return lambda x: x + update(x)
+
+    def attn_update_token_fn(self, h: torch.Tensor, t: int, ctx: SequenceContext, kv: KV | None = None) -> TokenFunction:
+        """x (d,) -> the attention branch's output at position t (:meth:`attn_token_fn` minus x)."""
         core = self.attention_core(h, t, ctx, kv)
 
         def fn(x: torch.Tensor) -> torch.Tensor:
             n = self._apply_norm("attn_pre", x)
             q = self.project_q(n)
             out = core(q) if self.shares_kv else core(q, *self.project_kv(n))
-            return x + self._apply_norm("attn_post", self.attention.o_proj(out))
+            return self._apply_norm("attn_post", self.out_proj(out))
 
         return fn
 
@@ -590,6 +689,99 @@ class LayerSublayers:
         pli = ctx.per_layer_input(self.index, m.dtype)
         pli_t = None if pli is None else pli[0, t]
         return lambda x: self.mlp_fn(x, pli_t)
+
+
+class _GPT2Sublayers(LayerSublayers):
+    """GPT-2: LayerNorms ``ln_1``/``ln_2`` before each half, fused Conv1D ``c_attn`` (q | k | v
+    along the output), Conv1D output projection and MLP (Conv1D stores W transposed:
+    ``y = x W + b``), no rotary (learned positions are added in :func:`prepare`)."""
+
+    attn_pre = "ln_1"
+    mlp_pre = "ln_2"
+    attention_attr = "attn"
+
+    def _split(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return raw.split(self.attention.split_size, dim=-1)
+
+    def projection_weights(self):
+        wq, wk, wv = self.attention.c_attn.weight.split(self.attention.split_size, dim=1)
+        return wq.t(), wk.t(), wv.t()
+
+    def project_q(self, n):
+        return self._split(self.attention.c_attn(n))[0]
+
+    def project_kv(self, n):
+        _, k, v = self._split(self.attention.c_attn(n))
+        return k, v
+
+    def out_proj(self, o):
+        return self.attention.c_proj(o)
+
+    def out_weight(self):
+        return self.attention.c_proj.weight.t()
+
+    def plain_mlp(self):
+        mlp = self.layer.mlp
+        return mlp.c_fc.weight.t(), mlp.c_fc.bias, mlp.c_proj.weight.t(), mlp.act
+
+
+class _GPTNeoXSublayers(LayerSublayers):
+    """GPT-NeoX / Pythia: LayerNorms ``input_layernorm`` (attention) and
+    ``post_attention_layernorm`` (MLP), fused ``query_key_value`` laid out per head as
+    [q | k | v] (HF: ``view(..., H, 3·hd).chunk(3)``), partial rotary, ``dense`` output and a
+    plain MLP. With ``use_parallel_residual`` (Pythia) both branches read h_L (module docstring);
+    otherwise the layer is sequential like Llama."""
+
+    attention_attr = "attention"
+
+    def __init__(self, layer, index, fam, config) -> None:
+        super().__init__(layer, index, fam, config)
+        self.parallel = bool(layer.use_parallel_residual)
+
+    def _head_dim(self) -> int:
+        return self.attention.head_size
+
+    def _qkv(self, n: torch.Tensor) -> torch.Tensor:
+        """(..., H, 3, hd) per-head [q, k, v] of the fused projection."""
+        return self.attention.query_key_value(n).unflatten(-1, (-1, 3, self.head_dim))
+
+    def projection_weights(self):
+        w = self.attention.query_key_value.weight
+        w = w.unflatten(0, (-1, 3, self.head_dim))  # (H, 3, hd, d)
+        return tuple(w[:, i].flatten(0, 1) for i in range(3))
+
+    def project_q(self, n):
+        return self._qkv(n)[..., 0, :].flatten(-2)
+
+    def project_kv(self, n):
+        qkv = self._qkv(n)
+        return qkv[..., 1, :].flatten(-2), qkv[..., 2, :].flatten(-2)
+
+    def out_proj(self, o):
+        return self.attention.dense(o)
+
+    def out_weight(self):
+        return self.attention.dense.weight
+
+    def plain_mlp(self):
+        mlp = self.layer.mlp
+        return mlp.dense_h_to_4h.weight, mlp.dense_h_to_4h.bias, mlp.dense_4h_to_h.weight, mlp.act
+
+    def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        """F(ln_post_attn(x)): the MLP branch (without the residual)."""
+        return self.layer.mlp(self.layer.post_attention_layernorm(x))
+
+    def layer_forward(self, h, ctx, kv=None):
+        if not self.parallel:
+            return super().layer_forward(h, ctx, kv)
+        a = self.attn_update(h, ctx, kv)
+        return h + a, self.mlp_branch(h) + a + h
+
+    def layer_token_fn(self, h: torch.Tensor, t: int, ctx: SequenceContext) -> TokenFunction:
+        """x (d,) -> h_{L+1}[t] = (F(ln_post_attn(x)) + A(ln_in(x))) + x (parallel layers), the
+        other positions frozen."""
+        attn = self.attn_update_token_fn(h, t, ctx)
+        return lambda x: self.mlp_branch(x) + attn(x) + x
 
 
 class _PostNormSublayers(LayerSublayers):
@@ -645,6 +837,8 @@ _ADAPTERS: dict[str, type[LayerSublayers]] = {
     "olmo2": _PostNormSublayers,
     "olmo3": _PostNormSublayers,
     "gemma4": _Gemma4Sublayers,
+    "gpt2": _GPT2Sublayers,
+    "gpt_neox": _GPTNeoXSublayers,
 }
 
 
@@ -667,7 +861,8 @@ def sublayers(model: nn.Module) -> list[LayerSublayers]:
 def forward_boundaries(adapters: list[LayerSublayers], ctx: SequenceContext, upto: int | None = None) -> torch.Tensor:
     """Run the sublayers from h_0 = ``ctx.embeddings`` through layer ``upto`` (inclusive; default
     the last) and return (B, 2·(upto+1)+1, T, d): index 2L = h_L, 2L+1 = m_L, last = raw output
-    of layer ``upto``. Keys/values of layers that others reuse (Gemma 4) are kept on the way."""
+    of layer ``upto``. Keys/values of layers that others reuse (Gemma 4) are kept on the way.
+    For parallel-residual layers index 2L+1 holds the virtual m_L = h_L + A (module docstring)."""
     last = len(adapters) - 1 if upto is None else upto
     sources = {a.kv_source for a in adapters if a.kv_source != a.index}
     stored: dict[int, KV] = {}
@@ -676,8 +871,7 @@ def forward_boundaries(adapters: list[LayerSublayers], ctx: SequenceContext, upt
     for adapter in adapters[: last + 1]:
         if adapter.index in sources:
             stored[adapter.index] = adapter.kv(h, ctx)
-        m = adapter.attn(h, ctx, kv=stored.get(adapter.kv_source))
-        h = adapter.mlp(m, ctx)
+        m, h = adapter.layer_forward(h, ctx, kv=stored.get(adapter.kv_source))
         states += [m, h]
     return torch.stack(states, dim=1)
 

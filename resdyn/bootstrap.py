@@ -59,7 +59,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pandas as pd
-import scipy.linalg
 
 from resdyn import spectral
 
@@ -81,6 +80,7 @@ __all__ = [
 BOOTSTRAP_COLUMNS = [
     "metric", "layer", "kind", "s", "estimate", "ci_low", "ci_high", "level", "n_resamples",
     "n_bootstrap_samples", "n_samples_total", "estimate_all_samples", "seed", "bootstrapped", "note",
+    "reason",  # why a row's numbers are empty (not bootstrapped)
 ]
 REPLICATE_COLUMNS = ["replicate", "metric", "value"]
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
@@ -89,7 +89,6 @@ NOT_BOOTSTRAPPED_NOTE = (
     "not bootstrapped: RSS is a deterministic function of the tuned-lens translators; its sampling "
     "uncertainty would need a lens-data bootstrap (refitting every translator per resample), not afforded"
 )
-_MEMORY_BUDGET = 1 << 30  # bytes of replicate matrices held at once
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +246,7 @@ def read_per_sample(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, d
     for path in files:
         with h5py.File(path, "r") as f:
             layer = int(f.attrs["layer"])
-            for kind in spectral.KINDS:
+            for kind in (spectral.LAYER_KIND,) if spectral.LAYER_KIND in f else spectral.KINDS:
                 if kind not in f or "per_sample" not in f[kind]:
                     raise ValueError(
                         f"{path}: no {kind}/per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
@@ -278,9 +277,7 @@ def read_per_sample(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, d
 
 def _ordered_keys(per_sample: Mapping[tuple[int, str], Any]) -> list[tuple[int, str]]:
     keys = sorted(per_sample, key=lambda key: spectral.sublayer_index(*key))
-    got = [spectral.sublayer_index(*key) for key in keys]
-    if got != list(range(len(got))):
-        raise ValueError(f"per-sample Jacobians must cover sublayers s = 0..S−1 without gaps, got s = {got}")
+    spectral.check_chain(keys, "per-sample Jacobians")
     return keys
 
 
@@ -296,7 +293,8 @@ def jacobian_bootstrap(
     complex_tol: float = 1e-6,
     means: Mapping[tuple[int, str], Any] | None = None,
     n_samples_total: int | None = None,
-    memory_budget: int = _MEMORY_BUDGET,
+    memory_budget: int | None = None,
+    device: Any = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bootstrap over samples of Henrici departure, complex fraction and the full-depth rank.
 
@@ -308,15 +306,20 @@ def jacobian_bootstrap(
         means: optional {(layer, kind): all-N mean Jacobian or loader} → ``estimate_all_samples``.
         n_samples_total: N of ``means`` (default n).
         memory_budget: bytes of (d, d) replicate matrices held at once; replicates beyond it are
-            processed in further passes over the files (each pass reloads every sublayer).
+            processed in further passes over the files (each pass reloads and decompresses
+            every sublayer). Default :func:`resdyn.cost.bootstrap_memory_budget`: every row in
+            one pass up to 16 GiB (one pass at d = 4096, R = 50), the size the job requests.
+        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.spectral.eigen_henrici`).
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
         ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
         of the last sublayer), ``complex_fraction_early_minus_late`` and
         ``henrici_early_minus_late`` (kind ``all``); replicates: long table
         (``replicate``, ``metric``, ``value``) of the :data:`SCALAR_METRICS`.
-    Cost: (R + 2) × S eigen- and Schur decompositions of d × d matrices, plus one SVD per
-    replicate.
+    Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
+    (eigenvalues and Henrici from the same factor; before, a Schur factor *and* eigvals: 2×),
+    torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
+    (:func:`resdyn.cost.cost_bootstrap`).
     """
     R = _check_int(n_resamples, "n_resamples", 1)
     seed = _check_int(seed, "seed", 0)
@@ -348,12 +351,19 @@ def jacobian_bootstrap(
     henrici = np.full((rows_total, S), np.nan)
     cfrac = np.full((rows_total, S), np.nan)
     erank = np.full(rows_total, np.nan)
+    if memory_budget is None:
+        from resdyn.cost import bootstrap_memory_budget
+
+        memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
 
+    on_gpu = spectral._on_cuda(device)
+    if on_gpu:
+        import torch
     cache = first
     for start in range(0, rows_total, chunk):
         rows = np.arange(start, min(rows_total, start + chunk))
-        products: list[np.ndarray | None] = [None] * rows.size
+        products: list[Any] = [None] * rows.size
         for s, key in enumerate(keys):
             X = cache if (s == 0 and cache is not None) else _load(per_sample[key])
             if X.shape != (n, d, d):
@@ -365,14 +375,25 @@ def jacobian_bootstrap(
                 J = mats[j]
                 if not np.isfinite(J).all():
                     continue
-                henrici[r, s] = spectral.henrici_departure(J)
-                cfrac[r, s] = spectral.complex_fraction(scipy.linalg.eigvals(J, check_finite=False), tol)
-                P = J.copy() if products[j] is None else J @ products[j]
-                nrm = float(np.linalg.norm(P))
+                lam, nn, fro = spectral.eigen_henrici(J, device)
+                henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
+                cfrac[r, s] = spectral.complex_fraction(lam, tol)
+                if on_gpu:  # the running products stay on the device (2 d³ fp64 GEMMs there)
+                    Jt = torch.as_tensor(J, device=device)
+                    P = Jt if products[j] is None else Jt @ products[j]
+                    nrm = float(torch.linalg.matrix_norm(P))
+                else:
+                    P = J.copy() if products[j] is None else J @ products[j]
+                    nrm = float(np.linalg.norm(P))
                 products[j] = P / nrm if nrm > 0 else P
         for j, r in enumerate(rows):
             P = products[j]
-            if P is not None and np.isfinite(P).all():
+            if P is None:
+                continue
+            if on_gpu:
+                if bool(torch.isfinite(P).all()):
+                    erank[r] = spectral.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+            elif np.isfinite(P).all():
                 erank[r] = spectral.effective_rank(np.linalg.svd(P, compute_uv=False))
         cache = None
 
@@ -390,7 +411,7 @@ def jacobian_bootstrap(
         low, high = percentile_ci(values[2:], lvl)
         return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
                 "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
-                "note": "; ".join(x for x in (note, extra) if x)}
+                "note": "; ".join(x for x in (note, extra) if x), "reason": ""}
 
     out = []
     for s, (layer, kind) in enumerate(keys):
@@ -418,7 +439,7 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
     rows = [{"metric": m, "layer": None, "kind": "all", "s": None, "estimate": float("nan"), "ci_low": float("nan"),
              "ci_high": float("nan"), "level": _check_level(level), "n_resamples": 0, "n_bootstrap_samples": 0,
              "n_samples_total": 0, "estimate_all_samples": float("nan"), "seed": None, "bootstrapped": False,
-             "note": NOT_BOOTSTRAPPED_NOTE} for m in ("rss_profile", "b1", "b2")]
+             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE} for m in ("rss_profile", "b1", "b2")]
     table = pd.DataFrame(rows, columns=BOOTSTRAP_COLUMNS)
     for c in ("layer", "s", "seed"):
         table[c] = table[c].astype("Int64")
@@ -426,14 +447,15 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
 
 
 def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: int = 200, seed: int = 0,
-                             level: float = 0.95, complex_tol: float = 1e-6) -> tuple[pd.DataFrame, pd.DataFrame]:
+                             level: float = 0.95, complex_tol: float = 1e-6,
+                             device: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
     :func:`read_per_sample` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
     per, means, info = read_per_sample(folders)
     table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
-                                     n_samples_total=info["n_samples_total"])
+                                     n_samples_total=info["n_samples_total"], device=device)
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):
         both[c] = both[c].astype("Int64")

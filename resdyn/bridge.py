@@ -141,7 +141,8 @@ def haar_subspace(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def layer_jacobian(jacobians: Mapping[tuple[int, str], Any], layer: int) -> np.ndarray:
-    """Layer map ``J_L = J_mlp(L) @ J_attn(L)`` (h_L → h_{L+1}), float64 (d, d).
+    """Layer map ``J_L = J_mlp(L) @ J_attn(L)`` (h_L → h_{L+1}), float64 (d, d); for a
+    parallel-residual layer its stored operator ``(L, 'layer')`` = I + J_A + J_F.
 
     ``jacobians``: {(layer, kind): (d, d) array or zero-argument loader}, as returned by
     :func:`resdyn.jacobian.mean_jacobians`.
@@ -150,6 +151,8 @@ def layer_jacobian(jacobians: Mapping[tuple[int, str], Any], layer: int) -> np.n
         >>> layer_jacobian({(0, "attn"): np.diag([1.0, 2.0]), (0, "mlp"): np.diag([3.0, 1.0])}, 0).tolist()
         [[3.0, 0.0], [0.0, 2.0]]
     """
+    if (layer, "layer") in jacobians:  # parallel residual: the layer operator I + J_A + J_F itself
+        return _square(jacobians[(layer, "layer")], f"jacobians[({layer}, 'layer')]")
     missing = [kind for kind in ("attn", "mlp") if (layer, kind) not in jacobians]
     if missing:
         raise ValueError(f"jacobians lack layer {layer}'s {missing} sublayer(s); have {sorted(jacobians)[:6]}…")
@@ -293,7 +296,9 @@ def operator_profiles(spectra: pd.DataFrame, bottleneck: pd.DataFrame, complex_t
 
     Returns one row per layer L = 0 … n−1 with ``complex_frac_attn``, ``complex_frac_mlp``
     (share of complex eigenvalues at ``complex_tol``), ``henrici_attn``, ``henrici_mlp`` and
-    ``cum_erank`` = effective rank of P_{2L+1} = J_{2L+1} ⋯ J_0 (after layer L).
+    ``cum_erank`` = effective rank of P_{2L+1} = J_{2L+1} ⋯ J_0 (after layer L). Parallel-residual
+    models (kind 'layer' only): the attn/mlp columns are NaN and ``complex_frac_layer``,
+    ``henrici_layer`` describe the layer operator.
 
     Example:
         >>> sp = pd.DataFrame({"layer": [0, 0], "kind": ["attn", "mlp"], "henrici": [0.1, 0.2],
@@ -315,8 +320,21 @@ def operator_profiles(spectra: pd.DataFrame, bottleneck: pd.DataFrame, complex_t
     by = spectra.set_index(["layer", "kind"])
     erank = dict(zip(bottleneck["s"].astype(int), bottleneck["erank"].astype(float)))
     rows = []
+    parallel = "layer" in set(spectra["kind"].astype(str))
     for L in layers:
         row: dict[str, Any] = {"layer": L}
+        if parallel:
+            if (L, "layer") not in by.index:
+                raise ValueError(f"spectra table has no row for layer {L}, kind 'layer'")
+            nan = float("nan")
+            row.update(complex_frac_attn=nan, complex_frac_mlp=nan, henrici_attn=nan, henrici_mlp=nan,
+                       complex_frac_layer=float(by.loc[(L, "layer"), col]),
+                       henrici_layer=float(by.loc[(L, "layer"), "henrici"]))
+            if 2 * L + 1 not in erank:
+                raise ValueError(f"bottleneck table has no row s = {2 * L + 1} (after layer {L})")
+            row["cum_erank"] = erank[2 * L + 1]
+            rows.append(row)
+            continue
         for kind in ("attn", "mlp"):
             if (L, kind) not in by.index:
                 raise ValueError(f"spectra table has no row for layer {L}, kind {kind!r}")
@@ -437,7 +455,9 @@ def bridge_tables(
     table["rss"] = list(at_k["rss"].astype(float)) + [float("nan")]
     table["rss_k"] = k_phase
     table["phase"] = pd.array(list(labels) + [None], dtype="Int64")
-    order = TRANSPORT_COLUMNS + [c for c in prof.columns if c != "layer"] + ["rss", "rss_k", "phase"]
+    # why the last layer's transport, RSS and phase are empty
+    table["reason"] = [""] * (n - 1) + ["last layer: no next layer (transport, RSS and phase undefined)"]
+    order = TRANSPORT_COLUMNS + [c for c in prof.columns if c != "layer"] + ["rss", "rss_k", "phase", "reason"]
     table = table[order]
 
     profiles = {c: table[c].to_numpy(dtype=np.float64) for c in

@@ -193,8 +193,7 @@ class Continuation:
         for adapter in self.adapters[start:]:
             if adapter.index in self._sources:
                 stored[adapter.index] = adapter.kv(h, self.ctx)
-            m = adapter.attn(h, self.ctx, kv=stored.get(adapter.kv_source))
-            h = adapter.mlp(m, self.ctx)
+            _, h = adapter.layer_forward(h, self.ctx, kv=stored.get(adapter.kv_source))
             if keep is not None:
                 keep.append(h)
         return h
@@ -305,7 +304,7 @@ def causal_table(
     if out_of_range:
         raise ValueError(f"layers {out_of_range} out of range; allowed 0..{n - 1} (streams with a translator)")
 
-    device = arch.text_model(model).embed_tokens.weight.device
+    device = arch.input_device(model)
     cont = Continuation(model, ids.to(device=device, dtype=torch.long))
     labels = _phase_labels(phases, n)
     rows = []

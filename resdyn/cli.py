@@ -1,8 +1,14 @@
-"""Command line: ``resdyn provenance FILE``, ``resdyn verify [PATH]``, ``resdyn plan CONFIG``."""
+"""Command line: ``resdyn provenance FILE``, ``resdyn verify [PATH]``, ``resdyn plan CONFIG``.
+
+Exit codes (also in ``--help``): 0 success; 1 the command ran and found problems (changed or
+missing inputs, no provenance); 2 bad usage or bad input (missing/unreadable file, invalid
+config), reported as one line ``resdyn <command>: error: ...`` without a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -13,6 +19,8 @@ from resdyn import io
 def _provenance(args: argparse.Namespace) -> int:
     from resdyn import provenance
 
+    if not Path(args.file).exists():
+        raise FileNotFoundError(errno.ENOENT, "no such file", args.file)
     steps = provenance.chain(args.file)
     if not steps:
         print(f"{args.file}: no provenance found", file=sys.stderr)
@@ -21,6 +29,13 @@ def _provenance(args: argparse.Namespace) -> int:
         print(json.dumps([{"path": p, **prov} for p, prov in steps], indent=2))
         return 0
     for path, prov in steps:
+        if prov.get("source"):
+            digest = prov.get("sha256")
+            made_here = Path(path).parts[:1] in (("results",), ("models",))
+            what = ("NO PROVENANCE SIDECAR (deleted? run `resdyn verify`)" if made_here
+                    else "source (no provenance of its own)")
+            print(f"{path}\n  {what}: " + (f"sha256 {digest[:16]}…" if digest else "missing"))
+            continue
         wc = ", ".join(f"{k}={v}" for k, v in prov.get("wildcards", {}).items())
         git = prov.get("git") or {}
         print(f"{path}\n  made by rule {prov.get('rule')} ({wc}) at {prov.get('end') or prov.get('start')}"
@@ -41,58 +56,108 @@ def _provenance(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from resdyn import provenance
 
-    root = Path(args.path)
-    sidecars = [io.prov_path(root)] if root.is_file() else sorted(root.rglob("*.prov.json"))
-    problems, checked = [], 0
-    for side in sidecars:
-        artifact = Path(str(side)[: -len(".prov.json")])
-        if not artifact.exists():
-            problems.append(f"{artifact}: artifact missing (sidecar {side} remains)")
-            continue
-        checked += 1
-        problems += provenance.verify(artifact)
+    roots = args.path or [r for r in ("results", "models") if Path(r).exists()]
+    missing = [r for r in roots if not Path(r).exists()]
+    if missing or not roots:
+        print(f"resdyn verify: error: {', '.join(missing) or 'results/ and models/'}: no such file or directory "
+              "(run it in the workflow's folder, or name the folders to audit)", file=sys.stderr)
+        return 2
+    checked, problems = provenance.audit(roots)
     for line in problems:
         print(line)
-    print(f"verified {checked} artifacts: {len(problems)} problem(s)", file=sys.stderr)
+    print(f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)",
+          file=sys.stderr)
     return 1 if problems else 0
 
 
 def _plan(args: argparse.Namespace) -> int:
     from resdyn import config as rc
-    from resdyn import plan
+    from resdyn import cost, plan
 
     try:
         cfg = rc.load_config(args.config)
-    except rc.ConfigError as err:
-        print(err, file=sys.stderr)
+        for name in cfg["models"]:  # the order every table's step 0 / final labels follow
+            order = rc.checkpoints(cfg, name)
+            if len(order) > 1:
+                print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
+        print(plan.render(cfg, device=args.gpu, gpus=args.gpus, cores=args.cores))
+    except (rc.ConfigError, cost.ShapeError) as err:
+        print(f"resdyn plan: error: {err}", file=sys.stderr)
         return 2
-    table = plan.estimate(cfg, gpu_tflops=args.gpu_tflops, efficiency=args.efficiency)
-    with_total = table.round(3)
-    print(with_total.to_string(index=False))
-    totals = table[["jobs", "gpu_hours", "disk_gb"]].sum()
-    print(f"\ntotal: {int(totals.jobs)} GPU/CPU-heavy jobs, {totals.gpu_hours:.2f} GPU-hours at "
-          f"{args.efficiency:.0%} of {args.gpu_tflops:g} TFLOP/s, {totals.disk_gb:.1f} GB on disk; "
-          f"largest job memory {table.mem_gb.max():.1f} GB")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="resdyn", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = """\
+resdyn: how perturbations travel through the residual stream of decoder-only transformers.
+The pipeline itself runs with Snakemake (snakemake --cores N, or --profile slurm); these
+commands inspect its artifacts and plan a configuration."""
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  the command ran and found problems (verify: changed or missing inputs;
+     provenance: the file has no provenance record)
+  2  bad usage or bad input: a missing or unreadable file, an invalid config
+     (one line "resdyn COMMAND: error: ..." on stderr, no traceback)
+
+examples:
+  resdyn plan configs/paper-a.yaml
+  resdyn provenance results/figures/llama/step0/funnel.png
+  resdyn verify results"""
+
+
+def _version() -> str:
+    from resdyn import __version__
+
+    return f"resdyn {__version__}"
+
+
+def _error_line(command: str, err: BaseException) -> str:
+    """One line naming the file and what is wrong with it (for bad input, instead of a traceback)."""
+    if isinstance(err, FileNotFoundError):
+        what = f"{err.filename}: no such file or directory"
+    elif isinstance(err, IsADirectoryError):
+        what = f"{err.filename}: is a directory, expected a file"
+    elif isinstance(err, OSError) and err.filename:
+        what = f"{err.filename}: {err.strerror or err}"
+    else:
+        what = str(err).strip() or type(err).__name__
+    return f"resdyn {command}: error: {what}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resdyn", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("provenance", help="print the chain from an artifact back to model and data")
-    p.add_argument("file")
+    p.add_argument("file", help="an artifact (table, HDF5 file, figure) with a .prov.json sidecar")
     p.add_argument("--json", action="store_true", help="the whole chain as JSON")
     p.set_defaults(func=_provenance)
-    v = sub.add_parser("verify", help="re-hash recorded inputs; report artifacts whose inputs changed")
-    v.add_argument("path", nargs="?", default="results")
+    v = sub.add_parser("verify", help="re-hash every artifact and its inputs; report changed outputs and inputs, "
+                       "stale chains, missing sidecars and sidecars without artifacts (see docs/audit.md)")
+    v.add_argument("path", nargs="*", help="folders or files to audit (default: results and models)")
     v.set_defaults(func=_verify)
-    pl = sub.add_parser("plan", help="jobs, GPU-hours, memory and disk a config needs")
-    pl.add_argument("config")
-    pl.add_argument("--gpu-tflops", type=float, default=60.0, help="device fp32 TFLOP/s (default 60, H100/H200)")
-    pl.add_argument("--efficiency", type=float, default=0.3, help="achieved share of it (default 0.3)")
+    pl = sub.add_parser("plan", help="jobs, GPU/CPU-hours, memory, disk, critical path and wall time a config needs")
+    pl.add_argument("config", help="a config YAML file (config.yaml or one of configs/*.yaml)")
+    pl.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="GPU kind (default h100)")
+    pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
+    pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
     pl.set_defaults(func=_plan)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    for name, action in sub.choices.items():  # every subcommand's help carries the exit codes too
+        action.epilog = EPILOG.split("\n\nexamples:")[0]
+        action.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (OSError, ValueError) as err:  # bad input files: one line, no traceback
+        print(_error_line(args.command, err), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,16 +8,17 @@ name the key, the bad value and what is allowed.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+from resdyn import hub
+
+# Package data, so that an installed (non-editable) resdyn validates configs too.
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -25,7 +26,7 @@ class ConfigError(ValueError):
 
 
 def load_schema() -> dict:
-    """The JSON Schema of the configuration (workflow/schemas/config.schema.yaml)."""
+    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml)."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
@@ -49,14 +50,50 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` of a config value cut to ``limit`` characters (a mapping is named, not dumped)."""
+    if isinstance(value, dict):
+        text = "{" + ", ".join(map(str, list(value)[:6])) + (", …" if len(value) > 6 else "") + "}"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _mapping_error(err) -> str:
+    """An unknown or missing key, named by its full dotted key (the mapping is not quoted)."""
+    prefix = _key(err.absolute_path) + "." if err.absolute_path else ""
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return f"config key '{prefix}{missing[0]}': required but missing"
+    allowed = sorted(err.schema.get("properties", {}))
+    unknown = sorted(k for k in err.instance if k not in allowed)
+    return (f"config key '{prefix}{unknown[0]}': unknown key"
+            + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "") + f"; allowed: {allowed}")
+
+
 def _schema_errors(config: dict, schema: dict) -> list[str]:
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    out = []
+    out, seen = [], set()
     for err in errors:
+        # One line per key: the same bad value can fail several schema branches (a family enum
+        # in the model and again in the source-specific ``then``); the first error says it.
+        key = _key(err.absolute_path)
+        if key in seen:
+            continue
+        seen.add(key)
+        if err.validator in ("additionalProperties", "required") and isinstance(err.instance, dict):
+            out.append(_mapping_error(err))
+            continue
         # For oneOf/anyOf the most specific sub-error is the useful one.
         best = jsonschema.exceptions.best_match([err]) if err.context else err
         desc = best.schema.get("description") if isinstance(best.schema, dict) else None
-        msg = f"config key '{_key(err.absolute_path)}': value {err.instance!r} is invalid — {best.message}"
+        reason = best.message
+        if len(reason) > 200:  # jsonschema quotes the whole instance; cut it
+            reason = reason[:199] + "…"
+        msg = f"config key '{key}': value {_short(err.instance)} is invalid — {reason}"
+        if desc:  # the schema's description, first sentence only: a hint, not a manual
+            desc = desc.split(". ")[0]
+            desc = desc if len(desc) <= 160 else desc[:159] + "…"
         out.append(msg + (f" ({desc})" if desc else ""))
     return out
 
@@ -76,11 +113,30 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
                 model.setdefault("train", {})
         problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
     if not problems:
+        _inherit_seed(config)
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
+        config["jacobian"]["store_first_n"] = config["samples"]["n"]
+    if config["causal"]["n_samples"] is None:
+        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
     _sort_keys(config)
     return config
+
+
+def _inherit_seed(config: dict) -> None:
+    """Every stage seed that the config does not give takes the top-level ``seed``."""
+    base = config["seed"]
+    stages = [config[k] for k in SEEDED_SECTIONS]
+    stages += list(config["datasets"].values())
+    stages += [m["train"] for m in config["models"].values() if "train" in m]
+    for stage in stages:
+        stage.setdefault("seed", base)
+
+
+#: Top-level sections with a ``seed`` of their own (datasets and zoo training have theirs too).
+SEEDED_SECTIONS = ("samples", "topology", "lens", "bridge", "causal", "bootstrap")
 
 
 def _sort_keys(node: Any) -> None:
@@ -121,36 +177,84 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             kv = m.get("n_kv_heads", m["n_heads"])
             if m["n_heads"] % kv:
                 out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
-            if config["samples"]["length"] > m["max_position"]:
-                out.append(
-                    f"config key 'samples.length': {config['samples']['length']} exceeds "
-                    f"{key}.max_position={m['max_position']}"
-                )
         if m["source"] == "local":
             folders = m["paths"].values() if "paths" in m else [m["path"]]
-            for folder in folders:
-                if not (base / folder / "config.json").is_file():
-                    out.append(
-                        f"config key '{key}': local model folder {folder!r} does not exist or has no "
-                        "config.json (expected a Hugging Face model folder)"
-                    )
+            missing = [f for f in folders if not (base / f / "config.json").is_file()]
+            for folder in missing:
+                out.append(
+                    f"config key '{key}': local model folder {folder!r} does not exist or has no "
+                    "config.json (expected a Hugging Face model folder)"
+                )
+            if not missing:
+                out += _shape_errors(key, m, [(f, base / f / "config.json") for f in folders])
+        if m["source"] == "hf":
+            try:
+                order = hub.order_revisions(m["revisions"], m.get("steps"))
+            except ValueError as err:
+                out.append(f"config key '{key}.revisions': {err}; add a `steps:` map (revision -> training step)")
+                continue
+            if order != m["revisions"]:
+                out.append(
+                    f"config key '{key}.revisions': {m['revisions']} is not in training order; by their "
+                    f"{'steps map' if m.get('steps') else 'step numbers'} it is {order} (step 0 first, final last)"
+                )
+                continue
+            found, problems = [], []
+            for rev in m["revisions"]:
+                try:
+                    cfg_json, path = hub.hub_config_json(m["repo"], rev)
+                    found.append((f"{m['repo']}@{rev}", cfg_json))
+                    problems += _missing_weights(m["repo"], rev, path.parent)
+                except hub.HubError as err:
+                    problems.append(f"config key '{key}.revisions': {err}")
+            out += problems
+            if not problems:
+                out += _shape_errors(key, m, found)
+        if "max_position" in m and config["samples"]["length"] > m["max_position"]:
+            out.append(
+                f"config key 'samples.length': {config['samples']['length']} exceeds "
+                f"{key}.max_position={m['max_position']} (the positions the model supports)"
+            )
         ckpts = checkpoints(config, name)
+        clashes = sorted({c for c in ckpts if ckpts.count(c) > 1})
+        if clashes:
+            out.append(f"config key '{key}.revisions': revisions map to the same checkpoint names {clashes}")
         bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
         if bad:
             out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    for name, ds in datasets.items():
+        if ds["source"] == "hf":
+            out += _dataset_errors(f"datasets.{name}", ds, base)
     tols = config["spectra"]["complex_tolerances"]
     for section in ("bridge", "bootstrap"):
         tol = config[section]["complex_tol"]
         if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
-    if config["jacobian"]["store_first_n"] < 2:
+    n, length = config["samples"]["n"], config["samples"]["length"]
+    first_n = config["jacobian"]["store_first_n"]
+    if runs(config, "A") and first_n is not None and first_n < 2:
         out.append(
-            f"config key 'jacobian.store_first_n': {config['jacobian']['store_first_n']} — the bootstrap needs the "
-            "per-sample Jacobians of at least 2 samples (set it to samples.n to bootstrap over all)"
+            f"config key 'jacobian.store_first_n': {first_n} — the bootstrap needs the "
+            "per-sample Jacobians of at least 2 samples (leave it unset to keep all samples.n)"
         )
+    elif first_n is not None and first_n > n:
+        out.append(f"config key 'jacobian.store_first_n': {first_n} exceeds samples.n={n} (allowed 2..{n})")
+    positions = config["jacobian"]["positions"]
+    if isinstance(positions, list):
+        outside = [q for q in positions if not -length <= q < length]
+        if outside:
+            out.append(f"config key 'jacobian.positions': {outside} outside samples.length={length} "
+                       f"(allowed {-length}..{length - 1}; negative counts from the end)")
+    if config["causal"]["n_samples"] is not None and config["causal"]["n_samples"] > n:
+        out.append(f"config key 'causal.n_samples': {config['causal']['n_samples']} exceeds samples.n={n} "
+                   "(the causal test uses the first causal.n_samples held-out samples)")
+    if config["activations"]["skip_positions"] >= length:
+        out.append(f"config key 'activations.skip_positions': {config['activations']['skip_positions']} leaves no "
+                   f"token of samples.length={length}")
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
+    out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
@@ -158,13 +262,109 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     return out
 
 
-def load_config(path: str | Path) -> dict:
-    """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
+def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
+    """Fill family and shape keys of a hub/local model entry from its config.json file(s).
+
+    ``configs``: (where, config.json dict or path) per checkpoint. Keys written in the entry are
+    overrides that must agree with the file; every checkpoint must have the same architecture.
+    """
+    out, seen = [], None
+    for where, cfg in configs:
+        try:
+            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
+        except hub.HubError as err:
+            return [f"config key '{key}': {where}: {err}"]
+        if seen is not None and found != seen[1]:
+            diff = sorted(k for k in set(found) | set(seen[1]) if found.get(k) != seen[1].get(k))
+            return [f"config key '{key}': checkpoints {seen[0]} and {where} differ in {diff} (config.json)"]
+        seen = (where, found)
+    where, found = seen
+    for k, value in found.items():
+        if k == "model_type":
+            continue
+        if k in m and m[k] != value:
+            field = "model_type" if k == "family" else hub.SHAPE_FIELDS[k]
+            shown = found["model_type"] if k == "family" else value
+            out.append(
+                f"config key '{key}.{k}': {m[k]!r} disagrees with config.json of {where} "
+                f"({field} = {shown!r}); remove the key (it is read from config.json) or fix it"
+            )
+        m.setdefault(k, value)
+    if "n_layers" not in m:
+        out.append(f"config key '{key}': config.json of {where} has no num_hidden_layers; set n_layers")
+    return out
+
+
+def _missing_weights(repo: str, revision: str, snapshot: Path) -> list[str]:
+    """Offline, a snapshot whose config.json is cached but whose weights are not is an error now."""
+    if not hub.hub_offline() or any(next(snapshot.glob(p), None) for p in ("*.safetensors", "*.bin")):
+        return []
+    return [
+        f"hub model {repo!r} at revision {revision!r}: the cache has its config.json but no weight files "
+        f"(HF_HUB_OFFLINE=1); fetch them with `{hub.download_command(repo, revision)}`"
+    ]
+
+
+def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
+    """An hf dataset must be a readable local path, or (offline) be in the HF cache."""
+    if "path" in ds:
+        if not (base / ds["path"]).exists():
+            return [f"config key '{key}.path': {ds['path']!r} does not exist (a save_to_disk folder or parquet file(s))"]
+        return []
+    if hub.datasets_offline() and hub.cached_snapshot(ds["name"], ds.get("revision"), "dataset") is None:
+        return [
+            f"config key '{key}': dataset {ds['name']!r} (config {ds.get('config')!r}, revision "
+            f"{ds.get('revision') or 'main'!r}) is not in the Hugging Face cache and downloads are off; "
+            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}`"
+        ]
+    return []
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML loader that refuses a key written twice in one mapping (YAML's last-one-wins
+    would silently drop the first). Keys brought in by a ``<<:`` merge may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in first:
+                    raise ConfigError(
+                        f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first written at line "
+                        f"{first[key]}); YAML would keep only the last — remove or rename one"
+                    )
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file strictly (duplicate keys are an error); errors name the file and line."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        with open(path, encoding="utf-8") as stream:  # a stream, so marks carry the file name
+            return yaml.load(stream, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:  # (an unreadable file raises OSError, which names it)
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML ({where}{what})") from err
+
+
+def check_config_files(paths: list[str | Path]) -> None:
+    """Re-read every config file Snakemake loaded with the strict loader (duplicate keys)."""
+    for path in paths:
+        read_yaml(path)
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML config file and validate it (paths resolved relative to the working directory)."""
+    config = read_yaml(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping of config keys, got {type(config).__name__}")
     return validate_config(config)
 
 
@@ -182,7 +382,7 @@ def checkpoints(config: dict, model: str) -> list[str]:
     if m["source"] == "train":
         return [f"step{s}" for s in sorted(m["train"]["checkpoints"])]
     if m["source"] == "hf":
-        return [revision_name(r) for r in m["revisions"]]
+        return [revision_name(r) for r in hub.order_revisions(m["revisions"], m.get("steps"))]
     return list(m["paths"]) if "paths" in m else ["local"]
 
 
@@ -191,7 +391,7 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     m = config["models"][model]
     spec: dict[str, Any] = {"model": model, "checkpoint": ckpt, "source": m["source"], "dtype": m["dtype"]}
     if m["source"] == "hf":
-        spec.update(repo=m["repo"], revision=dict(zip(checkpoints(config, model), m["revisions"]))[ckpt])
+        spec.update(repo=m["repo"], revision={revision_name(r): r for r in m["revisions"]}[ckpt])
     elif m["source"] == "local":
         spec.update(path=m["paths"][ckpt] if "paths" in m else m["path"])
     else:
@@ -199,10 +399,88 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     return spec
 
 
+def dataset_inputs(config: dict, dataset: str) -> list[str]:
+    """Local files a dataset's corpus is read from (text files, a local hf path), so editing one reruns the corpus."""
+    ds = config["datasets"][dataset]
+    if ds["source"] == "text":
+        return list(ds["paths"])
+    return [ds["path"]] if ds["source"] == "hf" and "path" in ds else []  # save_to_disk folder / parquet
+
+
+def checkpoint_inputs(config: dict, model: str, ckpt: str) -> list[str]:
+    """Files ``checkpoint.json`` is made from: a zoo model's weights folder, or every file of a local
+    model folder (weights, config.json, tokenizer), so editing or swapping one redoes the
+    checkpoint record and what depends on it. Hub snapshots are pinned by their revision."""
+    m = config["models"][model]
+    if m["source"] == "train":
+        return [f"models/{model}/weights"]
+    if m["source"] != "local":
+        return []
+    folder = Path(checkpoint_spec(config, model, ckpt)["path"])
+    if not folder.is_dir():
+        return []  # the config check reports the missing folder
+    return sorted(str(p) for p in folder.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
 def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
     ckpts = checkpoints(config, model)
     return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
+    """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
+    {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
+    lens = config["lens"]
+    if lens.get("source", "train") != "tuned_lens":
+        return None
+    repo = config["models"][model].get("repo", "")
+    return {
+        "path": lens["path"].format(model=model, ckpt=ckpt, repo=repo),
+        "repo": lens.get("repo"),
+        "repo_type": lens.get("repo_type", "space"),
+        "revision": lens.get("revision"),
+    }
+
+
+def _lens_import_errors(config: dict, base: Path) -> list[str]:
+    """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
+    out: list[str] = []
+    if config["lens"].get("source", "train") != "tuned_lens":
+        return out
+    for name in config["models"]:
+        try:
+            ckpts = lens_checkpoints(config, name)
+        except ValueError:  # unorderable revisions: reported by the checks above
+            continue
+        for ckpt in ckpts:
+            try:
+                spec = lens_import_spec(config, name, ckpt)
+            except (KeyError, IndexError, ValueError) as err:
+                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
+                        f"substituted ({type(err).__name__}: {err})"]
+            if spec is None or (spec["repo"] and not hub.hub_offline()):
+                continue  # online, a hub lens is fetched by the lens job
+            if spec["repo"]:  # offline: it must already be in the HF cache
+                snap = hub.cached_snapshot(spec["repo"], spec["revision"], spec["repo_type"])
+                folder = None if snap is None else snap / spec["path"]
+                missing = [f for f in ("config.json", "params.pt") if folder is None or not (folder / f).is_file()]
+                if missing:
+                    out.append(
+                        f"config key 'lens.path': tuned lens {spec['repo']}:{spec['path']} (model {name}) is not in the "
+                        f"HF cache (HF_HUB_OFFLINE is set); fetch it with `{hub.download_command(spec['repo'], spec['revision'], spec['repo_type'])} "
+                        f"--include '{spec['path']}/*'`"
+                    )
+                continue
+            missing = [f for f in ("config.json", "params.pt") if not (base / spec["path"] / f).is_file()]
+            if missing:
+                out.append(
+                    f"config key 'lens.path': tuned-lens folder {spec['path']!r} (model {name}, checkpoint {ckpt}) "
+                    f"lacks {', '.join(missing)} (expected config.json + params.pt)"
+                )
+    return out
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:
@@ -218,19 +496,6 @@ def block_layers(block: str) -> list[int]:
     if not match:
         raise ValueError(f"block name {block!r} is not of the form layersAAA-BBB")
     return list(range(int(match[1]), int(match[2]) + 1))
-
-
-def code_version(*modules: str) -> str:
-    """Short hash of the source of the named ``resdyn`` modules.
-
-    Snakemake does not track imported code; a rule that passes this as a ``params:`` value is
-    rerun when one of the modules it uses changes (params are a default rerun trigger).
-    """
-    h = hashlib.sha256()
-    for name in sorted(set(modules)):
-        h.update(name.encode())
-        h.update(resources.files("resdyn").joinpath(f"{name}.py").read_bytes())
-    return h.hexdigest()[:16]
 
 
 # --- figures: name -> resdyn.plots function (the DAG's figure rules and the report use these) ---
@@ -284,3 +549,33 @@ def figure_category(figure: str) -> str:
     if figure in LENS_FIGURES or figure == "scaling":
         return "Study B"
     return "Study A"
+
+
+# --- the study switch (config key ``studies``) --------------------------------------------------
+
+#: Studies whose outputs each figure draws on (the bridge needs both).
+FIGURE_STUDIES: dict[str, frozenset[str]] = {
+    **{f: frozenset("A") for f in CKPT_FIGURES if f not in LENS_FIGURES},
+    **{f: frozenset("B") for f in LENS_FIGURES},
+    "bridge": frozenset("AB"),
+    "checkpoints": frozenset("A"),
+    "significant": frozenset("A"),
+    "training": frozenset(),
+    "scaling": frozenset("B"),
+}
+
+
+def runs(config: dict, *studies: str) -> bool:
+    """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""
+    return set(studies) <= set(config.get("studies", ("A", "B")))
+
+
+def require_studies(config: dict, figure: str, path: str = "") -> None:
+    """Stop with one line when ``figure`` needs a study that ``config['studies']`` leaves out."""
+    missing = sorted(FIGURE_STUDIES[figure] - set(config.get("studies", ("A", "B"))))
+    if missing:
+        where = f" ({path})" if path else ""
+        raise ConfigError(
+            f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
+            f"{figure!r}{where} needs; add it to studies or do not request this figure"
+        )

@@ -11,7 +11,8 @@ Sources:
 - ``text``: local UTF-8 files; one document per file, or per blank-line-separated paragraph
   block when ``split_paragraphs`` is set.
 - ``hf``: a Hugging Face dataset (``datasets.load_dataset(name, config, split=...)``), read
-  from the local cache; the text field is configurable.
+  offline from the hub cache when ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set; or a local
+  ``save_to_disk`` folder or parquet file(s) (``path``); the text field is configurable.
 """
 
 from __future__ import annotations
@@ -77,8 +78,24 @@ def stdlib_docstrings(max_modules: int | None = None) -> list[str]:
     return docs
 
 
-def load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
-    """Documents of a dataset entry of the config (see module docstring for the sources)."""
+def load_documents(spec: dict, base_dir: str | Path = ".", name: str = "?") -> list[str]:
+    """Documents of dataset ``name`` of the config (see module docstring for the sources).
+
+    Fewer than 2 documents (nothing to split into train and held-out) raises ValueError naming
+    the dataset and where its text came from.
+    """
+    docs = _load_documents(spec, base_dir)
+    if len(docs) < 2:
+        where = {"text": f"text files {spec.get('paths')}", "hf": f"hub dataset {spec.get('name')!r} "
+                 f"(config {spec.get('config')!r}, split {spec.get('split', 'train')!r})"}.get(
+                     spec["source"], f"embedded parts {spec.get('parts')}")
+        raise ValueError(f"dataset {name!r}: {where} gave {len(docs)} non-empty document(s); at least 2 are "
+                         "needed (one train, one held out) — add text or split it into paragraphs "
+                         "(split_paragraphs: true)")
+    return docs
+
+
+def _load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
     source = spec["source"]
     if source == "embedded":
         parts = spec.get("parts", ["kjv", "python_docs"])
@@ -94,36 +111,89 @@ def load_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
             path = Path(base_dir, p)
             if not path.is_file():
                 raise FileNotFoundError(f"dataset text file {path} does not exist")
-            text = path.read_text(encoding="utf-8")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"dataset text file {path}: not UTF-8 ({err.reason} at byte {err.start})") from err
             if spec.get("split_paragraphs", False):
                 docs += [d.strip() for d in text.split("\n\n") if d.strip()]
-            else:
+            elif text.strip():
                 docs.append(text)
         return docs
     if source == "hf":
-        return _hf_documents(spec)
+        return _hf_documents(spec, base_dir)
     raise ValueError(f"dataset source {source!r} unknown; allowed: embedded, text, hf")
 
 
-def _hf_documents(spec: dict) -> list[str]:
+def _hf_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
+    """Texts of an hf dataset entry: a hub dataset (``name``) or a local one (``path``)."""
     try:
-        import datasets
+        import datasets  # noqa: F401
     except ImportError as err:
         raise RuntimeError("hf datasets need the 'datasets' package: pip install datasets") from err
-    name, cfg, split = spec["name"], spec.get("config"), spec.get("split", "train")
-    try:
-        ds = datasets.load_dataset(name, cfg, split=split, revision=spec.get("revision"))
-    except Exception as err:  # datasets raises many types when offline
-        raise RuntimeError(
-            f"could not load dataset {name!r} (config {cfg!r}, split {split!r}): {err}. "
-            "Offline? Pre-download it on a machine with internet "
-            f"(python -c \"import datasets; datasets.load_dataset('{name}', {cfg!r})\") and copy "
-            "~/.cache/huggingface, or export it to text files and use 'source: text'."
-        ) from err
+    if "path" in spec:
+        ds = load_local_dataset(Path(base_dir, spec["path"]), spec.get("split", "train"))
+    else:
+        ds = load_hub_dataset(spec["name"], spec.get("config"), spec.get("split", "train"), spec.get("revision"))
     field = spec.get("text_field", "text")
+    if field not in ds.column_names:
+        where = spec.get("path") or spec["name"]
+        raise ValueError(f"dataset {where!r}: no text field {field!r}; its columns are {ds.column_names} (set text_field)")
     texts = [t for t in ds[field] if t and t.strip()]
     limit = spec.get("max_documents")
     return texts[:limit] if limit else texts
+
+
+def load_hub_dataset(name: str, config: str | None, split: str, revision: str | None):
+    """One split of a hub dataset as a ``datasets.Dataset``.
+
+    Online: ``datasets.load_dataset(name, config, split=, revision=)``. Offline
+    (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``) ``load_dataset(name)`` cannot read the hub
+    cache, so the cached snapshot of the dataset repository is located with ``huggingface_hub``
+    and its data files (parquet/json/csv/text, with the configs its README declares) are loaded
+    with ``load_dataset(<snapshot folder>, config, split=)``. A dataset missing from the cache
+    raises RuntimeError with the ``hf download`` command.
+    """
+    import datasets
+
+    from resdyn import hub
+
+    if not hub.datasets_offline():
+        try:
+            return datasets.load_dataset(name, config, split=split, revision=revision)
+        except Exception as err:  # network errors come in many types: fall back to the cache
+            log.warning("load_dataset(%r) failed online (%s); trying the local hub cache", name, err)
+    snapshot = hub.cached_snapshot(name, revision, repo_type="dataset")
+    if snapshot is None:
+        raise RuntimeError(
+            f"dataset {name!r} (config {config!r}, revision {revision or 'main'!r}) is not in the Hugging Face "
+            f"cache; fetch it on a machine with internet: `{hub.download_command(name, revision, 'dataset')}`"
+        )
+    try:
+        return datasets.load_dataset(str(snapshot), config, split=split)
+    except Exception as err:
+        raise RuntimeError(
+            f"dataset {name!r} (config {config!r}, split {split!r}) in the cache at {snapshot}: {err}"
+        ) from err
+
+
+def load_local_dataset(path: Path, split: str):
+    """A local dataset: a ``save_to_disk`` folder, a .parquet file, or a folder of .parquet files."""
+    import datasets
+
+    if not path.exists():
+        raise FileNotFoundError(f"dataset path {path} does not exist")
+    if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"dataset {path}: no split {split!r}; it has {sorted(ds)}")
+            ds = ds[split]
+        return ds
+    files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+    if not files or any(f.suffix != ".parquet" for f in files):
+        raise ValueError(f"dataset path {path}: expected a save_to_disk folder, a .parquet file or a folder of them")
+    return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
 
 
 def split_documents(docs: Sequence[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -192,7 +262,8 @@ def token_stream(tokenizer, docs: Iterable[str]) -> np.ndarray:
     return np.concatenate(pieces)
 
 
-def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
+                source: str = "the held-out stream", keys: str = "samples.n") -> tuple[np.ndarray, np.ndarray]:
     """Draw ``n`` non-overlapping blocks of ``length`` tokens from a token stream, seeded.
 
     The stream is cut into ``len(stream) // length`` consecutive windows; a seeded permutation
@@ -202,8 +273,8 @@ def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int) -> tuple[np.
     n_windows = len(stream) // length
     if n > n_windows:
         raise ValueError(
-            f"asked for {n} samples of {length} tokens but the held-out stream has only "
-            f"{len(stream)} tokens ({n_windows} windows); lower samples.n or samples.length"
+            f"asked for {n} samples of {length} tokens but {source} has only {len(stream)} tokens "
+            f"({n_windows} windows); lower {keys} (at most {n_windows}) or samples.length, or use a larger corpus"
         )
     chosen = np.sort(np.random.default_rng(seed).choice(n_windows, size=n, replace=False))
     starts = chosen * length

@@ -274,6 +274,8 @@ LAYER_COLUMNS = [
     "norm_ratio_of_means",
     "relative_update_norm",
 ]
+#: per-layer columns about the update after a state: empty on the ``output`` row (nothing follows)
+UPDATE_COLUMNS = tuple(LAYER_COLUMNS[4:])
 
 
 class _UpdateSums:
@@ -570,7 +572,11 @@ def phase_table(
     table = per_layer
     if "state" in table.columns:
         table = table[table["state"] != "output"]
-    return phase_metrics(table, int(cuts["b1"]), int(cuts["b2"]), metrics)
+    out = phase_metrics(table, int(cuts["b1"]), int(cuts["b2"]), metrics)
+    # why a statistic is empty: a phase with no (finite) layer, or one layer (no sd)
+    out["reason"] = np.select([out["n_layers"] == 0, out["n_layers"] == 1],
+                              ["no layer with a finite value in this phase", "one layer: sd undefined"], "")
+    return out
 
 
 def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3) -> pd.DataFrame:
@@ -643,9 +649,11 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
             "n_models": int(g["model"].nunique()),
             "n_depths": n_depths,
             "n_obs": int(len(g)),
+            "reason": "",
         }
         if n_depths < min_depths:
             row["status"] = "too_few_depths"
+            row["reason"] = f"too_few_depths: {n_depths} depth(s) in the group, the fit needs {min_depths}"
             rows.append(row)
             continue
         with warnings.catch_warnings():
@@ -675,5 +683,6 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
         "n_models",
         "n_depths",
         "n_obs",
+        "reason",
     ]
     return pd.DataFrame(rows, columns=cols)

@@ -55,18 +55,33 @@ def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def sha256_tree(folder: PathLike, patterns: tuple[str, ...] = ("*",)) -> str:
-    """Content hash of the files in a folder: SHA-256 over sorted (relative name, file hash).
+def manifest(folder: PathLike, patterns: tuple[str, ...] = ("*",)) -> dict[str, str]:
+    """Per-file SHA-256 of a folder's files, keyed by POSIX path relative to the folder (sorted).
 
-    Independent of modification times and of the order the filesystem lists files in.
+    Hidden staging files (a leading ``.`` in any part of the relative path) are left out: they
+    are a running job's scratch, not part of the result.
     """
     folder = Path(folder)
     files = sorted({p for pat in patterns for p in folder.rglob(pat) if p.is_file()})
+    rels = [(p, p.relative_to(folder)) for p in files]
+    return {rel.as_posix(): sha256_file(p) for p, rel in rels if not any(part.startswith(".") for part in rel.parts)}
+
+
+def tree_digest(files: dict[str, str]) -> str:
+    """SHA-256 over sorted (relative name, file hash) pairs of a :func:`manifest`."""
     h = hashlib.sha256()
-    for p in files:
-        h.update(str(p.relative_to(folder)).encode())
-        h.update(sha256_file(p).encode())
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(files[rel].encode())
     return h.hexdigest()
+
+
+def sha256_tree(folder: PathLike, patterns: tuple[str, ...] = ("*",)) -> str:
+    """Content hash of the files in a folder: :func:`tree_digest` of its :func:`manifest`.
+
+    Independent of modification times and of the order the filesystem lists files in.
+    """
+    return tree_digest(manifest(folder, patterns))
 
 
 def sha256_array(*arrays: np.ndarray) -> str:
@@ -110,11 +125,48 @@ def read_json(path: PathLike) -> Any:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
 
 
-def write_tsv(table: pd.DataFrame, path: PathLike, provenance: dict | None = None) -> None:
+#: Columns that name a row; a refused value's message quotes them.
+ROW_KEYS = ("model", "ckpt", "checkpoint", "lens", "metric", "layer", "kind", "boundary", "s", "k", "step", "alpha")
+
+
+def check_finite_table(table: pd.DataFrame, path: PathLike, allow_nan: tuple[str, ...] = ()) -> None:
+    """Refuse NaN/Inf where a finite number is required, naming file, column and row.
+
+    A numeric cell may be non-finite only in a column listed in ``allow_nan`` (structural blanks,
+    e.g. ``layer`` of a whole-model row) or in a row whose ``reason`` column says why.
+    """
+    num = table.select_dtypes(include=[np.number, "boolean"])
+    if num.empty:
+        return
+    values = num.to_numpy(dtype=float, na_value=np.nan)
+    bad = ~np.isfinite(values)
+    bad[:, [c in allow_nan for c in num.columns]] = False
+    if "reason" in table.columns:
+        reason = table["reason"].fillna("").astype(str).str.strip().to_numpy() != ""
+        bad[reason, :] = False
+    if not bad.any():
+        return
+    row, col = (int(x[0]) for x in np.nonzero(bad))
+    parts = Path(path).parts
+    where = [f"model {parts[i + 1]}" + (f" checkpoint {parts[i + 2]}" if len(parts) > i + 3 else "")
+             for i, part in enumerate(parts[:-2]) if part == "results"][:1]
+    rec = table.iloc[row]
+    where += [f"{k}={rec[k]}" for k in ROW_KEYS if k in table.columns and pd.notna(rec[k])]
+    raise FloatingPointError(
+        f"{path}: refusing to write {values[row, col]} in column {num.columns[col]!r} (row {row}: "
+        f"{', '.join(where) or 'no row keys'}; {int(bad.sum())} such cell(s)) — a finite number is required "
+        "there; an upstream step produced NaN/Inf")
+
+
+def write_tsv(table: pd.DataFrame, path: PathLike, provenance: dict | None = None,
+              allow_nan: tuple[str, ...] = ()) -> None:
     """Write a table as tab-separated values with a header, atomically.
 
-    With ``provenance`` the sidecar ``<path>.prov.json`` is written too (see resdyn.provenance).
+    Non-finite numbers are refused (:func:`check_finite_table`) unless their column is in
+    ``allow_nan`` or their row has a ``reason``. With ``provenance`` the sidecar
+    ``<path>.prov.json`` is written too (see resdyn.provenance).
     """
+    check_finite_table(table, path, allow_nan)
     with atomic_path(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.10g")
     if provenance is not None:

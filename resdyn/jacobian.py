@@ -46,6 +46,13 @@ file attrs      everything in the caller's ``attrs`` (model id, revision, conten
   per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
                       Jacobians, chunked (1, 1, d, d) and gzip-compressed
 
+Parallel-residual layers (GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.arch`)
+have one boundary, h_L, and their file holds the groups ``/layer/`` (the operator
+J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F), ``/attn_branch/`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and
+``/mlp_branch/`` (J_F = ∂F(ln_post_attn(h))[t]/∂h[t]) with the same datasets as above, and
+file attr ``residual`` = "parallel" ("sequential" for attn/mlp files). Downstream the operator
+(L, 'layer') takes the depth slot s = 2L + 1 (:func:`resdyn.spectral.sublayer_index`).
+
 Resume: every ``checkpoint_every`` samples the float64 sums, the per-sample arrays and the
 next sample index are saved atomically to ``.{first output name}.partial.npz`` next to the
 first output; a rerun with the same inputs (samples, ids, layers, positions, options, attrs)
@@ -55,6 +62,7 @@ continues from it, an inconsistent one is ignored with a warning; it is removed 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -76,6 +84,16 @@ from resdyn.io import atomic_path, sha256_array
 log = logging.getLogger(__name__)
 
 KINDS: tuple[str, str] = ("attn", "mlp")
+#: Groups of a parallel-residual layer's file: the operator ``layer`` = I + J_A + J_F first,
+#: then the two branch Jacobians J_A, J_F (without the identity) stored beside it.
+PARALLEL_KINDS: tuple[str, str, str] = ("layer", "attn_branch", "mlp_branch")
+#: The kinds that are operators of the sublayer chain (what :func:`mean_jacobians` returns).
+OPERATOR_KINDS: tuple[str, str, str] = ("attn", "mlp", "layer")
+
+
+def layer_kinds(adapter: arch.LayerSublayers) -> tuple[str, ...]:
+    """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
+    return PARALLEL_KINDS if adapter.parallel else KINDS
 SCHEMA = "resdyn.jacobian/1"
 #: d at or below which the spectral norm is exact (SVD); above it, power iteration.
 EXACT_SPECTRAL_MAX_D = 512
@@ -186,6 +204,48 @@ def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return out.sub_(torch.outer(w * z, z @ a), alpha=float(inv_r**3) / d)
 
 
+def _layer_norm_stats(x: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w/σ, x̂) of a LayerNorm at x (d,): σ = sqrt(var(x) + eps) (biased var), x̂ = (x − μ)/σ."""
+    weight, _, eps = arch.layer_norm_params(norm)
+    centred = x - x.mean()
+    inv_s = torch.rsqrt(centred.pow(2).mean() + eps)
+    w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
+    return w * inv_s, centred * inv_s
+
+
+def layer_norm_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``a @ J_N(x)`` for a LayerNorm N(x) = w ⊙ x̂ + b (see :func:`_layer_norm_stats`).
+
+    ``J_N = diag(w/σ) (I − 11ᵀ/d − x̂ x̂ᵀ/d)``, so with ``c = a ⊙ (w/σ)`` (k, d):
+    ``a J_N = c − (c 1/d) 1ᵀ − (c x̂/d) x̂ᵀ`` in O(k·d).
+    """
+    scale, xhat = _layer_norm_stats(x, norm)
+    d = x.shape[-1]
+    c = a * scale
+    out = c - c.mean(-1, keepdim=True)
+    return out.sub_(torch.outer(c @ xhat, xhat), alpha=1.0 / d)
+
+
+def layer_norm_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``J_N(z) @ a`` for a LayerNorm at z (d,) and a (d, k):
+    ``(w/σ) ⊙ (a − 1 (1ᵀa)/d − x̂ (x̂ᵀ a)/d)``."""
+    scale, xhat = _layer_norm_stats(z, norm)
+    d = z.shape[-1]
+    out = a - a.mean(0, keepdim=True)
+    out.sub_(torch.outer(xhat, xhat @ a), alpha=1.0 / d)
+    return out * scale[:, None]
+
+
+def norm_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``a @ J_N(x)`` for an RMSNorm (:func:`rms_right`) or a LayerNorm (:func:`layer_norm_right`)."""
+    return layer_norm_right(a, x, norm) if isinstance(norm, nn.LayerNorm) else rms_right(a, x, norm)
+
+
+def norm_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``J_N(z) @ a`` for an RMSNorm (:func:`rms_left`) or a LayerNorm (:func:`layer_norm_left`)."""
+    return layer_norm_left(z, a, norm) if isinstance(norm, nn.LayerNorm) else rms_left(z, a, norm)
+
+
 def _elementwise_derivative(act: nn.Module, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(act(g), act'(g)) for an elementwise activation (one JVP with an all-ones tangent)."""
     return torch.func.jvp(act, (g,), (torch.ones_like(g),))
@@ -207,9 +267,26 @@ def gated_mlp_jacobian(mlp: nn.Module, u: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj.weight @ m
 
 
+def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, act: nn.Module,
+                       u: torch.Tensor) -> torch.Tensor:
+    """∂F/∂u (d_out, d_in) of a non-gated MLP ``F(u) = W_2 act(W_1 u + b_1) + b_2`` at u (d,):
+    ``W_2 diag(act'(g)) W_1``, g = W_1 u + b_1 (one GEMM)."""
+    g = nn.functional.linear(u, w1, b1)
+    _, dact = _elementwise_derivative(act, g)
+    return w2 @ (w1 * dact[:, None])
+
+
+def mlp_branch_jacobian(adapter: arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
+    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.arch.LayerSublayers.plain_mlp`)."""
+    plain = adapter.plain_mlp()
+    if plain is None:
+        return gated_mlp_jacobian(adapter.layer.mlp, u)
+    return plain_mlp_jacobian(*plain, u)
+
+
 def _input_tangents(weight: torch.Tensor, x: torch.Tensor, pre: nn.Module | None) -> torch.Tensor:
     """Rows j = ∂(W n(x))/∂x_j, i.e. (W J_pre)ᵀ as a contiguous (d, out) matrix."""
-    jac = weight if pre is None else rms_right(weight, x, pre)
+    jac = weight if pre is None else norm_right(weight, x, pre)
     return jac.transpose(0, 1).contiguous()
 
 
@@ -220,8 +297,11 @@ def attn_jacobian(
     ctx: arch.SequenceContext,
     kv: arch.KV | None = None,
     chunk_size: int | None = None,
+    residual: bool = True,
 ) -> torch.Tensor:
     """J = ∂m[t]/∂h[t] (d, d) of the attention half, other positions frozen.
+
+    ``residual=False``: the attention branch alone, J − I (parallel-residual layers).
 
     ``J = I + J_post(a) W_o J_core (W_qkv J_pre(x))`` with x = h[t], a the o_proj output. The
     projections of the tangents are explicit (``W J_pre`` is W rescaled plus a rank-one term),
@@ -231,17 +311,16 @@ def attn_jacobian(
     O(d·(T·H·hd)) for the core.
     """
     x = h[t].detach().clone()
-    attention = adapter.attention
     pre, post = adapter.norm("attn_pre"), adapter.norm("attn_post")
     core = adapter.attention_core(h, t, ctx, kv)
     n = x if pre is None else pre(x)
+    w_q, w_k, w_v = adapter.projection_weights()
     primals = [adapter.project_q(n)]
-    tangents = [_input_tangents(attention.q_proj.weight, x, pre)]
+    tangents = [_input_tangents(w_q, x, pre)]
     if not adapter.shares_kv:
         primals += list(adapter.project_kv(n))
-        tk = _input_tangents(attention.k_proj.weight, x, pre)
-        v_proj = getattr(attention, "v_proj", None)
-        tangents += [tk, tk if v_proj is None else _input_tangents(v_proj.weight, x, pre)]
+        tk = _input_tangents(w_k, x, pre)
+        tangents += [tk, tk if w_v is None else _input_tangents(w_v, x, pre)]
     primals = tuple(primals)
 
     def column(*directions: torch.Tensor) -> torch.Tensor:
@@ -249,17 +328,24 @@ def attn_jacobian(
 
     chunk = chunk_size or _attn_chunk(adapter, h.shape[0], x.shape[-1])
     heads = torch.func.vmap(column, chunk_size=chunk)(*tangents)  # (d, H·hd): row j = ∂o/∂x_j
-    jac = nn.functional.linear(heads, attention.o_proj.weight).transpose(0, 1)  # W_o ∂o/∂x
+    jac = nn.functional.linear(heads, adapter.out_weight()).transpose(0, 1)  # W_o ∂o/∂x
     if post is not None:
-        jac = rms_left(attention.o_proj(core(*primals)), jac, post)
+        jac = norm_left(adapter.out_proj(core(*primals)), jac, post)
     else:
         jac = jac.contiguous()
-    jac.diagonal().add_(1.0)
+    if residual:
+        jac.diagonal().add_(1.0)
     return jac
 
 
-def mlp_jacobian(adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arch.SequenceContext) -> torch.Tensor:
+def mlp_jacobian(
+    adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arch.SequenceContext, residual: bool = True
+) -> torch.Tensor:
     """J = ∂h_{L+1}[t]/∂m[t] (d, d) of the MLP half, in closed form.
+
+    ``residual=False``: the MLP branch alone, J − I (parallel-residual layers, where m is h_L).
+    Gated (``W_d M``, :func:`gated_mlp_jacobian`) or plain (:func:`plain_mlp_jacobian`) MLPs;
+    RMSNorm or LayerNorm (:func:`norm_right`, :func:`norm_left`).
 
     ``J_y = I + J_post(z) (W_d M) J_pre(x)`` (see :func:`gated_mlp_jacobian`), x = m[t],
     z the MLP output; for Gemma 4 then ``J = s (I + A B) J_y`` with the per-layer-input block
@@ -270,11 +356,13 @@ def mlp_jacobian(adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arc
     layer = adapter.layer
     pre, post = adapter.norm("mlp_pre"), adapter.norm("mlp_post")
     u = x if pre is None else pre(x)
-    jac = gated_mlp_jacobian(layer.mlp, u)
+    jac = mlp_branch_jacobian(adapter, u)
     if pre is not None:
-        jac = rms_right(jac, x, pre)
+        jac = norm_right(jac, x, pre)
     if post is not None:
-        jac = rms_left(layer.mlp(u), jac, post)
+        jac = norm_left(layer.mlp(u), jac, post)
+    if not residual:
+        return jac
     jac.diagonal().add_(1.0)
     if adapter.family == "gemma4":
         if adapter.has_per_layer_input:
@@ -293,7 +381,7 @@ def mlp_jacobian(adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arc
 def _attn_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
     """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`: per tangent
     ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations."""
-    heads = adapter.attention.q_proj.out_features // adapter.head_dim
+    heads = adapter.n_heads
     per_tangent = 4 * (8 * heads * (length + 1) + 8 * heads * adapter.head_dim)
     return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
 
@@ -301,13 +389,28 @@ def _attn_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
 def _jvp_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
     """Tangent chunk for the reference forward-mode path: per tangent ≈ 4 bytes ×
     (8·d_ff + 8·d + 8·H·(T+1))."""
-    d_ff = max(m.out_features for m in adapter.layer.modules() if isinstance(m, nn.Linear))
-    heads = adapter.attention.q_proj.out_features // adapter.head_dim
+    d_ff = max(max(p.shape) for p in adapter.layer.parameters() if p.dim() == 2)
+    heads = adapter.n_heads
     per_tangent = 4 * (8 * d_ff + 8 * d + 8 * heads * (length + 1))
     return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
 
 
 METHODS = ("structured", "jvp")
+
+
+def _sample_context(ctx: arch.SequenceContext, b: int) -> arch.SequenceContext:
+    """Sample b of a batch's context (its embeddings and per-layer inputs; rotary tables shared)."""
+    per = ctx.per_layer_inputs
+    return dataclasses.replace(
+        ctx, embeddings=ctx.embeddings[b : b + 1], per_layer_inputs=None if per is None else per[b : b + 1],
+        _rope=ctx._rope,
+    )
+
+
+def default_batch_size(device: torch.device | str, d: int) -> int:
+    """Samples per batched forward: 1 on a CPU (no gain there; results bit-equal to the
+    unbatched engine), on a GPU 16 (≤ 16·(2L+3)·T·d·4 bytes of states, ~1 GiB at d = 4096)."""
+    return 1 if torch.device(device).type != "cuda" else 16
 
 
 class JacobianEngine:
@@ -348,21 +451,65 @@ class JacobianEngine:
         self.d = arch.hidden_size(model)
 
     def compute(self, input_ids: torch.Tensor, positions: PositionsArg = None) -> dict[tuple[int, str], torch.Tensor]:
-        """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,)."""
+        """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,); kinds per layer
+        as :meth:`kinds` (attn, mlp; or layer, attn_branch, mlp_branch for parallel layers)."""
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must be one sample (T,), got shape {tuple(input_ids.shape)}")
-        pos = resolve_positions(positions, input_ids.shape[0])
+        return self.compute_batch(input_ids[None], positions)[0]
+
+    def compute_batch(
+        self, input_ids: torch.Tensor, positions: PositionsArg = None
+    ) -> list[dict[tuple[int, str], torch.Tensor]]:
+        """:meth:`compute` for a batch (B, T) of samples: one batched forward for the boundary
+        states of all B samples, then each sample's Jacobians.
+
+        Cost: the context forward 2·T·P_layer·(max(layers)+1) per sample runs as (B·T)-row GEMMs
+        instead of T-row ones (on a GPU T = 128 rows leave most of it idle; B·T = 2048 do not);
+        the Jacobian GEMMs (2·d·H·hd·d + 2·d·d_ff·d per layer) are already full-size per sample.
+        Equal to B calls of :meth:`compute` up to the rounding of the batched forward (bit-equal
+        for B = 1).
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a batch (B, T), got shape {tuple(input_ids.shape)}")
+        pos = resolve_positions(positions, input_ids.shape[1])
         with torch.no_grad():
-            ctx = arch.prepare(self.model, input_ids[None].long())
-            states = arch.forward_boundaries(self.adapters, ctx, upto=max(self.layers))[0].float()
-        out: dict[tuple[int, str], torch.Tensor] = {}
-        with full_fp32_matmul(), torch.no_grad():
-            for layer in self.layers:
-                out.update(self._layer(layer, states, ctx, pos))
-        return out
+            ctx = arch.prepare(self.model, input_ids.long())
+            states = arch.forward_boundaries(self.adapters, ctx, upto=max(self.layers)).float()
+        results = []
+        for b in range(input_ids.shape[0]):
+            one = ctx if input_ids.shape[0] == 1 else _sample_context(ctx, b)
+            out: dict[tuple[int, str], torch.Tensor] = {}
+            with full_fp32_matmul(), torch.no_grad():
+                for layer in self.layers:
+                    out.update(self._layer(layer, states[b], one, pos))
+            results.append(out)
+        return results
+
+    def kinds(self, layer: int) -> tuple[str, ...]:
+        """Kinds :meth:`compute` returns for ``layer`` (:func:`layer_kinds`)."""
+        return layer_kinds(self.adapters[layer])
+
+    def _parallel_layer(self, layer: int, states: torch.Tensor, ctx: arch.SequenceContext, pos: list[int]):
+        """Parallel residual: J_A, J_F at h_L[t] and the operator I + J_A + J_F."""
+        adapter = self.fp32[layer]
+        h = states[2 * layer]
+        if self.method == "structured":
+            attn = [attn_jacobian(adapter, h, t, ctx, None, self.chunk_size, residual=False) for t in pos]
+            mlp = [mlp_jacobian(adapter, h, t, ctx, residual=False) for t in pos]
+            ja, jm = torch.stack(attn), torch.stack(mlp)
+            full = ja + jm
+            full.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        else:
+            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d)
+            ja = torch.stack([forward_jacobian(adapter.attn_update_token_fn(h, t, ctx), h[t], chunk) for t in pos])
+            jm = torch.stack([forward_jacobian(adapter.mlp_branch, h[t], chunk) for t in pos])
+            full = torch.stack([forward_jacobian(adapter.layer_token_fn(h, t, ctx), h[t], chunk) for t in pos])
+        return {(layer, "layer"): full, (layer, "attn_branch"): ja, (layer, "mlp_branch"): jm}
 
     def _layer(self, layer: int, states: torch.Tensor, ctx: arch.SequenceContext, pos: list[int]):
         adapter = self.fp32[layer]
+        if adapter.parallel:
+            return self._parallel_layer(layer, states, ctx, pos)
         kv = None
         if adapter.shares_kv:
             k, v = self.fp32[adapter.kv_source].kv(states[2 * adapter.kv_source][None], ctx)
@@ -390,7 +537,8 @@ def sublayer_jacobians(
     """Exact per-sample Jacobians of every sublayer at the given token positions.
 
     input_ids: one sample, (T,) LongTensor. positions: None (last token), 'last', 'all', an int
-    or a list of ints. Returns {(layer, kind): J} with kind in {"attn", "mlp"} and J of shape
+    or a list of ints. Returns {(layer, kind): J} with kind in {"attn", "mlp"} (parallel-residual
+    layers: {"layer", "attn_branch", "mlp_branch"}, see :data:`PARALLEL_KINDS`) and J of shape
     (P, d, d), fp32, ``J[p] = ∂ out[t_p] / ∂ in[t_p]`` with the other positions frozen (see the
     module docstring). ``layers`` restricts the layers (default all); ``chunk_size`` is the
     number of tangent directions per vmap batch (default: sized to ~1 GiB of activations);
@@ -494,14 +642,15 @@ def _fingerprint(
 class _Accumulator:
     """Float64 sums and per-sample arrays for a block of layers (numpy, host memory)."""
 
-    def __init__(self, layers: list[int], n_samples: int, n_positions: int, d: int, first_n: int):
+    def __init__(self, layers: list[int], n_samples: int, n_positions: int, d: int, first_n: int,
+                 kinds: dict[int, tuple[str, ...]] | None = None):
         self.layers = layers
+        self.kinds = {L: (kinds or {}).get(L, KINDS) for L in layers}
         self.next_index = 0
-        self.sums = {(L, k): np.zeros((d, d), np.float64) for L in layers for k in KINDS}
-        self.per = {
-            (L, k, s): np.full((n_samples, n_positions), np.nan) for L in layers for k in KINDS for s in _SUMMARY_KEYS
-        }
-        self.first = {(L, k): np.zeros((first_n, n_positions, d, d), np.float32) for L in layers for k in KINDS}
+        keys = [(L, k) for L in layers for k in self.kinds[L]]
+        self.sums = {key: np.zeros((d, d), np.float64) for key in keys}
+        self.per = {(*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in _SUMMARY_KEYS}
+        self.first = {key: np.zeros((first_n, n_positions, d, d), np.float32) for key in keys}
 
     def arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {"next_index": np.array(self.next_index)}
@@ -601,10 +750,12 @@ def _write_layer_file(
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for key, value in attrs.items():
             f.attrs[key] = _h5_attr(value)
+        kinds = acc.kinds[layer]
         f.attrs.update(
             {
                 "layer": layer,
                 "family": fam,
+                "residual": "parallel" if kinds == PARALLEL_KINDS else "sequential",
                 "d_model": d,
                 "positions": np.asarray(positions, np.int64),
                 "n_samples": n_samples,
@@ -615,7 +766,7 @@ def _write_layer_file(
         )
         f.create_dataset("positions", data=np.asarray(positions, np.int64))
         f.create_dataset("sample_ids", data=ids)
-        for kind in KINDS:
+        for kind in kinds:
             g = f.create_group(kind)
             g.create_dataset("mean", data=(acc.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype))
             g.create_dataset("count", data=np.int64(n_samples))
@@ -642,6 +793,7 @@ def write_layer_block(
     progress: bool = True,
     chunk_size: int | None = None,
     method: str = "structured",
+    batch_size: int | None = None,
 ) -> None:
     """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
 
@@ -655,7 +807,8 @@ def write_layer_block(
     (``attrs['model_id']``, ``attrs['revision']``), layer, sublayer and sample id; no output
     file is written then. ``attrs`` must be deterministic (no timestamps): they are part of the
     checkpoint fingerprint. The model is used as given (already on its device, eval mode).
-    ``chunk_size``/``method``: see :class:`JacobianEngine`.
+    ``chunk_size``/``method``: see :class:`JacobianEngine`. ``batch_size``: samples per batched
+    forward (:meth:`JacobianEngine.compute_batch`; default :func:`default_batch_size`).
     """
     attrs = dict(attrs or {})
     samples = np.asarray(samples)
@@ -683,30 +836,41 @@ def write_layer_block(
         raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
     pos = resolve_positions(positions, length)
     engine = JacobianEngine(model, layers, chunk_size, method)
-    device = arch.text_model(model).embed_tokens.weight.device
+    device = arch.input_device(model)
     d = engine.d
     fam = arch.family(model)
 
+    batch = int(batch_size or default_batch_size(device, d))
+    if batch < 1:
+        raise ValueError(f"batch_size={batch_size}: must be ≥ 1")
     options = {"method": method, "chunk_size": chunk_size, "device": str(device)}
+    if batch != 1:  # the batched forward rounds differently: a checkpoint must match it
+        options["batch_size"] = batch
     fingerprint = _fingerprint(samples, ids, layers, pos, store_dtype, int(store_first_n), attrs, options)
     ckpt = checkpoint_path(out_paths, layers)
+    kinds = {layer: engine.kinds(layer) for layer in layers}
     acc = _resume(
-        ckpt, lambda: _Accumulator(layers, n_samples, len(pos), d, int(store_first_n)), fingerprint, n_samples
+        ckpt, lambda: _Accumulator(layers, n_samples, len(pos), d, int(store_first_n), kinds), fingerprint, n_samples
     )
 
     bar = _progress(n_samples, acc.next_index, progress, f"jacobians L{layers[0]}-{layers[-1]}")
     try:
-        for i in range(acc.next_index, n_samples):
-            jacs = engine.compute(torch.as_tensor(samples[i], dtype=torch.long, device=device), pos)
-            for (layer, kind), jac in jacs.items():
-                _check_finite(jac, attrs, layer, kind, ids[i].item())
-                acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
-                for s, values in summaries(jac).items():
-                    acc.per[(layer, kind, s)][i] = values
-                if i < store_first_n:
-                    acc.first[(layer, kind)][i] = jac.cpu().numpy()
-            acc.next_index = i + 1
-            bar.update(1)
+        start = acc.next_index
+        while start < n_samples:
+            # batches end at checkpoint multiples, so checkpoints fall where the unbatched run's do
+            stop = min(n_samples, start + batch, (start // checkpoint_every + 1) * checkpoint_every)
+            batch_ids = torch.as_tensor(samples[start:stop], dtype=torch.long, device=device)
+            for i, jacs in zip(range(start, stop), engine.compute_batch(batch_ids, pos)):
+                for (layer, kind), jac in jacs.items():
+                    _check_finite(jac, attrs, layer, kind, ids[i].item())
+                    acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
+                    for s, values in summaries(jac).items():
+                        acc.per[(layer, kind, s)][i] = values
+                    if i < store_first_n:
+                        acc.first[(layer, kind)][i] = jac.cpu().numpy()
+                acc.next_index = i + 1
+                bar.update(1)
+            start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
                 _save_checkpoint(ckpt, acc, fingerprint)
     finally:
@@ -726,7 +890,9 @@ def _progress(total: int, initial: int, enabled: bool, desc: str):
 def mean_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[dict[tuple[int, str], Any], dict[str, Any]]:
     """Lazy loaders of every sublayer's mean Jacobian from block folders of ``layer*.h5`` files.
 
-    Returns ({(layer, kind): zero-argument callable → (d, d) float64}, attrs of the first file).
+    Returns ({(layer, kind): zero-argument callable → (d, d) float64}, attrs of the first file):
+    the operators of the sublayer chain, kind 'attn' and 'mlp' per sequential layer, 'layer'
+    (I + J_A + J_F) per parallel-residual layer; branch Jacobians: :func:`branch_jacobians`.
     Loaders read one matrix at a time, so a model's d×d matrices are never all in memory.
     A missing layer, a non-finite mean or an unreadable file raises naming the file.
     """
@@ -741,14 +907,31 @@ def mean_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[dict[tuple[int
                 layer = int(f.attrs["layer"])
                 if not attrs:
                     attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+                kinds = ("layer",) if "layer" in f else KINDS
+                absent = [k for k in kinds if k not in f]
         except (OSError, KeyError) as err:
             raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
-        for kind in KINDS:
+        if absent:
+            raise ValueError(f"{path}: not a readable Jacobian file (no group {absent[0]!r})")
+        for kind in kinds:
             loaders[(layer, kind)] = _mean_loader(path, kind)
     layers = sorted({layer for layer, _ in loaders})
     if layers != list(range(len(layers))):
         raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
     return loaders, attrs
+
+
+def branch_jacobians(folders: Sequence[os.PathLike | str]) -> dict[tuple[int, str], Any]:
+    """Lazy loaders of the branch Jacobians of parallel-residual layers, {(layer, 'attn_branch'
+    | 'mlp_branch'): callable → (d, d) float64}; empty for sequential models."""
+    out: dict[tuple[int, str], Any] = {}
+    for path in sorted(p for folder in folders for p in Path(folder).glob("layer*.h5")):
+        with h5py.File(path, "r") as f:
+            layer = int(f.attrs["layer"])
+            kinds = [k for k in PARALLEL_KINDS[1:] if k in f]
+        for kind in kinds:
+            out[(layer, kind)] = _mean_loader(path, kind)
+    return out
 
 
 def _mean_loader(path: Path, kind: str):

@@ -30,6 +30,13 @@ the last ``patience`` evals is ``r_L = (K_L(e−patience) − min_{e−patience<
 K_L(e−patience)``; layer L counts as converged while ``r_L < tol``. Training stops at the first
 eval where every layer has converged (windows must start after the LR warmup), or at ``steps``.
 
+Resume: with ``checkpoint=PATH``, :func:`train_lens` saves the loop's whole state (translators,
+optimizer state, step, curves, held-out history, convergence counters, position in the token
+stream) atomically to PATH every ``checkpoint_every`` steps, and a rerun with the same model,
+tokens and options continues from it bit-identically (the cached states are recomputed by the
+same deterministic forward). A checkpoint written for other inputs is ignored with a warning;
+it is removed when training finishes.
+
 Files written by :meth:`Lens.save` (folder)::
 
     translators.safetensors   weight (n, d, d) float32 = W_L stacked; bias (n, d) float32 = b_L
@@ -44,8 +51,12 @@ config.json) so that ``tuned_lens.nn.TunedLens`` users can load our translators.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import json
+import logging
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -62,10 +73,14 @@ from tqdm.auto import tqdm
 
 from resdyn import arch, io
 
+log = logging.getLogger(__name__)
+
 FORMAT = "resdyn.lens/1"
+CHECKPOINT_FORMAT = "resdyn.lens-checkpoint/1"
 OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")
+READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Effective learning rates used when ``lr`` is not given; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
@@ -105,6 +120,10 @@ class LensOptions:
     - seed: torch seed for the run (forked RNG; the global state is left as it was).
     - chunk_elements: max logits elements (layers × tokens × vocab) per forward/backward chunk,
       bounding memory on large vocabularies; None: :func:`default_chunk_elements`.
+    - readout_dtype: dtype of the training readout's two vocabulary-sized matmuls and softmax
+      ("float32", or "bfloat16" as tuned-lens's trainer autocasts; see :class:`_LinearHeadKL`).
+      Held-out evaluation, the convergence criterion and :func:`lens_metrics` always run in
+      float32 through the model's own readout.
     - progress: tqdm bar (stderr, i.e. the rule's log).
     """
 
@@ -123,12 +142,14 @@ class LensOptions:
     tol: float = 1e-3
     seed: int = 0
     chunk_elements: int | None = None
+    readout_dtype: str = "float32"
     progress: bool = True
 
     def __post_init__(self) -> None:
         _check(self.optimizer in OPTIMIZERS, f"optimizer={self.optimizer!r}; allowed: {OPTIMIZERS}")
         _check(self.lr_schedule in LR_SCHEDULES, f"lr_schedule={self.lr_schedule!r}; allowed: {LR_SCHEDULES}")
         _check(self.clip_scope in CLIP_SCOPES, f"clip_scope={self.clip_scope!r}; allowed: {CLIP_SCOPES}")
+        _check(self.readout_dtype in READOUT_DTYPES, f"readout_dtype={self.readout_dtype!r}; allowed: {tuple(READOUT_DTYPES)}")
         _check(_is_int(self.steps) and self.steps >= 1, f"steps={self.steps!r}; must be an integer ≥ 1")
         _check(
             self.tokens_per_step is None or (_is_int(self.tokens_per_step) and self.tokens_per_step >= 1),
@@ -298,6 +319,45 @@ def fused_kl(z: torch.Tensor, target_p: torch.Tensor, target_neg_entropy: torch.
     ``value=False`` returns zeros whose backward is still ∂KL/∂z (gradient-only steps).
     """
     return _FusedKL.apply(z, target_p, target_neg_entropy, value)
+
+
+class _LinearHeadKL(torch.autograd.Function):
+    """Per-token KL(p ‖ softmax(W y)) for a linear head W (V, d), from d-sized teacher statistics.
+
+    With ``z = W y``: ``KL = logsumexp(z) − yᵀ m + Σ p log p`` and ``∂KL/∂y = Wᵀ softmax(z) − m``,
+    where ``m = Wᵀ p``. The teacher enters only through m (d numbers per token) and Σ p log p,
+    so the vocabulary-sized target p is never stored nor read during training: one matmul, one
+    softmax and one matmul per chunk. W and the softmax may run in bfloat16 (``w.dtype``); m is
+    then computed from the same rounded W in float32 (:func:`_teacher_stats`), so that
+    ``Wᵀ q − m`` cancels exactly where q = p, and only the rounding of z and q remains.
+    Shapes: y (..., N, d), w (V, d), m (N, d), neg_entropy (N,) → (..., N) float32 (float64 for float64 y).
+    """
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+        acc = torch.promote_types(y.dtype, torch.float32)  # float32 (float64 in the tests)
+        z = torch.matmul(y.to(w.dtype), w.mT)
+        q = torch.softmax(z, dim=-1)
+        ctx.save_for_backward(q, w, m)
+        ctx.y_dtype, ctx.acc = y.dtype, acc
+        if not value:
+            return y.new_zeros(y.shape[:-1], dtype=acc)
+        # logsumexp(z) = z_v − log q_v at v = argmax (see _FusedKL.forward).
+        lse = z.amax(dim=-1).to(acc) - q.amax(dim=-1).to(acc).log()
+        return lse - torch.linalg.vecdot(y.to(acc), m.to(acc).expand(*y.shape[:-2], *m.shape)) + neg_entropy
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, w, m = ctx.saved_tensors
+        g = torch.matmul(q, w).to(ctx.acc).sub_(m)
+        if g.device.type != "cpu" or not bool((grad == 1).all()):
+            g.mul_(grad.unsqueeze(-1))
+        return g.to(ctx.y_dtype), None, None, None, None
+
+
+def linear_head_kl(y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+    """Differentiable (in y) per-token KL(p ‖ softmax(W y)); see :class:`_LinearHeadKL`."""
+    return _LinearHeadKL.apply(y, w, m, neg_entropy, value)
 
 
 def kl_to_target(z: torch.Tensor, target: _Target) -> torch.Tensor:
@@ -507,30 +567,106 @@ class _TokenStream:
 
     Each batch's frozen forward runs once; its tokens are served to as many steps as they fill.
     The batch order is the given one (deterministic), cycled when the steps outrun the data.
+    ``take()`` returns the states (n+1, k, d) and the teacher statistics of those tokens
+    (``teacher(final_states)``: a tuple of token-major tensors, or None). When every batch's
+    states and statistics fit in ``cache_bytes`` they are kept, so later epochs run no forward
+    (the teacher's distribution does not change across steps). ``position()``/``seek()`` save and
+    restore where the stream stands (for resume); a recomputed batch has the same bits.
     """
 
-    def __init__(self, model: nn.Module, batches: Sequence[torch.Tensor], k: int | None):
-        self.model, self.batches, self.k = model, batches, k
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Sequence[torch.Tensor],
+        k: int | None,
+        teacher: Any = None,
+        cache_bytes: int = 0,
+    ):
+        self.model, self.batches, self.k, self.teacher = model, batches, k, teacher
         self.next_batch = 0
-        self.buffer: torch.Tensor | None = None
+        self.buffer: tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None = None
+        self.offset = 0  # tokens of the current buffer's batch already served
+        info = _model_info(model)
+        per_token = (info["n_layers"] + 1) * info["d_model"] * _dtype_of(model).itemsize + (info["d_model"] + 1) * 4
+        total = sum(b.numel() for b in batches) * per_token
+        self.cache: dict[int, Any] | None = {} if total <= cache_bytes else None
 
-    def _fetch(self) -> torch.Tensor:
-        ids = self.batches[self.next_batch % len(self.batches)]
+    def _fetch(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        i = self.next_batch % len(self.batches)
         self.next_batch += 1
-        return layer_major_states(self.model, ids)
+        self.offset = 0
+        if self.cache is not None and i in self.cache:
+            return self.cache[i]
+        states = layer_major_states(self.model, self.batches[i])
+        item = (states, None if self.teacher is None else self.teacher(states[-1]))
+        if self.cache is not None:
+            self.cache[i] = item
+        return item
 
-    def take(self) -> torch.Tensor:
+    @staticmethod
+    def _slice(item, sl: slice):
+        states, stats = item
+        return states[:, sl], None if stats is None else tuple(t[sl] for t in stats)
+
+    def take(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         if self.k is None:
             return self._fetch()
         parts, have = [], 0
         while have < self.k:
-            if self.buffer is None or self.buffer.shape[1] == 0:
+            if self.buffer is None or self.buffer[0].shape[1] == 0:
                 self.buffer = self._fetch()
-            part = self.buffer[:, : self.k - have]
-            self.buffer = self.buffer[:, part.shape[1] :]
+            part = self._slice(self.buffer, slice(0, self.k - have))
+            n_part = part[0].shape[1]
+            self.buffer = self._slice(self.buffer, slice(n_part, None))
+            self.offset += n_part
             parts.append(part)
-            have += part.shape[1]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            have += n_part
+        if len(parts) == 1:
+            return parts[0]
+        states = torch.cat([p[0] for p in parts], dim=1)
+        stats = None if parts[0][1] is None else tuple(torch.cat(ts, dim=0) for ts in zip(*(p[1] for p in parts)))
+        return states, stats
+
+    def position(self) -> tuple[int, int]:
+        """(batches fetched so far, tokens of the last fetched batch served; 0 if it is used up)."""
+        left = 0 if self.buffer is None else self.buffer[0].shape[1]
+        return self.next_batch, (self.offset if left else 0)
+
+    def seek(self, next_batch: int, offset: int) -> None:
+        """Restore a :meth:`position`: refetch the partly served batch (same forward, same bits)."""
+        self.buffer, self.offset = None, 0
+        self.next_batch = next_batch
+        if offset:
+            self.next_batch -= 1
+            item = self._fetch()
+            self.buffer, self.offset = self._slice(item, slice(offset, None)), offset
+
+
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    return model.get_output_embeddings().weight.dtype
+
+
+def linear_readout_weight(model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
+    """The head's weight W (V, d) in ``dtype`` when the readout is ``W · final_norm(h)`` (no head
+    bias, no softcap) so that :class:`_LinearHeadKL` applies; None otherwise (Gemma's softcap)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None or _softcap(model) is not None:
+        return None
+    return head.weight.detach().to(dtype)
+
+
+@torch.no_grad()
+def _teacher_stats(model: nn.Module, w: torch.Tensor, final_states: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token teacher statistics ``(m = Wᵀ p (N, d) float32, Σ p log p (N,))`` of the model's
+    final distribution p, from the last layer's raw output (N, d); W as used by the training
+    readout (its bf16 rounding included, so the KL gradient cancels exactly at q = p)."""
+    wf = w.float()
+    ms, negs = [], []
+    for ts, _ in _blocks(1, final_states.shape[0], w.shape[0], budget):
+        tgt = _final_target(model, final_states[ts])
+        ms.append(tgt.p.float() @ wf)
+        negs.append(tgt.neg_entropy.float())
+    return torch.cat(ms), torch.cat(negs)
 
 
 def _blocks(n_layers: int, n_tokens: int, vocab: int, budget: int) -> Iterator[tuple[slice, list[slice]]]:
@@ -563,11 +699,21 @@ def _final_target(model: nn.Module, final_states: torch.Tensor) -> _Target:
 
 
 def _train_step_kl(
-    model: nn.Module, weight: torch.Tensor, bias: torch.Tensor, states: torch.Tensor, budget: int, value: bool = True
+    model: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    states: torch.Tensor,
+    budget: int,
+    value: bool = True,
+    teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
+    head_w: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Accumulate ∇ of Σ_L mean_tokens KL_L into weight/bias grads; return per-layer KL (n,).
 
     ``value=False``: gradient only, the returned KL is zeros (see :func:`fused_kl`).
+    ``teacher``, ``head_w``: the tokens' (Wᵀ p, Σ p log p) and the linear head W; with them
+    the loss runs through :class:`_LinearHeadKL`, otherwise through the model's whole readout
+    and :class:`_FusedKL` with the target recomputed per chunk (softcapped or biased heads).
 
     The sum over layers has independent per-layer terms, so each parameter block receives
     exactly the gradient of its own layer's mean KL. Backward runs per chunk (bounded memory).
@@ -575,11 +721,16 @@ def _train_step_kl(
     n, n_tok = weight.shape[0], states.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]
     kl_sum = torch.zeros(n, dtype=torch.float64, device=weight.device)
+    norm = arch.final_norm(model)
     for ts, groups in _blocks(n, n_tok, vocab, budget):
-        tgt = _final_target(model, states[-1, ts])
+        tgt = _final_target(model, states[-1, ts]) if teacher is None or head_w is None else None
         for ls in groups:
-            z = lens_readout(model, states[ls, ts], weight[ls], bias[ls]).float()
-            kl = fused_kl(z, tgt.p, tgt.neg_entropy, value)  # (layers, tokens)
+            if tgt is None:
+                y = norm(apply_translator(states[ls, ts], weight[ls], bias[ls]))
+                kl = linear_head_kl(y, head_w, teacher[0][ts], teacher[1][ts], value)
+            else:
+                z = lens_readout(model, states[ls, ts], weight[ls], bias[ls]).float()
+                kl = fused_kl(z, tgt.p, tgt.neg_entropy, value)  # (layers, tokens)
             kl.sum().backward()  # unit upstream gradient: see _FusedKL.backward
             kl_sum[ls] += kl.detach().sum(-1).double()
     # ∇ of the token mean = ∇ of the sum / N, applied to the (n, d, d) grads, not (…, V) tensors.
@@ -861,6 +1012,9 @@ def train_lens(
     model_id: str | None = None,
     model_revision: str | None = None,
     model_hash: str | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 50,
+    cache_mb: int = 1024,
     **options: Any,
 ) -> Lens:
     """Train one affine translator per layer by distillation to the model's own output.
@@ -869,6 +1023,10 @@ def train_lens(
     ``heldout_batches``: LongTensors for the held-out KL curve and the convergence criterion
     (their states are cached once); without them training runs all ``steps`` and no layer is
     reported converged. ``model_id/revision/hash``: provenance stored in config.json.
+    ``checkpoint``: file for the resumable state, saved every ``checkpoint_every`` steps (module
+    docstring); None: no checkpoints. ``cache_mb``: the training set's residual states and
+    teacher statistics are kept across epochs when they fit in this many MiB (the results do
+    not depend on it: a recomputed forward gives the same bits).
     ``options``: see :class:`LensOptions`. Loss per step: Σ_L mean_tokens KL(p_final ‖ p_lens,L),
     all layers from one cached frozen forward.
     """
@@ -881,15 +1039,30 @@ def train_lens(
 
     if opt.chunk_elements is None:  # record the resolved value: chunking changes float rounding
         opt = dataclasses.replace(opt, chunk_elements=default_chunk_elements(device))
+    if not _is_int(checkpoint_every) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
+    saver = None
+    if checkpoint is not None:
+        key = _fingerprint(model, batches, heldout, opt, {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash})
+        saver = _Checkpointer(Path(checkpoint), key, int(checkpoint_every))
     with frozen(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opt.seed)
         weight = nn.Parameter(torch.zeros(n, d, d, device=device))
         bias = nn.Parameter(torch.zeros(n, d, device=device))
         optimizer = _make_optimizer([weight, bias], opt)
         heldout_states = None
+        where = f"lens of model {model_id!r} checkpoint {model_revision!r}"
         if heldout is not None:
             heldout_states = torch.cat([layer_major_states(model, b) for b in heldout], dim=1)
-        result = _fit(model, weight, bias, optimizer, _TokenStream(model, batches, opt.tokens_per_step), heldout_states, opt)
+            _require_finite(heldout_states, where, "held-out residual state", 0)
+        head_w = linear_readout_weight(model, READOUT_DTYPES[opt.readout_dtype])
+        teacher = None if head_w is None else (lambda final: _teacher_stats(model, head_w, final, opt.chunk_elements))
+        stream = _TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
+        result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w)
+        _require_finite(torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator",
+                        result["steps"])
+    if saver is not None:
+        saver.remove()
 
     return Lens(
         model,
@@ -908,6 +1081,20 @@ def train_lens(
     )
 
 
+def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
+    """Raise FloatingPointError naming the first layer (dim 0 of ``x``) that holds NaN/Inf.
+
+    A NaN in the model's weights makes every translator NaN; refusing here keeps a lens of NaN
+    translators (and an empty KL column) from being written.
+    """
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
+    if bad.any():
+        layer = int(torch.nonzero(bad)[0])
+        raise FloatingPointError(
+            f"{where}: non-finite {what} (NaN/Inf) at layer {layer}, lens step {step} — the model's weights or "
+            "states hold NaN/Inf (or training diverged: lower lens.lr); no lens written")
+
+
 def _fit(
     model: nn.Module,
     weight: nn.Parameter,
@@ -916,6 +1103,8 @@ def _fit(
     stream: _TokenStream,
     heldout_states: torch.Tensor | None,
     opt: LensOptions,
+    saver: _Checkpointer | None = None,
+    head_w: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The training loop; returns curves, per-layer convergence, steps run and why it stopped."""
     n = weight.shape[0]
@@ -925,6 +1114,33 @@ def _fit(
     train_kl: np.ndarray | None = None
     base_lrs = [g["lr"] for g in optimizer.param_groups]
     stop_reason = "max_steps"
+    step = 0
+    state = saver.load() if saver is not None else None
+    if state is not None:
+        with torch.no_grad():
+            weight.copy_(state["weight"])
+            bias.copy_(state["bias"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        rows = [(int(a), int(b), str(c), float(v)) for a, b, c, v in state["rows"]]
+        history = list(state["history"].numpy())
+        since_converged = state["since_converged"].numpy().copy()
+        train_kl = None if state["train_kl"] is None else state["train_kl"].numpy().copy()
+        stream.seek(*state["stream"])
+        log.info("resuming lens training from %s at step %d of %d", saver.path, step, opt.steps)
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "weight": weight.detach().cpu().clone(),
+            "bias": bias.detach().cpu().clone(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "rows": list(rows),
+            "history": torch.from_numpy(np.stack(history)) if history else torch.zeros(0, n, dtype=torch.float64),
+            "since_converged": torch.from_numpy(np.asarray(since_converged, dtype=np.int64)),
+            "train_kl": None if train_kl is None else torch.from_numpy(np.asarray(train_kl)),
+            "stream": stream.position(),
+        }
 
     def evaluate(step: int) -> None:
         nonlocal train_kl
@@ -941,18 +1157,18 @@ def _fit(
         # The window's first eval must come after warmup, or the ramp-up reads as a plateau.
         return len(history) > opt.patience and step - opt.patience * opt.eval_every >= opt.warmup_steps
 
-    evaluate(0)
-    step = 0
-    bar = tqdm(total=opt.steps, desc="lens", disable=not opt.progress, leave=False)
+    if state is None:
+        evaluate(0)
+    bar = tqdm(total=opt.steps, initial=step, desc="lens", disable=not opt.progress, leave=False)
     while step < opt.steps:
-        states = stream.take()
+        states, teacher = stream.take()
         factor = lr_factor(step, opt)
         for g, lr in zip(optimizer.param_groups, base_lrs):
             g["lr"] = lr * factor
         # The train curve is the KL of the batch of the step just before each eval; other
         # steps compute the gradient only.
         logged = (step + 1) % opt.eval_every == 0 or step + 1 == opt.steps
-        kl = _train_step_kl(model, weight, bias, states, opt.chunk_elements, value=logged)
+        kl = _train_step_kl(model, weight, bias, states, opt.chunk_elements, value=logged, teacher=teacher, head_w=head_w)
         if logged:
             train_kl = kl.cpu().numpy()
         if opt.clip_grad_norm is not None:
@@ -970,6 +1186,8 @@ def _fit(
                 if conv.all():
                     stop_reason = "converged"
                     break
+        if saver is not None and step % saver.every == 0 and step < opt.steps:
+            saver.save(snapshot())
     bar.close()
 
     if heldout_states is not None and history:
@@ -993,11 +1211,61 @@ def _fit(
     return {"curves": curves, "convergence": convergence, "steps": step, "stop_reason": stop_reason}
 
 
+class _Checkpointer:
+    """Atomic save/load of the training loop's state at ``path`` (torch.save, weights-only).
+
+    ``key``: fingerprint of everything the trajectory depends on (:func:`_fingerprint`); a file
+    with another key or format is ignored with a warning, never resumed.
+    """
+
+    def __init__(self, path: Path, key: str, every: int):
+        self.path, self.key, self.every = path, key, every
+
+    def save(self, state: dict[str, Any]) -> None:
+        with io.atomic_path(self.path) as tmp:
+            torch.save({"format": CHECKPOINT_FORMAT, "key": self.key, **state}, tmp)
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            if state.get("format") != CHECKPOINT_FORMAT or state.get("key") != self.key:
+                raise ValueError("it was written for another model, other tokens or other options")
+        except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
+            warnings.warn(f"ignoring lens checkpoint {self.path}: {err}", stacklevel=4)
+            log.warning("ignoring lens checkpoint %s: %s", self.path, err)
+            return None
+        return state
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[torch.Tensor] | None, opt: LensOptions, meta: dict[str, Any]) -> str:
+    """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
+    ``model_hash``) every model parameter: what a resumed trajectory must share with the first."""
+    options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
+    h = hashlib.sha256(json.dumps({"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": _model_info(model)}, sort_keys=True, default=str).encode())
+    h.update(unembed_hash(model).encode())
+    if meta.get("model_hash") is None:
+        for name, t in model.state_dict().items():
+            h.update(name.encode())
+            h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    for group, items in (("train", batches), ("heldout", heldout or [])):
+        h.update(group.encode())
+        for b in items:
+            h.update(str(tuple(b.shape)).encode())
+            h.update(b.cpu().numpy().astype(np.int64).tobytes())
+    return h.hexdigest()
+
+
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl"]
+METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
 
 
 @torch.no_grad()
@@ -1042,6 +1310,10 @@ def lens_metrics(model: nn.Module, lens: Lens, token_batches: Iterable[torch.Ten
             if name == "tuned" and conv is not None and layer in conv.index:
                 c = conv.loc[layer]
                 row.update(converged=bool(c["converged"]), steps=int(c["steps"]), converged_step=int(c["converged_step"]), final_heldout_kl=float(c["final_heldout_kl"]))
+                row["reason"] = "" if np.isfinite(row["final_heldout_kl"]) else "no held-out batches: no held-out KL"
+            else:  # why the training columns are empty
+                row["reason"] = ("logit lens: nothing trained" if name == "logit" else
+                                 "last layer's output: read as is, no translator trained")
             rows.append(row)
     return pd.DataFrame(rows, columns=METRIC_COLUMNS)
 

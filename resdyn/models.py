@@ -9,7 +9,6 @@ loads through that record, so its provenance names exactly which weights it saw.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -20,6 +19,30 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "config.json")
+TOKENIZER_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "*.model")
+
+
+def _check_folder(folder: Path, what: str) -> None:
+    """Refuse a folder whose config.json or safetensors headers do not parse (names the file)."""
+    import json
+
+    for path in sorted(folder.glob("*.json")):  # config, tokenizer, generation config
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"checkpoint {what}: {path} is not valid JSON ({err})") from err
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ValueError(f"checkpoint {what}: {folder / 'config.json'} has no 'model_type' "
+                         "(expected a Hugging Face model config)")
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise ValueError(f"checkpoint {what}: {path} is not a readable safetensors file ({err})") from err
 
 
 def _hub_snapshot(repo: str, revision: str) -> Path:
@@ -27,20 +50,22 @@ def _hub_snapshot(repo: str, revision: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    from resdyn import hub
+
+    cache = hub.hub_cache_dir()
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=offline))
+        return Path(snapshot_download(repo, revision=revision, local_files_only=hub.hub_offline(), cache_dir=cache))
     except LocalEntryNotFoundError:
         pass
     except Exception as err:  # network errors come in many types
         log.warning("download of %s@%s failed (%s); trying the local cache", repo, revision, err)
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True, cache_dir=cache))
     except Exception as err:
         raise RuntimeError(
             f"model {repo!r} at revision {revision!r} is not in the local Hugging Face cache and "
             "cannot be downloaded (offline?). Pre-download it on a machine with internet: "
-            f"`huggingface-cli download {repo} --revision {revision}` and copy ~/.cache/huggingface "
+            f"`hf download {repo} --revision {revision}` and copy ~/.cache/huggingface "
             "(or set HF_HOME), or save it with save_pretrained and point the model at the folder "
             "with `source: local`."
         ) from err
@@ -60,6 +85,7 @@ def resolve_checkpoint(spec: dict) -> dict:
                 f"checkpoint {spec['model']}/{spec['checkpoint']}: {folder} has no config.json "
                 "(expected a Hugging Face model folder)"
             )
+    _check_folder(folder, f"{spec['model']}/{spec['checkpoint']}")
     weights = sorted(p.name for pat in WEIGHT_PATTERNS for p in folder.glob(pat))
     if not any(w != "config.json" for w in weights):
         raise FileNotFoundError(f"checkpoint {spec['model']}/{spec['checkpoint']}: no weight files in {folder}")
@@ -69,6 +95,8 @@ def resolve_checkpoint(spec: dict) -> dict:
         "resolved_commit": commit,
         "weight_files": weights,
         "content_hash": io.sha256_tree(folder, WEIGHT_PATTERNS),
+        # the tokenizer decides which tokens every sample holds: recorded beside the weights
+        "tokenizer_hash": io.sha256_tree(folder, TOKENIZER_PATTERNS),
     }
 
 
@@ -81,24 +109,44 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(record: dict, device: str = "auto", verify_hash: bool = False):
+def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
+    """Keyword arguments of ``from_pretrained`` that put weights straight onto ``device``.
+
+    On an accelerator, ``device_map`` makes transformers read each safetensors shard (memory
+    mapped) directly into device memory, so host RAM holds at most about one shard, never the
+    whole model (this needs the ``accelerate`` package). On the CPU the weights are on the host
+    anyway. Safetensors are required when the folder has them (never the pickled .bin files).
+    """
+    kwargs: dict = {"dtype": DTYPES[dtype], "attn_implementation": "eager"}
+    if device.type != "cpu":
+        kwargs["device_map"] = str(device) if device.index is not None else f"{device.type}:0"
+    if any(Path(folder).glob("*.safetensors")):
+        kwargs["use_safetensors"] = True
+    return kwargs
+
+
+def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
     """Load (model, tokenizer) from a checkpoint record, eval mode, eager attention.
 
     Eager attention makes every sublayer an explicit, differentiable PyTorch function.
-    With ``verify_hash`` the folder is re-hashed and must match the record.
+    With ``verify_hash`` (the default) the folder is re-hashed and must match the record, so
+    swapped weights stop the job instead of being analysed under the old record's name.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(record["folder"])
     if verify_hash and io.sha256_tree(folder, WEIGHT_PATTERNS) != record["content_hash"]:
-        raise RuntimeError(f"weights in {folder} changed since they were resolved (content hash mismatch)")
-    dtype = DTYPES[record.get("dtype", "float32")]
+        raise RuntimeError(
+            f"checkpoint {record['model']}/{record['checkpoint']}: weights in {folder} changed since they were "
+            f"resolved (content hash mismatch with models/{record['model']}/{record['checkpoint']}/checkpoint.json) "
+            "— rerun snakemake to redo the checkpoint record and everything made from it")
+    target = pick_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(folder, **load_kwargs(folder, record.get("dtype", "float32"), target))
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
         raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
-    model.to(pick_device(device)).eval()
+    model.to(target).eval()  # a no-op when device_map already placed every weight
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer

@@ -1,101 +1,115 @@
-"""Size a run before submitting it: jobs per rule, FLOPs, GPU-hours, memory and disk from shapes.
+"""Size a run before submitting it: every rule's jobs, GPU- and CPU-hours, memory, disk, wall time.
 
-Estimates are analytic counts from the model shapes in the config (``n_layers``, ``d_model``,
-``d_ff``, heads); where a shape is missing a stated default is used. They size a SLURM
-allocation; they are not measurements (``benchmarks/`` measures).
+Every number comes from :mod:`resdyn.cost` — the same prices the rules' SLURM resources are made
+of — summed over the jobs of the config's DAG (:func:`resdyn.cost.unique_jobs`).
 
-Per sample and layer, the Jacobian engine evaluates the per-token sublayer function on d tangent
-directions (forward mode, vmapped), so
-
-    FLOP_jac ≈ d · [ 2d(2d + 2d_kv) + 4·T·d + 6·d·d_ff ]
-
-(attention projections of one token, its scores and values over T frozen keys, the gated MLP)
-plus one forward pass of the context, 2·T·P_layer. The lens costs per step
-3 · tokens · n_layers · (2d² + 2dV) (forward and backward of the translators and the readout).
+* GPU-hours: Σ predicted seconds of the GPU jobs on the chosen GPU kind.
+* CPU-hours: Σ threads × predicted seconds of the CPU jobs (core-hours, what an allocation
+  bills), plus the host cores a GPU job holds (``GPU_HOST_THREADS``) counted separately as
+  ``host_cpu_hours``.
+* Critical path: per model the longest chain of rules through :data:`resdyn.cost.DEPENDS`, each
+  rule weighted by its longest job of that model; the maximum over models.
+* Wall time with G GPUs and C cores: list scheduling is within Graham's bounds
+  ``max(critical, GPU-h/G, CPU-h/C) ≤ wall ≤ critical + GPU-h/G + CPU-h/C``; the table reports
+  both and the lower bound as the estimate (the DAG is wide: many models × checkpoints).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pandas as pd
 
-from resdyn import config as rc
-
-DEFAULT_VOCAB = 128_256
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+from resdyn import cost as rcost
 
 
 @dataclass(frozen=True)
-class Shape:
-    """The shape quantities the estimates use."""
-
-    n_layers: int
-    d: int
-    d_kv: int
-    d_ff: int
-    vocab: int
-
-    @property
-    def layer_params(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections and a gated MLP."""
-        return self.d * (2 * self.d + 2 * self.d_kv) + 3 * self.d * self.d_ff
-
-    @property
-    def params(self) -> int:
-        return self.n_layers * self.layer_params + 2 * self.vocab * self.d
+class Totals:
+    gpu_hours: float
+    cpu_hours: float
+    host_cpu_hours: float
+    disk_gb: float
+    critical_h: float
+    wall_low_h: float
+    wall_high_h: float
+    gpus: int
+    cores: int
+    device: str
 
 
-def model_shape(m: dict, vocab_default: int = DEFAULT_VOCAB) -> Shape:
-    """Shape of a config model entry; missing sizes default to d = 4096, d_ff = 3.5·d."""
-    d = m.get("d_model") or 4096
-    heads = m.get("n_heads") or max(1, d // 128)
-    kv = m.get("n_kv_heads") or heads
-    return Shape(m["n_layers"], d, d * kv // heads, m.get("d_ff") or int(3.5 * d), vocab_default)
-
-
-def jacobian_flops(shape: Shape, length: int, n_positions: int = 1) -> float:
-    """FLOPs of both sublayer Jacobians of one layer for one sample (see module docstring)."""
-    d = shape.d
-    per_token = 2 * d * (2 * d + 2 * shape.d_kv) + 4 * length * d + 6 * d * shape.d_ff
-    return n_positions * d * per_token + 2 * length * shape.layer_params
-
-
-def estimate(config: dict, gpu_tflops: float = 60.0, efficiency: float = 0.3) -> pd.DataFrame:
-    """Per (model, rule): jobs, TFLOP, GPU-hours at ``efficiency`` of ``gpu_tflops``, memory, disk.
-
-    ``gpu_tflops``: the device's dense fp32 rate (H100/H200 ≈ 60 without TF32).
-    """
+def job_table(config: dict, device: str = "h100") -> pd.DataFrame:
+    """One row per job: rule, wildcards, gpu, threads, seconds, TFLOP, host/device GB, disk GB."""
     rows = []
-    n, length = config["samples"]["n"], config["samples"]["length"]
-    pos = config["jacobian"]["positions"]
-    n_pos = length if pos == "all" else (1 if pos == "last" else len(pos))
-    rate = gpu_tflops * 1e12 * efficiency
-    for name, m in config["models"].items():
-        shape = model_shape(m, config["tokenizer"]["vocab_size"] if m["source"] == "train" else DEFAULT_VOCAB)
-        ckpts = rc.checkpoints(config, name)
-        blocks = rc.layer_blocks(config, name)
-        w_bytes = shape.params * DTYPE_BYTES[m["dtype"]]
-        jac = jacobian_flops(shape, length, n_pos) * n * shape.n_layers * len(ckpts)
-        store = DTYPE_BYTES[config["jacobian"]["store_dtype"]]
-        jac_disk = len(ckpts) * shape.n_layers * 2 * shape.d ** 2 * store * (1 + config["jacobian"]["store_first_n"])
-        per_layer = 2 * shape.d ** 2 * 8 * len(rc.block_layers(blocks[0]))
-        act = DTYPE_BYTES[config["activations"]["dtype"]]
-        act_disk = len(ckpts) * n * length * shape.d * (2 * shape.n_layers + 1) * act
-        lens_cfg = config["lens"]
-        lens_ckpts = rc.lens_checkpoints(config, name)
-        lens = 3 * lens_cfg["tokens_per_step"] * lens_cfg["steps"] * shape.n_layers * (
-            2 * shape.d ** 2 + 2 * shape.d * shape.vocab) * len(lens_ckpts)
-        rows += [
-            dict(model=name, rule="jacobians", jobs=len(ckpts) * len(blocks), tflop=jac / 1e12,
-                 gpu_hours=jac / rate / 3600, mem_gb=(w_bytes + per_layer) / 1e9, disk_gb=jac_disk / 1e9),
-            dict(model=name, rule="activations", jobs=len(ckpts), tflop=2 * shape.params * n * length * len(ckpts) / 1e12,
-                 gpu_hours=2 * shape.params * n * length * len(ckpts) / rate / 3600, mem_gb=w_bytes / 1e9,
-                 disk_gb=act_disk / 1e9),
-            dict(model=name, rule="lens", jobs=len(lens_ckpts), tflop=lens / 1e12, gpu_hours=lens / rate / 3600,
-                 mem_gb=(w_bytes + shape.n_layers * shape.d ** 2 * 16) / 1e9,
-                 disk_gb=len(lens_ckpts) * shape.n_layers * shape.d ** 2 * 4 / 1e9),
-            dict(model=name, rule="spectra+schur", jobs=2 * len(ckpts), tflop=len(ckpts) * 2 * shape.n_layers * 60 * shape.d ** 3 / 1e12,
-                 gpu_hours=0.0, mem_gb=(8 + len(config["schur"]["alphas"])) * shape.d ** 2 * 16 / 1e9, disk_gb=0.0),
-        ]
+    for rule, w in rcost.unique_jobs(config):
+        c = rcost.job_cost(config, rule, w)
+        threads = rcost.threads_for(config, rule, w)
+        kind = device if c.gpu else "cpu"
+        rows.append({
+            "rule": rule, "model": w.get("model", ""), "ckpt": w.get("ckpt", ""), "block": w.get("block", ""),
+            "gpu": c.gpu, "threads": threads, "seconds": rcost.seconds(c, kind, threads), "tflop": c.flops / 1e12,
+            "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9, "disk_gb": c.disk_bytes / 1e9,
+        })
     return pd.DataFrame(rows)
+
+
+def rule_table(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per rule: jobs, TFLOP, GPU-hours, CPU-hours, longest job (h), peak host/device GB per job, disk."""
+    j = jobs.assign(
+        gpu_hours=lambda t: t.seconds.where(t.gpu, 0.0) / 3600,
+        cpu_hours=lambda t: (t.seconds * t.threads).where(~t.gpu, 0.0) / 3600,
+    )
+    out = j.groupby("rule", sort=False).agg(
+        jobs=("rule", "size"), threads=("threads", "max"), tflop=("tflop", "sum"), gpu_hours=("gpu_hours", "sum"),
+        cpu_hours=("cpu_hours", "sum"), max_job_h=("seconds", lambda s: s.max() / 3600),
+        host_gb=("host_gb", "max"), device_gb=("device_gb", "max"), disk_gb=("disk_gb", "sum"),
+    )
+    return out.reset_index()
+
+
+def critical_path_hours(jobs: pd.DataFrame) -> float:
+    """Longest dependency chain (hours): per model, rules weighted by their longest job."""
+    global_w = jobs[jobs.model == ""].groupby("rule").seconds.max().to_dict()
+    best = 0.0
+    for model, part in jobs[jobs.model != ""].groupby("model"):
+        weight = {**global_w, **part.groupby("rule").seconds.max().to_dict()}
+
+        @lru_cache(maxsize=None)
+        def finish(rule: str) -> float:
+            deps = rcost.DEPENDS.get(rule, ())
+            return weight.get(rule, 0.0) + max((finish(r) for r in deps), default=0.0)
+
+        best = max(best, max(finish(r) for r in weight))
+    return best / 3600
+
+
+def totals(jobs: pd.DataFrame, gpus: int, cores: int, device: str) -> Totals:
+    gpu_h = float(jobs.seconds.where(jobs.gpu, 0.0).sum() / 3600)
+    cpu_h = float((jobs.seconds * jobs.threads).where(~jobs.gpu, 0.0).sum() / 3600)
+    host_h = float((jobs.seconds * jobs.threads).where(jobs.gpu, 0.0).sum() / 3600)
+    crit = critical_path_hours(jobs)
+    low = max(crit, gpu_h / max(gpus, 1), cpu_h / max(cores, 1))
+    high = crit + gpu_h / max(gpus, 1) + cpu_h / max(cores, 1)
+    return Totals(gpu_h, cpu_h, host_h, float(jobs.disk_gb.sum()), crit, low, high, gpus, cores, device)
+
+
+def estimate(config: dict, device: str = "h100") -> pd.DataFrame:
+    """The per-rule table of :func:`rule_table` for a config (kept for callers of the old API)."""
+    return rule_table(job_table(config, device))
+
+
+def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -> str:
+    """The text ``resdyn plan`` prints: the rule table and the totals."""
+    jobs = job_table(config, device)
+    table = rule_table(jobs)
+    t = totals(jobs, gpus, cores, device)
+    dev = rcost.DEVICES[device]
+    lines = [table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), ""]
+    lines.append(f"GPU kind {device} ({dev.note}); CPU rates: {rcost.DEVICES['cpu'].note}")
+    lines.append(f"total: {len(jobs)} jobs, {t.gpu_hours:.2f} GPU-hours, {t.cpu_hours:.1f} CPU-hours "
+                 f"(+ {t.host_cpu_hours:.1f} core-hours held by GPU jobs), {t.disk_gb:.1f} GB on disk")
+    lines.append(f"largest job: {table.host_gb.max():.1f} GB host, {table.device_gb.max():.1f} GB GPU memory; "
+                 f"critical path {t.critical_h:.2f} h")
+    lines.append(f"wall time with {gpus} GPU(s) and {cores} CPU cores: ≈ {t.wall_low_h:.1f} h "
+                 f"(list-scheduling bounds {t.wall_low_h:.1f}–{t.wall_high_h:.1f} h)")
+    return "\n".join(lines)

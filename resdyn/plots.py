@@ -1,7 +1,7 @@
 """Figures of the pipeline: pandas tables in, ``matplotlib.figure.Figure`` out.
 
-This is the only module of resdyn that imports matplotlib/seaborn; the numerical modules never
-do, so tables can be computed on machines without a display or plotting stack.
+This is the only module of resdyn that imports matplotlib; the numerical modules never do, so
+tables can be computed on machines without a display or plotting stack.
 
 Conventions
 -----------
@@ -9,8 +9,8 @@ Conventions
   :func:`resdyn.io.read_tsv`) and a title naming the model/checkpoint, and returns a new
   :class:`~matplotlib.figure.Figure` drawn on an Agg canvas. Figures are created without
   ``pyplot`` (no global figure registry, no interactive backend, nothing to leak).
-* Style: seaborn ``whitegrid`` / context ``paper`` and the colour-blind-safe ``colorblind``
-  palette (sequential ``viridis`` where the hue encodes an ordered value such as α or k),
+* Style: seaborn's ``whitegrid`` / context ``paper`` and colour-blind-safe ``colorblind``
+  palette (their values, without importing seaborn) (sequential ``viridis`` where the hue encodes an ordered value such as α or k),
   applied through ``matplotlib.rc_context`` while the figure is built — importing this module
   does not change the caller's rcParams. Categories carry a second cue besides colour (marker
   shape or line style).
@@ -40,7 +40,6 @@ from typing import Any
 import matplotlib as mpl
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from cycler import cycler
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -72,10 +71,33 @@ __all__ = [
 #: PNG text-chunk key of the embedded provenance JSON (read by :func:`resdyn.provenance.read`).
 PROVENANCE_KEY = "resdyn_provenance"
 
-PALETTE = sns.color_palette("colorblind")
+# seaborn's "colorblind" palette, ``axes_style("whitegrid")`` and ``plotting_context("paper")``
+# as constants (tests/test_plots.py checks them against seaborn): importing seaborn, and the
+# scipy.stats it pulls in, cost each of the ~130 figure jobs of the default run 1-2 s of start-up.
+# Its "rocket" image colormap is left out: no figure here draws an image.
+PALETTE = [
+    mpl.colors.to_rgb(c)
+    for c in ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9")
+]
+_SEABORN_WHITEGRID: dict[str, Any] = {
+    "figure.facecolor": "white", "axes.labelcolor": ".15", "xtick.direction": "out", "ytick.direction": "out",
+    "xtick.color": ".15", "ytick.color": ".15", "axes.axisbelow": True, "grid.linestyle": "-", "text.color": ".15",
+    "font.family": ["sans-serif"], "font.sans-serif": ["Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif"],
+    "lines.solid_capstyle": "round", "patch.edgecolor": "w", "patch.force_edgecolor": True, "xtick.top": False,
+    "ytick.right": False, "axes.grid": True, "axes.facecolor": "white", "axes.edgecolor": ".8", "grid.color": ".8",
+    "axes.spines.left": True, "axes.spines.bottom": True, "axes.spines.right": True, "axes.spines.top": True,
+    "xtick.bottom": False, "ytick.left": False,
+}  # fmt: skip
+_SEABORN_PAPER: dict[str, Any] = {
+    "axes.linewidth": 1.0, "grid.linewidth": 0.8, "lines.linewidth": 1.2, "lines.markersize": 4.8, "patch.linewidth": 0.8,
+    "xtick.major.width": 1.0, "ytick.major.width": 1.0, "xtick.minor.width": 0.8, "ytick.minor.width": 0.8,
+    "xtick.major.size": 4.8, "ytick.major.size": 4.8, "xtick.minor.size": 3.2, "ytick.minor.size": 3.2,
+    "font.size": 9.6, "axes.labelsize": 9.6, "axes.titlesize": 9.6, "xtick.labelsize": 8.8, "ytick.labelsize": 8.8,
+    "legend.fontsize": 8.8, "legend.title_fontsize": 9.6,
+}  # fmt: skip
 _RC: dict[str, Any] = {
-    **sns.axes_style("whitegrid"),
-    **sns.plotting_context("paper"),
+    **_SEABORN_WHITEGRID,
+    **_SEABORN_PAPER,
     "axes.prop_cycle": cycler(color=PALETTE),
     "pdf.fonttype": 42,  # TrueType in the PDF: text stays text
     "legend.fontsize": 6.5,
@@ -85,6 +107,7 @@ _RC: dict[str, Any] = {
 KIND_STYLE = {
     "attn": {"color": PALETTE[0], "marker": "o", "label": "attention"},
     "mlp": {"color": PALETTE[1], "marker": "s", "label": "MLP"},
+    "layer": {"color": PALETTE[2], "marker": "D", "label": "parallel layer"},
 }
 BOUNDARY_STYLE = {
     0: {"color": PALETTE[0], "marker": "o", "label": r"pre-attention $h_L$"},
@@ -470,7 +493,7 @@ def training_curve(df: pd.DataFrame, title: str) -> Figure:
 # Study A: spectra
 
 
-_GROUP_RE = re.compile(r"^L(\d+)_(attn|mlp)$")
+_GROUP_RE = re.compile(r"^L(\d+)_(attn|mlp|layer)$")
 
 
 @_styled
@@ -1241,7 +1264,9 @@ def bridge_profiles(bridge_df: pd.DataFrame, phases: Mapping[str, Any] | None = 
     if "chance" in df:
         axes[1].axhline(float(_num(df["chance"])[0]), color="k", ls=":", lw=1, label="chance k/d")
     axes[1].set_ylabel("transport\n‖P₊ J V‖²/‖J V‖²")
-    for kind, ls in (("attn", "-"), ("mlp", "--")):
+    for kind, ls in (("attn", "-"), ("mlp", "--"), ("layer", ":")):
+        if f"complex_frac_{kind}" not in df:
+            continue
         axes[2].plot(x, _num(df[f"complex_frac_{kind}"]), ls=ls, marker="o", label=f"complex fraction ({kind})")
         axes[2].plot(x, _num(df[f"henrici_{kind}"]), ls=ls, marker="s", label=f"Henrici ({kind})")
     axes[2].set_ylabel("operator type")

@@ -4,8 +4,15 @@ Every output of every rule gets a sidecar ``<output>.prov.json`` with: rule, wil
 (the config subset the rule uses), inputs with SHA-256, git commit and dirty flag, versions of
 the scientific stack, the model checkpoint (id, revision, weights hash) and the samples hash
 when the step used them, the device, and start/end times. Figures carry the same JSON in their
-PNG metadata and PDF Subject. ``chain`` follows the input sidecars recursively (``resdyn
-provenance``); ``verify`` re-hashes recorded inputs (``resdyn verify``).
+PNG metadata and PDF Subject. The sidecar also records the artifact's own SHA-256 (``artifact``;
+for a folder, a manifest of per-file hashes), so an edit after the fact is visible.
+
+A step hashes its inputs once, when it starts, and refuses an input whose content differs from
+what the sidecar of the rule that wrote it records: a corrupted Jacobian stops the next job with
+the file named instead of flowing into a new, self-consistent sidecar.
+
+``chain`` follows the input sidecars recursively (``resdyn provenance``); ``audit`` re-hashes
+every artifact and its inputs under a folder (``resdyn verify``, see docs/audit.md).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import datetime as dt
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -62,12 +70,62 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
 
 def hash_path(path: str | Path) -> str | None:
     """SHA-256 of a file, or of a folder's files (``io.sha256_tree``); None if missing."""
+    return fingerprint(path)["sha256"]
+
+
+def fingerprint(path: str | Path) -> dict[str, Any]:
+    """``{"path", "sha256", "files"}`` of an artifact; ``files`` is the per-file manifest of a
+    folder (None for a file); ``sha256`` is None when the path does not exist."""
     p = Path(path)
     if p.is_dir():
-        return io.sha256_tree(p)
-    if p.is_file():
-        return io.sha256_file(p)
-    return None
+        files = io.manifest(p)
+        return {"path": str(path), "sha256": io.tree_digest(files), "files": files}
+    return {"path": str(path), "sha256": io.sha256_file(p) if p.is_file() else None, "files": None}
+
+
+def _recorded(path: str | Path) -> dict | None:
+    """The ``artifact`` fingerprint the sidecar of ``path`` recorded when it was written (or None)."""
+    side = io.prov_path(path)
+    if not side.is_file():
+        return None
+    try:
+        art = io.read_json(side).get("artifact")
+    except (ValueError, AttributeError):
+        return None
+    return art if isinstance(art, dict) and art.get("sha256") else None
+
+
+def _diff(path: str | Path, was: dict, now: dict) -> str:
+    """Which files of an artifact differ between two fingerprints (for messages)."""
+    if now["sha256"] is None:
+        return "missing"
+    if was.get("files") is None or now["files"] is None:
+        return f"sha256 {was['sha256'][:12]}… → {now['sha256'][:12]}…"
+    old, new = was["files"], now["files"]
+    changed = [f for f in sorted(set(old) & set(new)) if old[f] != new[f]]
+    parts = [f"changed {', '.join(changed[:5])}" if changed else "",
+             f"removed {', '.join(sorted(set(old) - set(new))[:5])}" if set(old) - set(new) else "",
+             f"added {', '.join(sorted(set(new) - set(old))[:5])}" if set(new) - set(old) else ""]
+    return "; ".join(x for x in parts if x) or "file list differs"
+
+
+class InputChanged(RuntimeError):
+    """An input's content differs from what the rule that wrote it recorded (corrupt or edited)."""
+
+
+def check_input(path: str | Path, now: dict | None = None) -> dict:
+    """Fingerprint ``path`` and check it against its own sidecar; raise :class:`InputChanged`.
+
+    Inputs without a sidecar (source files: corpus text, model folders) are only fingerprinted.
+    """
+    now = now or fingerprint(path)
+    was = _recorded(path)
+    if was is not None and now["sha256"] is not None and was["sha256"] != now["sha256"]:
+        raise InputChanged(
+            f"input {path} differs from what its rule wrote ({_diff(path, was, now)}): corrupted or edited "
+            f"after it was made — delete {path} and rerun snakemake to rebuild it"
+        )
+    return now
 
 
 def _upstream(inputs: list[str], key: str) -> Any:
@@ -76,7 +134,7 @@ def _upstream(inputs: list[str], key: str) -> Any:
         if Path(inp).name == "checkpoint.json" and key == "checkpoint":
             rec = io.read_json(inp)
             return {k: rec.get(k) for k in ("model", "checkpoint", "source", "repo", "revision",
-                                            "resolved_commit", "folder", "content_hash")}
+                                            "resolved_commit", "folder", "content_hash", "tokenizer_hash")}
         side = io.prov_path(inp)
         if side.is_file():
             value = io.read_json(side).get(key)
@@ -86,8 +144,12 @@ def _upstream(inputs: list[str], key: str) -> Any:
 
 
 def record(rule: str, wildcards: dict, params: dict, inputs: list[str], outputs: list[str],
-           start: str, extra: dict | None = None) -> dict:
-    """The provenance record of one step (see module docstring for the fields)."""
+           start: str, extra: dict | None = None, input_hashes: dict[str, str | None] | None = None) -> dict:
+    """The provenance record of one step (see module docstring for the fields).
+
+    ``input_hashes`` are the inputs' hashes taken when the step started (hashed here if None);
+    ``outputs`` maps each output to its hash, None until :meth:`Step.finish` fills it in.
+    """
     # Only ask torch about the device if the step imported it (figure steps never do: importing
     # torch costs seconds per job).
     torch = sys.modules.get("torch")
@@ -96,8 +158,8 @@ def record(rule: str, wildcards: dict, params: dict, inputs: list[str], outputs:
         "rule": rule,
         "wildcards": dict(wildcards),
         "params": params,
-        "inputs": {str(p): hash_path(p) for p in inputs},
-        "outputs": [str(p) for p in outputs],
+        "inputs": input_hashes if input_hashes is not None else {str(p): hash_path(p) for p in inputs},
+        "outputs": {str(p): None for p in outputs},
         "checkpoint": _upstream(inputs, "checkpoint"),
         "samples_hash": (extra or {}).get("samples_hash") or _upstream(inputs, "samples_hash"),
         "dataset": (extra or {}).get("dataset") or _upstream(inputs, "dataset"),
@@ -118,6 +180,9 @@ class Step:
         self.sm = snakemake
         self.start = _now()
         self.extra: dict[str, Any] = {}
+        # Hashed once, before any work: the record names what was read, and a corrupt input
+        # stops the job here with its file named.
+        self.input_hashes = {str(p): check_input(p)["sha256"] for p in snakemake.input}
 
     @property
     def params(self) -> dict:
@@ -127,47 +192,61 @@ class Step:
         """The record so far (end time unset); figures embed this."""
         inputs = [str(p) for p in self.sm.input]
         return record(self.sm.rule, dict(self.sm.wildcards.items()), self.params, inputs,
-                      [str(p) for p in self.sm.output], self.start, self.extra)
+                      [str(p) for p in self.sm.output], self.start, self.extra, self.input_hashes)
 
     def finish(self) -> None:
-        """Write ``<output>.prov.json`` for every output (after the outputs exist)."""
+        """Write ``<output>.prov.json`` for every output (after the outputs exist), with the
+        hashes of all outputs and this output's own fingerprint (a manifest for a folder)."""
         prov = self.provenance()
         prov["end"] = _now()
-        for out in self.sm.output:
-            if Path(out).exists():
-                io.write_json(prov, io.prov_path(out))
+        prints = {str(out): fingerprint(out) for out in self.sm.output if Path(out).exists()}
+        prov["outputs"] = {str(out): prints[str(out)]["sha256"] if str(out) in prints else None
+                           for out in self.sm.output}
+        for out, art in prints.items():
+            io.write_json({**prov, "artifact": art}, io.prov_path(out))
 
 
 @contextlib.contextmanager
 def step(snakemake) -> Iterator[Step]:
     """Context for a rule's script: log to ``snakemake.log[0]``, write provenance at the end.
 
-    Exceptions are logged with their traceback and re-raised, so Snakemake marks the job failed
-    and (outputs being written atomically) nothing half-written remains.
+    Everything the job prints (tqdm bars, warnings, logging) goes to its log file
+    (:func:`resdyn.joblog.job_log`), which opens with INFO lines on the rule, its inputs and
+    threads and closes with its outputs, seconds, device and peak memory. Exceptions are logged
+    with their traceback and re-raised, so Snakemake marks the job failed and (outputs being
+    written atomically) nothing half-written remains.
     """
-    log_file = snakemake.log[0] if len(snakemake.log) else None
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file, mode="w"))
-    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)
-    # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
-    # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
-    from threadpoolctl import threadpool_limits
+    from resdyn import joblog
 
-    threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
-    s = Step(snakemake)
-    with threadpool_limits(limits=threads):
-        try:
-            yield s
-        except Exception:
-            logging.getLogger(snakemake.rule).exception("rule %s failed", snakemake.rule)
-            raise
-    s.finish()
+    log_file = snakemake.log[0] if len(snakemake.log) else None
+    with joblog.job_log(log_file):
+        jl = logging.getLogger(f"resdyn.rule.{snakemake.rule}")
+        clock = joblog.JobClock()
+        # BLAS and torch get exactly the job's threads: oversubscribed OpenBLAS made d=1024
+        # eigendecompositions 5-12x slower on 2 loaded cores (benchmarks/spectral.py).
+        from threadpoolctl import threadpool_limits
+
+        threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+        jl.info("rule %s, wildcards %s, threads %d, host %s, pid %d", snakemake.rule,
+                dict(snakemake.wildcards.items()), threads, platform.node(), os.getpid())
+        joblog.log_files(jl, "input", [str(p) for p in snakemake.input])
+        with threadpool_limits(limits=threads):
+            try:
+                s = Step(snakemake)  # hashes and checks the inputs: a corrupt one stops here, logged
+                yield s
+            except Exception:
+                jl.exception("rule %s failed after %s; peak memory %s", snakemake.rule, clock,
+                             joblog.peak_memory())
+                raise
+        s.finish()
+        joblog.log_files(jl, "output", [str(p) for p in snakemake.output])
+        torch = sys.modules.get("torch")
+        device = s.extra.get("device") or (
+            "cuda:" + torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "cpu")
+        torch_threads = f", torch threads {torch.get_num_threads()}" if torch is not None else ""
+        jl.info("done in %s; device %s%s; peak memory %s", clock, device, torch_threads, joblog.peak_memory())
 
 
 # --- auditing ----------------------------------------------------------------------------------
@@ -188,7 +267,12 @@ def read(path: str | Path) -> dict:
 
 
 def chain(path: str | Path, seen: set[str] | None = None) -> list[tuple[str, dict]]:
-    """Artifacts from ``path`` back to its roots: [(path, provenance)] in depth-first order."""
+    """Artifacts from ``path`` back to its roots: [(path, provenance)] in depth-first order.
+
+    Inputs that have no provenance of their own (source files: corpus text, local model folders;
+    or an artifact whose sidecar was deleted) end the walk with a stub record ``{"rule": None,
+    "source": True, "sha256": ...}`` instead of vanishing, so the chain always reaches its roots.
+    """
     seen = set() if seen is None else seen
     if str(path) in seen:
         return []
@@ -196,21 +280,140 @@ def chain(path: str | Path, seen: set[str] | None = None) -> list[tuple[str, dic
     try:
         prov = read(path)
     except FileNotFoundError:
-        return []
+        return [(str(path), {"rule": None, "source": True, "sha256": hash_path(path)})]
     out = [(str(path), prov)]
     for inp in prov.get("inputs", {}):
         out += chain(inp, seen)
     return out
 
 
+WHAT_TO_DO = {
+    "changed output": "restore it, or delete it and rerun snakemake to rebuild it",
+    "changed input": "rerun snakemake: it rebuilds the artifact from the current input",
+    "missing input": "rerun snakemake to rebuild the input and the artifacts made from it",
+    "stale chain": "rerun snakemake to rebuild it from the current input",
+    "missing sidecar": "its origin cannot be checked: delete it and rerun snakemake to rebuild it",
+    "sidecar without artifact": "rerun snakemake to rebuild the artifact, or delete the sidecar",
+    "unreadable sidecar": "delete the artifact and its sidecar and rerun snakemake",
+    "no output hash": "made by an older resdyn: rebuild it (snakemake --forcerun RULE) to audit it",
+}
+
+
+def problem(kind: str, path: str | Path, detail: str, todo: str | None = None) -> str:
+    """One report line: ``<kind>: <path>: <detail> — <what to do>``."""
+    return f"{kind}: {path}: {detail} — {todo or WHAT_TO_DO[kind]}"
+
+
+class Auditor:
+    """Re-hashes artifacts and their inputs, each path at most once per audit."""
+
+    def __init__(self) -> None:
+        self._prints: dict[str, dict] = {}
+
+    def fingerprint(self, path: str | Path) -> dict:
+        key = str(path)
+        if key not in self._prints:
+            self._prints[key] = fingerprint(path)
+        return self._prints[key]
+
+    def verify(self, path: str | Path) -> list[str]:
+        """Problems of one artifact: its own content against its sidecar, then every input.
+
+        An input whose hash differs from the one recorded is a *stale chain* when the input's
+        own sidecar vouches for its current content (it was rebuilt after this artifact was made),
+        and a *changed input* otherwise (a source file edited, or an upstream artifact altered).
+        """
+        side = io.prov_path(path)
+        try:
+            prov = read(path)
+        except FileNotFoundError:
+            return [problem("missing sidecar", path, f"no provenance sidecar {side.name}")]
+        except ValueError as err:
+            return [problem("unreadable sidecar", path, str(err))]
+        if not side.is_file():  # a PNG with embedded provenance but no sidecar
+            return [problem("missing sidecar", path, f"no provenance sidecar {side.name} (the PNG's embedded "
+                            "record has no hash of the PNG itself)")]
+        problems = []
+        rule = prov.get("rule")
+        art = prov.get("artifact")
+        now = self.fingerprint(path)
+        if not isinstance(art, dict) or not art.get("sha256"):
+            problems.append(problem("no output hash", path, "its sidecar records no hash of the artifact"))
+        elif art["sha256"] != now["sha256"]:
+            problems.append(problem("changed output", path, f"differs from what rule {rule} wrote "
+                                    f"({_diff(path, art, now)})"))
+        for inp, digest in (prov.get("inputs") or {}).items():
+            cur = self.fingerprint(inp)
+            if cur["sha256"] is None:
+                problems.append(problem("missing input", path, f"input {inp} no longer exists"))
+            elif digest is not None and cur["sha256"] != digest:
+                up = _recorded(inp)
+                if up is not None and up["sha256"] == cur["sha256"]:
+                    problems.append(problem("stale chain", path, f"made from a version of {inp} that no longer "
+                                            f"exists (it was rebuilt since by rule {read(inp).get('rule')})"))
+                elif up is not None:  # the input itself was altered: fixing it comes first
+                    problems.append(problem("changed input", path, f"input {inp} was altered after its rule wrote "
+                                            "it (see its 'changed output' line)",
+                                            f"fix {inp} first (restore it, or delete it and rerun snakemake)"))
+                else:
+                    problems.append(problem("changed input", path, f"input {inp} changed since it was made "
+                                            f"(sha256 {digest[:12]}… → {cur['sha256'][:12]}…)"))
+        return problems
+
+
 def verify(path: str | Path) -> list[str]:
-    """Problems with an artifact's recorded inputs: missing, or content changed since it was made."""
-    prov = read(path)
-    problems = []
-    for inp, digest in prov.get("inputs", {}).items():
-        now = hash_path(inp)
-        if now is None:
-            problems.append(f"{path}: input {inp} is missing")
-        elif digest is not None and now != digest:
-            problems.append(f"{path}: input {inp} changed since it was made (sha256 {digest[:12]}… → {now[:12]}…)")
-    return problems
+    """Problems with one artifact: changed content, changed/missing inputs, stale chain."""
+    return Auditor().verify(path)
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
+    """Audit every artifact under ``roots``: returns (artifacts checked, problem lines).
+
+    Checks each sidecar's artifact and inputs (:meth:`Auditor.verify`), sidecars whose artifact
+    is gone, and files that no sidecar covers (neither their own nor a folder output's above them).
+    Hidden files (a running job's staging, Snakemake's timestamps) are not artifacts.
+    """
+    auditor = Auditor()
+    problems: list[str] = []
+    checked = 0
+    covered: set[Path] = set()
+    referenced: set[str] = set()
+    for root in map(Path, roots):
+        if root.is_file():
+            sidecars = [io.prov_path(root)]
+        else:
+            sidecars = sorted(p for p in root.rglob("*.prov.json") if not _hidden(p, root))
+        for side in sidecars:
+            artifact = Path(str(side)[: -len(".prov.json")])
+            if not side.is_file():
+                problems.append(problem("missing sidecar", artifact, f"no provenance sidecar {side.name}"))
+                continue
+            try:  # what downstream sidecars name tells which folder a stray file belongs to
+                referenced.update(str(Path(i)) for i in (io.read_json(side).get("inputs") or {}))
+            except (ValueError, AttributeError):
+                pass
+            if not artifact.exists():
+                problems.append(problem("sidecar without artifact", side, f"its artifact {artifact} is missing"))
+                continue
+            covered.add(artifact)
+            checked += 1
+            problems += auditor.verify(artifact)
+    for root in map(Path, roots):
+        if not root.is_dir():
+            continue
+        orphans: set[Path] = set()
+        for f in root.rglob("*"):
+            if not f.is_file() or f.name.endswith(".prov.json") or _hidden(f, root):
+                continue
+            chain_up = [f, *[a for a in f.parents if a == root or root in a.parents]]
+            if any(a in covered for a in chain_up):
+                continue
+            # Report a folder output once (the one downstream sidecars name), not each file in it.
+            orphans.add(next((a for a in chain_up if str(a) in referenced), f))
+        problems += [problem("missing sidecar", o, f"no provenance sidecar {io.prov_path(o).name}")
+                     for o in sorted(orphans)]
+    return checked, problems

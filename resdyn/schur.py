@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn.spectral import (
-    KINDS,
+    check_chain,
     _as_square,
     _as_values,
     _Cumulative,
@@ -248,14 +248,7 @@ def schur_bottleneck(
     al = _check_alphas(alphas)
     if isinstance(jacobians, Mapping):
         ordered = _ordered(jacobians)
-        got = [r[0] for r in ordered]
-        if got != list(range(len(ordered))):
-            missing = sorted(set(range(max(got) + 1)) - set(got))
-            names = [f"({s // 2}, {KINDS[s % 2]!r})" for s in missing]
-            raise ValueError(
-                f"schur_bottleneck needs contiguous sublayers s = 0..{max(got)}; missing (layer, kind): "
-                + ", ".join(names)
-            )
+        check_chain([(r[1], r[2]) for r in ordered], "schur_bottleneck: jacobians")
         items = [(s, {"layer": layer, "kind": kind}, J) for s, layer, kind, J in ordered]
     else:
         items = ((s, {}, J) for s, J in enumerate(jacobians))

@@ -8,7 +8,8 @@ one exists, the study's own number where it gives one, and a verdict:
   :data:`MIN_BOOTSTRAP_SAMPLES` samples is reported but does not decide: the reason says so);
 - ``does not hold``: it does not (the reason says which part failed);
 - ``not testable``: the data cannot decide (one checkpoint, fewer than 3 depths, a profile too
-  short for three phases, no collapse to dissolve, missing table …; the reason says which).
+  short for three phases, no collapse to dissolve, missing table …; the reason says which);
+- ``not run``: the claim's study (:data:`CLAIM_STUDY`) is switched off by config key ``studies``.
 
 Claims (``claim_id``: statistic; thresholds are the module constants):
 
@@ -58,6 +59,7 @@ from resdyn import io
 
 __all__ = [
     "CLAIMS",
+    "CLAIM_STUDY",
     "SCORECARD_COLUMNS",
     "STUDY_VALUES",
     "VERDICTS",
@@ -67,8 +69,8 @@ __all__ = [
     "scaling_group",
 ]
 
-HOLDS, FAILS, UNTESTABLE = "holds", "does not hold", "not testable"
-VERDICTS = (HOLDS, FAILS, UNTESTABLE)
+HOLDS, FAILS, UNTESTABLE, NOT_RUN = "holds", "does not hold", "not testable", "not run"
+VERDICTS = (HOLDS, FAILS, UNTESTABLE, NOT_RUN)
 SCHUR_RATIO_MIN = 2.0
 COLLAPSE_FRACTION = 0.5
 KL_RATIO_MIN = 2.0
@@ -88,6 +90,12 @@ CLAIMS: dict[str, str] = {
     "rss_three_phases": "RSS profile is unimodal with three phases (b1 < peak < b2, both knees found)",
     "tuned_beats_logit_early": "tuned lens >> logit lens in the first third of layers",
     "phase2_width_grows": "phase-2 width grows with depth (slope > 0, CI excludes 0)",
+}
+#: The study whose tables decide each claim (claims 1-6: A, 7-9: B).
+CLAIM_STUDY: dict[str, str] = {
+    **dict.fromkeys(("rotational_gradient", "gradient_learned", "collapse_learned", "schur_dissolves_collapse",
+                     "coupling_grows", "coupling_sign"), "A"),
+    **dict.fromkeys(("rss_three_phases", "tuned_beats_logit_early", "phase2_width_grows"), "B"),
 }
 STUDY_VALUES: dict[str, str] = {
     "collapse_learned": "cum erank ≈436 → ≈7 (Llama 3.1 8B)",
@@ -455,6 +463,7 @@ def scorecard(
     complex_tol: float = 1e-6,
     level: float = 0.95,
     lens_ckpt: str | None = None,
+    studies: Sequence[str] = ("A", "B"),
 ) -> pd.DataFrame:
     """The scorecard of one model: one row per claim (module docstring), :data:`SCORECARD_COLUMNS`.
 
@@ -471,6 +480,7 @@ def scorecard(
             ``bootstrap_replicates.tsv``} (either may lack checkpoints: no CI then).
         complex_tol: tolerance of the complex-fraction column used (``complex_frac_J_tol{t:.0e}``).
         level: level of the paired-bootstrap intervals.
+        studies: the studies that ran (config key ``studies``); claims of the others are ``not run``.
     Every claim always gets a row; missing inputs make it ``not testable`` with the reason.
     """
     order = [str(c) for c in ckpt_order]
@@ -495,11 +505,19 @@ def scorecard(
         _claim_lens(lens_metrics, lens_ckpt),
         _claim_scaling(phase_widths, group),
     ]
+    ran = sorted(set(studies))
+    unknown = set(ran) - set(CLAIM_STUDY.values())
+    if unknown or not ran:
+        raise ValueError(f"studies must be a non-empty subset of ['A', 'B'], got {list(studies)!r}")
+    rows = [row if CLAIM_STUDY[row["claim_id"]] in ran else
+            _row(row["claim_id"], row["statistic"], verdict=NOT_RUN,
+                 reason=f"study {CLAIM_STUDY[row['claim_id']]} is not run (config studies: {ran})")
+            for row in rows]
     return pd.DataFrame(rows, columns=SCORECARD_COLUMNS)
 
 
 def scorecard_from_files(
-    checkpoints: str | Path,
+    checkpoints: str | Path | None,
     ckpt_order: Sequence[str],
     schur_final: str | Path | None = None,
     phases: str | Path | None = None,
@@ -511,6 +529,7 @@ def scorecard_from_files(
     complex_tol: float = 1e-6,
     level: float = 0.95,
     lens_ckpt: str | None = None,
+    studies: Sequence[str] = ("A", "B"),
 ) -> pd.DataFrame:
     """:func:`scorecard` from file paths (None: that input is absent)."""
     def tsv(p):
@@ -521,5 +540,5 @@ def scorecard_from_files(
         tsv(lens_metrics), tsv(phase_widths), group,
         {c: io.read_tsv(p) for c, p in (bootstrap or {}).items()},
         {c: io.read_tsv(p) for c, p in (replicates or {}).items()},
-        complex_tol, level, lens_ckpt,
+        complex_tol, level, lens_ckpt, studies,
     )

@@ -49,6 +49,7 @@ __all__ = [
     "henrici_departure",
     "nonnormal_norm",
     "complex_fraction",
+    "shifted_complex_fraction",
     "expansive_fraction",
     "spectral_radius",
     "condition_number",
@@ -67,15 +68,23 @@ __all__ = [
     "read_spectra_h5",
     "sublayer_index",
     "group_name",
+    "check_chain",
+    "LAYER_KIND",
+    "OPERATOR_KINDS",
 ]
 
 #: Sublayer kinds in depth order within a layer: s = 2L + KINDS.index(kind).
 KINDS: tuple[str, ...] = ("attn", "mlp")
+#: The single operator of a parallel-residual layer, I + J_A + J_F (DESIGN.md "Parallel-residual
+#: layers"). It maps h_L -> h_{L+1}, so it takes the depth slot s = 2L + 1 of a sequential layer's
+#: MLP half (the slot that ends at h_{L+1}); s = 2L is absent (there is no m_L boundary).
+LAYER_KIND = "layer"
+OPERATOR_KINDS: tuple[str, ...] = (*KINDS, LAYER_KIND)
 #: Default tolerances of the complex fraction reported by :func:`sublayer_metrics`.
 DEFAULT_TOLERANCES: tuple[float, ...] = (1e-9, 1e-6, 1e-3)
 
 SPECTRA_H5_SCHEMA = "resdyn.spectra/1"
-_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp)$")
+_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp|layer)$")
 
 # A sublayer's Jacobian may be given as an array or as a zero-argument callable returning one,
 # so table builders can load large Jacobians one at a time.
@@ -244,6 +253,54 @@ def _sort_eigenvalues(lam: np.ndarray) -> np.ndarray:
     return lam[np.lexsort((np.angle(lam), -np.abs(lam)))]
 
 
+#: Below this Henrici departure the GPU path's subtraction ‖J‖_F² − Σ|λ|² is not trusted (its
+#: absolute error is O(d·ε·‖J‖_F²), i.e. a relative error ≈ d·ε/h² ≤ 5e-7 at d = 4096 above it);
+#: the value is then recomputed from the host's Schur factor.
+GPU_HENRICI_MIN = 1e-3
+
+
+def _on_cuda(device: Any) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def eigen_henrici(a: np.ndarray, device: Any = None) -> tuple[np.ndarray, float, float]:
+    """(eigenvalues, ‖N‖_F, ‖J‖_F) of a validated real/complex square matrix, one decomposition.
+
+    Host (``device`` None or cpu): one Schur factor T without vectors (LAPACK ?gees): the
+    eigenvalues are T's diagonal (blocks) and ‖N‖_F its non-normal part — the Schur form serves
+    both, where eigvals + Schur would cost two decompositions (10 d³ + 10 d³ nominal → 10 d³).
+    CUDA: ``torch.linalg.eigvals`` on the device (float64; cuSOLVER) and
+    ``‖N‖_F = sqrt(max(0, ‖J‖_F² − Σ|λ|²))``; when that gives ‖N‖_F/‖J‖_F < :data:`GPU_HENRICI_MIN`
+    (where the subtraction cancels) ‖N‖_F is recomputed from the host Schur factor.
+    """
+    fro = float(np.linalg.norm(a))
+    if _on_cuda(device):
+        import torch
+
+        lam = torch.linalg.eigvals(torch.as_tensor(a, device=device)).cpu().numpy().astype(np.complex128)
+        nn2 = fro * fro - float(np.sum(np.abs(lam) ** 2))
+        nn = math.sqrt(max(0.0, nn2))
+        if fro == 0.0 or nn / fro >= GPU_HENRICI_MIN:
+            return lam, nn, fro
+        T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+        return lam, _nonnormal_norm_from_schur(T), fro
+    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return _schur_eigenvalues(T), _nonnormal_norm_from_schur(T), fro
+
+
+def _svd_on(a: np.ndarray, vectors: bool, device: Any):
+    """:func:`_svd` on the host, ``torch.linalg.svd``/``svdvals`` (float64) on a CUDA device."""
+    if not _on_cuda(device):
+        return _svd(a, vectors)
+    import torch
+
+    t = torch.as_tensor(a, device=device)
+    if vectors:
+        U, sv, Vh = torch.linalg.svd(t, full_matrices=False)
+        return U.cpu().numpy(), sv.cpu().numpy(), Vh.cpu().numpy()
+    return torch.linalg.svdvals(t).cpu().numpy()
+
+
 # --------------------------------------------------------------------------------------------
 # scalar metrics
 
@@ -313,6 +370,41 @@ def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
     if not np.iscomplexobj(lam):
         return 0.0
     return float(np.mean(np.abs(lam.imag) > t * np.maximum(1.0, np.abs(lam))))
+
+
+#: Imaginary parts below this multiple of machine epsilon × max(1, max|λ|) are roundoff.
+IMAG_ROUNDOFF = 64 * float(np.finfo(np.float64).eps)
+
+
+def shifted_complex_fraction(eigvals: Any, shift: float = 1.0, tol: float = 1e-6) -> float:
+    """Share of eigenvalues of J − shift·I that are complex relative to their own modulus.
+
+    With μ_i = λ_i − shift (the eigenvalues of J − shift·I; Im μ = Im λ):
+    #{i : |Im μ_i| > tol·|μ_i|  and  |Im μ_i| > ``IMAG_ROUNDOFF``·max(1, max_j |λ_j|)} / d.
+
+    Unlike :func:`complex_fraction` (threshold tol·max(1, |·|), absolute below 1), the threshold
+    scales with |μ| itself, so for a near-identity J (all |μ| ≪ 1) it still tells rotating
+    updates (μ off the real axis by more than arcsin(tol)) from real ones; with the absolute
+    threshold it equalled J's complex fraction. The floor keeps eigenvalues at ``shift`` up to
+    roundoff (random phase) from counting.
+
+    Args:
+        eigvals: (d,) eigenvalues of J (complex or real; a real array gives 0).
+        shift: the c in J − c·I.
+        tol: ≥ 0.
+    Returns:
+        float in [0, 1].
+    Example:
+        >>> shifted_complex_fraction(np.array([1 + 1e-8 + 1e-8j, 1 + 1e-8 - 1e-8j, 1.5, 0.5]), 1.0, 1e-6)
+        0.5
+    """
+    lam = _as_values(eigvals, "eigvals")
+    t = _check_tol(tol)
+    if not np.iscomplexobj(lam):
+        return 0.0
+    im = np.abs(lam.imag)
+    floor = IMAG_ROUNDOFF * max(1.0, float(np.max(np.abs(lam))))
+    return float(np.mean((im > t * np.abs(lam - shift)) & (im > floor)))
 
 
 def expansive_fraction(values: Any, threshold: float = 1.0) -> float:
@@ -617,17 +709,16 @@ def spectrum(J: Any) -> dict[str, np.ndarray]:
     }
 
 
-def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...]) -> tuple[dict, dict]:
-    """Metrics and spectra of one validated matrix: one Schur (T only), one SVD, one svdvals."""
+def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: Any = None) -> tuple[dict, dict]:
+    """Metrics and spectra of one validated matrix: one eigen-analysis (:func:`eigen_henrici`:
+    Schur T on the host, eigvals on a GPU), one SVD, one svdvals — each reused by every metric
+    that needs it."""
     d = a.shape[0]
     eye = np.eye(d)
-    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-    lam = _schur_eigenvalues(T)
-    nn = _nonnormal_norm_from_schur(T)
-    U, sv, Vh = _svd(a, vectors=True)
+    lam, nn, fro = eigen_henrici(a, device)
+    U, sv, Vh = _svd_on(a, True, device)
     JmI = a - eye
-    sv_m = _svd(JmI, vectors=False)
-    fro = float(np.linalg.norm(a))
+    sv_m = _svd_on(JmI, False, device)
     fro_m = float(np.linalg.norm(JmI))
 
     erank = effective_rank(sv)
@@ -649,7 +740,7 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...]) -> tuple
     for t in tols:
         m[f"complex_frac_J_tol{_tol_label(t)}"] = complex_fraction(lam, t)
     for t in tols:
-        m[f"complex_frac_JmI_tol{_tol_label(t)}"] = complex_fraction(lam - 1.0, t)
+        m[f"complex_frac_JmI_tol{_tol_label(t)}"] = shifted_complex_fraction(lam, 1.0, t)
     m.update(
         {
             "expansive_frac_eig": expansive_fraction(lam),
@@ -682,7 +773,8 @@ def sublayer_metrics(
     ``d``; ``spectral_radius`` max|λ|; ``condition_number`` σ_max/σ_min; ``sigma_max``,
     ``sigma_min``; ``fro_J`` ‖J‖_F; ``fro_minus_identity`` ‖J − I‖_F; ``nonnormal_fro`` ‖N‖_F;
     ``henrici`` ‖N‖_F/‖J‖_F and ``henrici_JmI`` ‖N‖_F/‖J − I‖_F (J − I has the same N);
-    ``complex_frac_J_tol{t}`` / ``complex_frac_JmI_tol{t}`` for each tolerance t (label
+    ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) / ``complex_frac_JmI_tol{t}``
+    (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
     ``k_frac`` = max(1, round(k_fraction·d)) and ``self_alignment_kfrac``;
@@ -690,7 +782,8 @@ def sublayer_metrics(
     ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
     Rounding is half-up.
 
-    Cost: one real Schur factor (no vectors), one SVD with vectors, singular values of J − I.
+    Cost: one real Schur factor (no vectors: eigenvalues and ‖N‖_F both come from it), one SVD
+    with vectors, singular values of J − I (nominal 10 d³ + 22 d³ + 8/3 d³, resdyn.cost).
 
     Args:
         J: (d, d) matrix (cast to float64).
@@ -712,17 +805,45 @@ def sublayer_metrics(
 
 
 def sublayer_index(layer: int, kind: str) -> int:
-    """Depth index s = 2·layer + (0 for 'attn', 1 for 'mlp').
+    """Depth index s = 2·layer + (0 for 'attn', 1 for 'mlp' and for a parallel layer's 'layer').
 
     Example:
-        >>> sublayer_index(3, "mlp")
-        7
+        >>> sublayer_index(3, "mlp"), sublayer_index(3, "layer")
+        (7, 7)
     """
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or int(layer) < 0:
         raise ValueError(f"layer must be an integer ≥ 0, got {layer!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return 2 * int(layer) + KINDS.index(kind)
+    if kind not in OPERATOR_KINDS:
+        raise ValueError(f"kind must be one of {OPERATOR_KINDS}, got {kind!r}")
+    return 2 * int(layer) + (0 if kind == "attn" else 1)
+
+
+def check_chain(keys: Sequence[tuple[int, str]], what: str = "jacobians") -> None:
+    """Raise ValueError unless ``keys`` (layer, kind) form a gap-free chain h_0 -> h_n: layers
+    0..n−1, each with both halves 'attn' and 'mlp' (sequential) or only 'layer' (parallel).
+
+    Example:
+        >>> check_chain([(0, "attn"), (0, "mlp"), (1, "layer")])
+    """
+    by_layer: dict[int, set[str]] = {}
+    for layer, kind in keys:
+        by_layer.setdefault(int(layer), set()).add(kind)
+    last = max(by_layer, default=-1)
+    missing, mixed = [], []
+    for L in range(last + 1):
+        kinds = by_layer.get(L, set())
+        if LAYER_KIND in kinds:
+            if kinds != {LAYER_KIND}:
+                mixed.append(L)
+        else:
+            missing += [(L, k) for k in KINDS if k not in kinds]
+    if missing or mixed:
+        detail = [f"missing (layer, kind): {', '.join(f'({L}, {k!r})' for L, k in missing)}"] if missing else []
+        detail += [f"layers {mixed} mix 'layer' with 'attn'/'mlp'"] if mixed else []
+        raise ValueError(
+            f"{what} must chain s = 0..{2 * last + 1} without gaps (each layer: 'attn' and 'mlp', or one parallel-residual "
+            f"'layer'); {'; '.join(detail)}"
+        )
 
 
 def group_name(layer: int, kind: str) -> str:
@@ -760,6 +881,7 @@ def spectra_table(
     jacobians: JacobianSource,
     k_fraction: float = 0.1,
     tolerances: Sequence[float] = DEFAULT_TOLERANCES,
+    device: Any = None,
 ) -> tuple[pd.DataFrame, dict[str, dict[str, np.ndarray]]]:
     """``spectra.tsv`` rows and ``spectra.h5`` arrays for a set of sublayer Jacobians.
 
@@ -767,6 +889,8 @@ def spectra_table(
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable returning it};
             kind in ('attn', 'mlp'). Matrices are loaded and analysed one at a time.
         k_fraction, tolerances: passed to :func:`sublayer_metrics`.
+        device: None/"cpu" (LAPACK via scipy, the reference) or a CUDA device: eigenvalues and
+            SVDs by torch.linalg there (:func:`eigen_henrici`); equal up to rounding.
     Returns:
         (table, arrays): table has one row per sublayer ordered by s = 2L (attn), 2L+1 (mlp),
         columns ``layer, kind, s`` then the :func:`sublayer_metrics` keys; arrays maps
@@ -782,21 +906,29 @@ def spectra_table(
     rows, arrays = [], {}
     for s, layer, kind, J in _ordered(jacobians):
         a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
-        m, arr = _analyse(a, kf, tols)
+        m, arr = _analyse(a, kf, tols, device)
         rows.append({"layer": layer, "kind": kind, "s": s, **m})
         arrays[group_name(layer, kind)] = arr
     return pd.DataFrame(rows), arrays
 
 
-def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.DataFrame:
+def bottleneck_table(
+    jacobians: JacobianSource,
+    reference: bool = True,
+    spectra: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> pd.DataFrame:
     """``bottleneck.tsv``: ranks of the cumulative Jacobian P_s = J_s J_{s−1} ⋯ J_0 along depth.
 
-    Sublayers must be contiguous, s = 0..S−1 (a gap would make the product meaningless).
+    Sublayers must form a chain (:func:`check_chain`; a gap would make the product meaningless);
+    a parallel-residual layer contributes its one operator J_L at s = 2L + 1.
 
     Args:
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable}, all the same d.
         reference: also report the single-sublayer values erank(J_s), PR(J_s) (one more
-            singular-value decomposition per sublayer).
+            singular-value decomposition per sublayer, unless ``spectra`` has them).
+        spectra: the arrays of :func:`spectra_table` (``L{layer:03d}_{kind}`` →
+            ``singular_values``): the reference reuses those singular values instead of
+            recomputing them (cost per sublayer: one product and one svdvals, not two svdvals).
     Returns:
         DataFrame with columns ``s, layer, kind, d, erank, participation_ratio, log10_fro``
         (log10 ‖P_s‖_F of the unrescaled product) and, with ``reference``, ``erank_single``,
@@ -807,14 +939,7 @@ def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.Da
         [[0.0, 2.8717, 2.4545], [1.0, 2.0, 2.0]]
     """
     ordered = _ordered(jacobians)
-    expected = list(range(len(ordered)))
-    got = [r[0] for r in ordered]
-    if got != expected:
-        missing = sorted(set(range(max(got) + 1)) - set(got))
-        names = [f"({s // 2}, {KINDS[s % 2]!r})" for s in missing]
-        raise ValueError(
-            f"bottleneck needs contiguous sublayers s = 0..{max(got)}; missing (layer, kind): {', '.join(names)}"
-        )
+    check_chain([(r[1], r[2]) for r in ordered], "bottleneck: jacobians")
     cum = _Cumulative()
     rows = []
     d0 = None
@@ -835,7 +960,8 @@ def bottleneck_table(jacobians: JacobianSource, reference: bool = True) -> pd.Da
             "log10_fro": cum.log10_fro,
         }
         if reference:
-            sv1 = _svd(a, vectors=False)
+            known = (spectra or {}).get(group_name(layer, kind))
+            sv1 = np.asarray(known["singular_values"]) if known is not None else _svd(a, vectors=False)
             row["erank_single"] = effective_rank(sv1)
             row["pr_single"] = participation_ratio(sv1)
         rows.append(row)

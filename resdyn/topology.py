@@ -663,6 +663,8 @@ def bh_fdr(p_values: Any) -> np.ndarray:
 
     For the m non-NaN p-values sorted p_(1) ≤ … ≤ p_(m): q_(i) = min_{j ≥ i} min(1, m p_(j) / j)
     (monotone in p, capped at 1). NaN inputs stay NaN and do not count in m. Same shape as input.
+    Computed by ``scipy.stats.false_discovery_control(method="bh")``; this wrapper adds the NaN
+    handling and the range check.
     """
     p = np.asarray(p_values, dtype=np.float64)
     flat = p.ravel()
@@ -671,15 +673,8 @@ def bh_fdr(p_values: Any) -> np.ndarray:
         bad = flat[ok][(flat[ok] < 0) | (flat[ok] > 1)]
         raise ValueError(f"p-values must lie in [0, 1] (or be NaN), got e.g. {bad[:3].tolist()}")
     q = np.full(flat.shape, np.nan)
-    v = flat[ok]
-    m = v.size
-    if m:
-        order = np.argsort(v, kind="mergesort")
-        scaled = v[order] * m / np.arange(1, m + 1)
-        scaled = np.minimum.accumulate(scaled[::-1])[::-1]
-        out = np.empty(m)
-        out[order] = np.minimum(scaled, 1.0)
-        q[ok] = out
+    if ok.any():
+        q[ok] = stats.false_discovery_control(flat[ok], method="bh")
     return q.reshape(p.shape)
 
 
@@ -866,7 +861,8 @@ def coupling_from_files(
     ``communities``: the communities folder (``layer*.tsv``, columns ``layer, boundary, unit,
     is_boundary`` …) or that table. ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
     zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'), ``pre_mlp``
-    uses (L, 'mlp') (:data:`BOUNDARY_KIND`). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
+    uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn`` (h_L, its
+    only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
     ‖(J − I) e_i‖ (:func:`unit_gains`). ``spectra``: spectra.tsv (``layer, kind, henrici``),
     whose Henrici departure is carried along (NaN if absent) for :func:`sign_dependence`.
 
@@ -891,6 +887,8 @@ def coupling_from_files(
         if boundary not in BOUNDARY_KIND:
             continue
         kind = BOUNDARY_KIND[str(boundary)]
+        if kind == "attn" and (int(layer), "attn") not in jacobians and (int(layer), "layer") in jacobians:
+            kind = "layer"  # parallel residual: h_L is read by the layer operator I + J_A + J_F
         key = (int(layer), kind)
         if key not in jacobians:
             raise ValueError(
@@ -912,7 +910,7 @@ def coupling_from_files(
                 "layer": int(layer),
                 "boundary": str(boundary),
                 "kind": kind,
-                "s": 2 * int(layer) + (0 if kind == "attn" else 1),
+                "s": 2 * int(layer) + (0 if boundary == "pre_attn" else 1),
                 "gain": gain,
                 **st,
                 "henrici": henrici.get(key, float("nan")),

@@ -29,3 +29,24 @@ def root() -> Path:
 @pytest.fixture
 def smoke_config() -> dict:
     return copy.deepcopy(yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text()))
+
+
+@pytest.fixture(scope="session")
+def paper_hub_cache(tmp_path_factory) -> Path:
+    """An HF hub cache with config.json stand-ins of every model (and dataset) of the paper
+    presets, so that they validate and dry-run offline (tests/hubcache.py)."""
+    import hubcache
+
+    return hubcache.build_paper_standins(
+        tmp_path_factory.mktemp("paper-hub"), [ROOT / "configs" / f for f in ("paper-a.yaml", "paper-b.yaml", "pythia.yaml")]
+    )
+
+
+@pytest.fixture(scope="session")
+def mini_hf_home(tmp_path_factory) -> Path:
+    """HF_HOME holding the tiny models and dataset of configs/paper-mini.yaml (tests/hubcache.py)."""
+    import hubcache
+
+    home = tmp_path_factory.mktemp("mini-hf")
+    hubcache.build(home)
+    return home

@@ -59,10 +59,25 @@ def _configs() -> dict[str, tuple[type, object]]:
         "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**_COMMON)),
         "olmo3": (tf.Olmo3ForCausalLM, tf.Olmo3Config(**_COMMON, sliding_window=WINDOW)),
         "gemma4": (tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(**gemma4)),
+        "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(**GPT2_CONFIG)),
+        "gpt_neox": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**NEOX_CONFIG, use_parallel_residual=False)),
+        PARALLEL: (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**NEOX_CONFIG, use_parallel_residual=True)),
     }
 
 
-FAMILIES = list(_configs())
+#: GPT-NeoX with the parallel residual (Pythia): one boundary per layer, tested on its own.
+PARALLEL = "gpt_neox_parallel"
+GPT2_CONFIG = dict(
+    vocab_size=VOCAB, n_embd=32, n_inner=64, n_layer=4, n_head=4, n_positions=64, initializer_range=0.2,
+    bos_token_id=1, eos_token_id=2,
+)
+NEOX_CONFIG = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+    max_position_embeddings=64, initializer_range=0.2, rotary_pct=0.5, bos_token_id=1, eos_token_id=2,
+)
+FAMILIES = [name for name in _configs() if name != PARALLEL]
+#: The family of each test config name.
+FAMILY_OF = {**{name: name for name in FAMILIES}, PARALLEL: "gpt_neox"}
 
 
 def make_model(name: str, seed: int = 0, attn_implementation: str = "eager") -> torch.nn.Module:
@@ -74,8 +89,10 @@ def make_model(name: str, seed: int = 0, attn_implementation: str = "eager") -> 
     model = cls(config).eval()
     with torch.no_grad():
         for mod_name, param in model.named_parameters():
-            if "norm" in mod_name:
+            if "norm" in mod_name or mod_name.split(".")[-2].startswith("ln_"):
                 param.add_(0.2 * torch.randn_like(param))
+            elif FAMILY_OF[name] in ("gpt2", "gpt_neox") and mod_name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))  # HF initialises them to 0
         for i, layer in enumerate(arch.decoder_layers(model)):
             if hasattr(layer, "layer_scalar"):
                 layer.layer_scalar.fill_(0.7 + 0.1 * i)
@@ -97,6 +114,8 @@ M_INPUT_MODULE = {
     "olmo2": "mlp",
     "olmo3": "mlp",
     "gemma4": "pre_feedforward_layernorm",
+    "gpt2": "ln_2",
+    "gpt_neox": "post_attention_layernorm",
 }
 ATTN_OUTPUT_MODULE = {
     "llama": "self_attn",
@@ -105,6 +124,8 @@ ATTN_OUTPUT_MODULE = {
     "olmo2": "post_attention_layernorm",
     "olmo3": "post_attention_layernorm",
     "gemma4": "post_attention_layernorm",
+    "gpt2": "attn",
+    "gpt_neox": "attention",
 }
 
 
@@ -266,7 +287,7 @@ def test_last_state_is_raw_layer_output(family_model):
     torch.testing.assert_close(arch.unembed_logits(model, states[-1]), out.logits[0], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma4"])
+@pytest.mark.parametrize("name", ["llama", "gemma4", "gpt2", PARALLEL])
 def test_boundary_states_match_sdpa_model(name):
     """Default attention (sdpa): equal up to the fused kernel's summation order."""
     model = make_model(name, attn_implementation="sdpa")
@@ -317,7 +338,7 @@ def test_sublayer_metadata():
 
 def test_bf16_boundaries_follow_hf():
     """bf16 weights: the split runs in bf16 like HF (eager); states agree to bf16 rounding."""
-    for name in ("llama", "olmo2", "gemma4"):
+    for name in ("llama", "olmo2", "gemma4", "gpt2", PARALLEL):
         model = make_model(name).to(torch.bfloat16)
         ids = sample_ids()
         states = arch.boundary_states(model, ids)
@@ -341,11 +362,9 @@ def _assert_refused(model, *needles):
         assert fam in message, message
 
 
-def test_refuses_gpt_neox():
-    config = tf.GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    _assert_refused(tf.GPTNeoXForCausalLM(config), "gpt_neox", "parallel")
+def test_refuses_gptj():
+    config = tf.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4)
+    _assert_refused(tf.GPTJForCausalLM(config), "gptj", "parallel")
 
 
 def test_refuses_gemma3n():
@@ -368,8 +387,14 @@ def test_refuses_gemma3n():
 
 
 def test_refuses_unknown_family():
-    config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4)
-    with pytest.raises(ValueError, match="llama, mistral, qwen2, olmo2, olmo3, gemma4"):
+    config = tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+    with pytest.raises(ValueError, match="llama, mistral, qwen2, olmo2, olmo3, gemma4, gpt2, gpt_neox"):
+        arch.family(tf.BloomForCausalLM(config))
+
+
+def test_refuses_gpt2_cross_attention():
+    config = tf.GPT2Config(**GPT2_CONFIG, add_cross_attention=True)
+    with pytest.raises(ValueError, match="add_cross_attention"):
         arch.family(tf.GPT2LMHeadModel(config))
 
 
@@ -397,3 +422,61 @@ def test_gemma4_multimodal_wrapper_text_inputs():
     torch.testing.assert_close(states[0::2], arch.residual_states(model, ids)[0], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="image_token_id"):
         arch.boundary_states(model, torch.tensor([5, config.image_token_id, 6]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Parallel residual (GPT-NeoX / Pythia)
+# ----------------------------------------------------------------------------------------------
+
+
+def hf_attention_outputs(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The attention branch output A(ln_in(h_L)) of every GPT-NeoX layer in HF's forward."""
+    captured = {}
+    handles = [
+        layer.attention.register_forward_hook(lambda _m, _a, out, i=i: captured.__setitem__(i, out[0]))
+        for i, layer in enumerate(arch.decoder_layers(model))
+    ]
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids.reshape(1, -1), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([captured[i][0] for i in range(len(captured))])
+
+
+def test_parallel_residual_boundaries():
+    """One boundary per layer: h_L equals HF's layer inputs; the pre-MLP slot holds the virtual
+    m_L = h_L + A(ln_in(h_L)), so m_L − h_L and h_{L+1} − m_L are the two branch outputs."""
+    model = make_model(PARALLEL)
+    assert arch.family(model) == "gpt_neox" and arch.residual_kind(model) == "parallel"
+    assert all(a.parallel for a in arch.sublayers(model))
+    assert arch.residual_kind(make_model("gpt_neox")) == "sequential"
+    assert not any(a.parallel for a in arch.sublayers(make_model("gpt_neox")))
+    ids = sample_ids()
+    states = arch.boundary_states(model, ids)
+    reference = arch.residual_states(model, ids)[0]
+    torch.testing.assert_close(states[0::2], reference, atol=0, rtol=0)
+    attn = hf_attention_outputs(model, ids)
+    torch.testing.assert_close(states[1::2] - states[0:-1:2], attn, atol=1e-5, rtol=0)
+    layers = arch.decoder_layers(model)
+    with torch.no_grad():
+        mlp = torch.stack([layers[i].mlp(layers[i].post_attention_layernorm(reference[i])) for i in range(4)])
+    torch.testing.assert_close(states[2::2] - states[1::2], mlp, atol=1e-5, rtol=0)
+
+
+def test_gpt2_learned_positions_and_partial_rotary():
+    """GPT-2's h_0 includes the learned positions; GPT-NeoX rotates only rotary_pct of a head."""
+    model = make_model("gpt2")
+    ids = sample_ids()
+    states = arch.boundary_states(model, ids)
+    stack = arch.text_model(model)
+    with torch.no_grad():
+        expected = stack.wte(ids) + stack.wpe(torch.arange(LENGTH))
+    torch.testing.assert_close(states[0], expected, atol=0, rtol=0)
+    neox = arch.sublayers(make_model(PARALLEL))[0]
+    assert neox.head_dim == 8 and neox.attention.rotary_ndims == 4
+    x = torch.randn(2, 4, 8)
+    cos, sin = torch.cos(torch.ones(2, 4)), torch.sin(torch.ones(2, 4))
+    out = arch.apply_rope(x, cos, sin)
+    assert torch.equal(out[..., 4:], x[..., 4:]) and not torch.equal(out[..., :4], x[..., :4])

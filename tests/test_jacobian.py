@@ -23,6 +23,7 @@ import torch
 from resdyn import arch, jacobian
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     FAMILIES,
+    PARALLEL,
     LENGTH,
     WINDOW,
     attn_half_oracle,
@@ -97,6 +98,96 @@ def test_reference_method_agrees(family_case):
     reference = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS, method="jvp", chunk_size=7)
     for key, jac in jacs.items():
         torch.testing.assert_close(reference[key], jac, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def parallel_case():
+    model = make_model(PARALLEL)
+    ids = sample_ids()
+    return model, ids, jacobian.sublayer_jacobians(model, ids, positions=POSITIONS)
+
+
+def parallel_oracles(model, ids: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
+    """Full (T, d, T, d) Jacobians of HF's GPT-NeoX layer and of its two branches at h_L."""
+    calls = capture_layer_calls(model, ids)
+    hf_layer = arch.decoder_layers(model)[layer]
+    h = arch.residual_states(model, ids)[0][layer]
+
+    def attention_branch(x):
+        box = {}
+        handle = hf_layer.attention.register_forward_hook(lambda _m, _a, out: box.__setitem__("a", out[0]))
+        try:
+            call_layer(hf_layer, calls[layer], x[None])
+        finally:
+            handle.remove()
+        return box["a"][0]
+
+    def jac(fn):
+        return torch.autograd.functional.jacobian(fn, h, vectorize=True)
+
+    return {
+        "layer": jac(lambda x: call_layer(hf_layer, calls[layer], x[None])[0]),
+        "attn_branch": jac(attention_branch),
+        "mlp_branch": jac(lambda x: hf_layer.mlp(hf_layer.post_attention_layernorm(x))),
+    }
+
+
+def test_parallel_residual_equals_autograd(parallel_case):
+    """Parallel residual: the operator I + J_A + J_F and both branch Jacobians are the diagonal
+    blocks of autograd through HF's GPTNeoXLayer."""
+    model, ids, jacs = parallel_case
+    assert sorted(jacs) == sorted((layer, kind) for layer in range(4) for kind in jacobian.PARALLEL_KINDS)
+    for layer in range(4):
+        oracles = parallel_oracles(model, ids, layer)
+        for kind, oracle in oracles.items():
+            for p, t in enumerate(POSITIONS):
+                torch.testing.assert_close(jacs[(layer, kind)][p], oracle[t, :, t, :], atol=1e-5, rtol=0)
+        eye = torch.eye(32)
+        torch.testing.assert_close(
+            jacs[(layer, "layer")], eye + jacs[(layer, "attn_branch")] + jacs[(layer, "mlp_branch")], atol=1e-6, rtol=0
+        )
+        assert (jacs[(layer, "attn_branch")][0]).abs().max() > 1e-2  # both branches matter
+        assert (jacs[(layer, "mlp_branch")][0]).abs().max() > 1e-2
+
+
+def test_parallel_reference_method_agrees(parallel_case):
+    model, ids, jacs = parallel_case
+    reference = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS, method="jvp", chunk_size=7)
+    for key, jac in jacs.items():
+        torch.testing.assert_close(reference[key], jac, atol=1e-5, rtol=0)
+
+
+def test_layer_norm_jacobian_products():
+    """layer_norm_right/left equal a @ J and J @ a of autograd's LayerNorm Jacobian (with bias)."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(6, eps=1e-3)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(6))
+        norm.bias.add_(torch.randn(6))
+    x, a, b = torch.randn(6), torch.randn(3, 6), torch.randn(6, 4)
+    J = torch.autograd.functional.jacobian(norm, x)
+    torch.testing.assert_close(jacobian.layer_norm_right(a, x, norm), a @ J, atol=1e-6, rtol=0)
+    torch.testing.assert_close(jacobian.layer_norm_left(x, b, norm), J @ b, atol=1e-6, rtol=0)
+    assert jacobian.norm_right(a, x, norm).shape == (3, 6)
+
+
+def test_parallel_layer_file_schema(tmp_path):
+    """Parallel layers store the operator and both branches; mean_jacobians returns the operator."""
+    model = make_model(PARALLEL)
+    samples = _samples(3)
+    paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in range(4)}
+    jacobian.write_layer_block(model, samples, [10, 11, 12], range(4), paths, progress=False)
+    with h5py.File(paths[1], "r") as f:
+        assert f.attrs["residual"] == "parallel"
+        assert sorted(f) == sorted([*jacobian.PARALLEL_KINDS, "positions", "sample_ids"])
+        layer_mean, a_mean, m_mean = (f[k]["mean"][()] for k in jacobian.PARALLEL_KINDS)
+    np.testing.assert_allclose(layer_mean, np.eye(32) + a_mean + m_mean, atol=1e-5)
+    loaders, _ = jacobian.mean_jacobians([tmp_path])
+    assert sorted(loaders) == [(layer, "layer") for layer in range(4)]
+    np.testing.assert_allclose(loaders[(1, "layer")](), layer_mean)
+    assert sorted(jacobian.branch_jacobians([tmp_path])) == sorted(
+        (layer, k) for layer in range(4) for k in ("attn_branch", "mlp_branch")
+    )
 
 
 @pytest.mark.parametrize("name", ["mistral", "olmo3", "gemma4"])
@@ -365,3 +456,37 @@ def test_inconsistent_checkpoint_is_ignored(tmp_path):
     with h5py.File(paths[0]) as f:
         np.testing.assert_array_equal(f["attn/mean"][()], expected)
     assert not checkpoint.exists()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_batched_engine_equals_one_sample_at_a_time(name):
+    """compute_batch (one forward for B samples, GPU default) = B unbatched computes, up to the
+    rounding of the batched forward; B = 1 is bit-equal."""
+    model = make_model(name)
+    g = torch.Generator().manual_seed(5)
+    batch = torch.randint(0, model.config.vocab_size, (3, LENGTH), generator=g)
+    engine = jacobian.JacobianEngine(model, [0, 2])
+    together = engine.compute_batch(batch, POSITIONS)
+    for b in range(3):
+        alone = engine.compute(batch[b], POSITIONS)
+        assert together[b].keys() == alone.keys()
+        for key, jac in alone.items():
+            torch.testing.assert_close(together[b][key], jac, rtol=1e-5, atol=1e-5)
+    single = engine.compute_batch(batch[:1], POSITIONS)[0]
+    for key, jac in engine.compute(batch[0], POSITIONS).items():
+        assert torch.equal(single[key], jac)
+
+
+def test_write_layer_block_batched_equals_unbatched(tmp_path):
+    model = make_model("llama")
+    samples = _samples()
+    ids = np.arange(100, 105)
+    out = {}
+    for batch in (1, 4):
+        paths = {layer: tmp_path / f"b{batch}" / f"layer{layer:03d}.h5" for layer in (1, 3)}
+        jacobian.write_layer_block(model, samples, ids, [1, 3], paths, store_first_n=2, checkpoint_every=3,
+                                   attrs=ATTRS, progress=False, batch_size=batch)
+        with h5py.File(paths[3]) as f:
+            out[batch] = {k: f["mlp"][k][()] for k in ("mean", "trace", "spectral_norm", "per_sample")}
+    for key in out[1]:
+        np.testing.assert_allclose(out[4][key], out[1][key], rtol=1e-5, atol=1e-6)

@@ -8,6 +8,10 @@ of it), so that the final distribution is peaked and the lens has something to l
 from __future__ import annotations
 
 import json
+import signal
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -276,11 +280,17 @@ def test_chunked_readout_matches_unchunked(llama, train_data):
 
 def test_token_stream_serves_exact_slices_in_order(llama, train_data):
     batches = train_data[:2]  # 2 × 256 tokens, cycled
-    stream = L._TokenStream(llama, batches, k=100)
-    got = torch.cat([stream.take() for _ in range(7)], dim=1)  # 700 tokens: wraps once
     full = torch.cat([L.layer_major_states(llama, b) for b in batches + batches], dim=1)[:, :700]
-    assert got.shape == (N_LAYERS + 1, 700, D)
-    assert torch.equal(got, full)
+    teacher = lambda final: (final * 2, final.sum(-1))  # any token-major statistics  # noqa: E731
+    for cache in (0, 1 << 30):  # recomputed every epoch, or kept
+        stream = L._TokenStream(llama, batches, k=100, teacher=teacher, cache_bytes=cache)
+        assert (stream.cache is None) == (cache == 0)
+        parts = [stream.take() for _ in range(7)]  # 700 tokens: wraps once
+        got = torch.cat([p[0] for p in parts], dim=1)
+        assert got.shape == (N_LAYERS + 1, 700, D)
+        assert torch.equal(got, full)
+        for i, stat in enumerate(teacher(full[-1])):
+            assert torch.equal(torch.cat([p[1][i] for p in parts]), stat)
 
 
 def test_model_is_left_untouched(llama, train_data):
@@ -344,6 +354,7 @@ def test_lr_schedule():
         ({"clip_scope": "model"}, r"clip_scope='model'; allowed: \('layer', 'global'\)"),
         ({"steps": 0}, "steps=0"),
         ({"tokens_per_step": 0}, "tokens_per_step=0"),
+        ({"readout_dtype": "float16"}, r"readout_dtype='float16'; allowed: \('float32', 'bfloat16'\)"),
         ({"learning_rate": 1.0}, r"unknown lens option\(s\) \['learning_rate'\]"),
     ],
 )
@@ -383,6 +394,52 @@ def test_fused_kl_value_and_gradient():
         kl.backward()
 
 
+def test_linear_head_kl_value_and_gradient():
+    """Oracle: autograd of KL(p ‖ softmax(W y)) with the full target p (float64)."""
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(3, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 7, generator=g, dtype=torch.float64)
+    target = L._Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64) * 2)
+    m = target.p @ w  # the teacher enters only through Wᵀ p and Σ p log p
+
+    def reference(y):
+        logq = torch.log_softmax(y @ w.T, -1)
+        return F.kl_div(logq, torch.log(target.p).expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
+
+    torch.testing.assert_close(L.linear_head_kl(y, w, m, target.neg_entropy), reference(y))
+    assert torch.equal(L.linear_head_kl(y, w, m, target.neg_entropy, value=False), torch.zeros(3, 5, dtype=torch.float64))
+    for upstream in (torch.ones(3, 5, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)):
+        for value in (True, False):
+            (got,) = torch.autograd.grad(L.linear_head_kl(y, w, m, target.neg_entropy, value), y, upstream)
+            (ref,) = torch.autograd.grad(reference(y), y, upstream)
+            torch.testing.assert_close(got, ref)
+
+
+def test_linear_head_path_equals_the_full_readout_path(llama, train_data, heldout_data, monkeypatch):
+    """The d-sized teacher statistics give the same training as the vocabulary-sized target."""
+    kw = dict(steps=12, eval_every=4, tokens_per_step=200, progress=False)
+    fast = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    monkeypatch.setattr(L, "linear_readout_weight", lambda model, dtype: None)  # force _FusedKL
+    full = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    torch.testing.assert_close(fast.weight, full.weight, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(fast.bias, full.bias, atol=1e-6, rtol=1e-4)
+    np.testing.assert_allclose(fast.curves.kl, full.curves.kl, rtol=1e-4, atol=1e-7)
+
+
+def test_bfloat16_readout_trains_as_well_as_float32(llama, train_data, heldout_data):
+    """bf16 rounds z and q (relative 2⁻⁹), not the teacher: same held-out KL within 1 %."""
+    kw = dict(steps=60, eval_every=20, tokens_per_step=256, optimizer="adam", lr=3e-3, progress=False)
+    f32 = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
+    b16 = L.train_lens(llama, train_data, heldout_batches=heldout_data, readout_dtype="bfloat16", **kw)
+    assert b16.options["readout_dtype"] == "bfloat16"
+    k32, k16 = heldout_curve(f32).iloc[-1].to_numpy(), heldout_curve(b16).iloc[-1].to_numpy()
+    first = heldout_curve(f32).iloc[0].to_numpy()
+    assert (k16 < 0.8 * first).all()  # it learns
+    np.testing.assert_allclose(k16, k32, rtol=0.01)
+    rel = torch.linalg.norm(b16.weight - f32.weight) / torch.linalg.norm(f32.weight)
+    assert rel < 0.05, rel
+
+
 # --- persistence -----------------------------------------------------------------------------------
 
 
@@ -402,6 +459,120 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
     assert back.options == llama_lens.options and back.meta == llama_lens.meta
     h = arch.residual_states(llama, heldout_data[0])[:, 1]
     assert torch.equal(back.logits(h, 1), llama_lens.logits(h, 1))
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+RESUME = dict(steps=60, eval_every=10, patience=5, tol=1e-4, optimizer="adam", lr=3e-3, warmup_steps=5, tokens_per_step=100, progress=False)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_continues_bit_identically(llama, train_data, heldout_data, tmp_path, monkeypatch):
+    # tokens_per_step=100 does not divide the 256-token batches: the stream resumes mid-batch.
+    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+    path = tmp_path / "lens.partial.pt"
+    save = L._Checkpointer.save
+
+    def save_then_stop(self, state):
+        save(self, state)
+        if state["step"] == 28:
+            raise _Stop
+
+    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    with pytest.raises(_Stop):
+        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    monkeypatch.setattr(L._Checkpointer, "save", save)
+    assert torch.load(path, weights_only=True)["stream"][1] > 0  # stopped inside a batch
+    got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    assert not path.exists()
+    assert torch.equal(got.weight, ref.weight) and torch.equal(got.bias, ref.bias)
+    pd.testing.assert_frame_equal(got.curves, ref.curves, check_exact=True)
+    pd.testing.assert_frame_equal(got.convergence, ref.convergence, check_exact=True)
+    assert got.meta == ref.meta and got.options == ref.options
+
+
+def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path, monkeypatch):
+    path = tmp_path / "lens.partial.pt"
+    save = L._Checkpointer.save
+
+    def save_then_stop(self, state):
+        save(self, state)
+        raise _Stop
+
+    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    with pytest.raises(_Stop):  # a checkpoint of another learning rate
+        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **{**RESUME, "lr": 1e-3})
+    monkeypatch.setattr(L._Checkpointer, "save", save)
+    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+    with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
+        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+    assert torch.equal(got.weight, ref.weight)
+    path.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
+        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+    assert torch.equal(got.weight, ref.weight) and not path.exists()
+    with pytest.raises(ValueError, match="checkpoint_every=0"):
+        L.train_lens(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
+
+
+_LENS_RUNNER = textwrap.dedent("""
+    import logging, sys, time
+    import torch
+    sys.path.insert(0, {tests!r})
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    from test_lens import RESUME, build, synthetic_batches
+    from resdyn import lens as L
+
+    out, slow = sys.argv[1], sys.argv[2] == "slow"
+    if slow:  # test-only: make each step slow enough to be killed between checkpoints
+        step = L._train_step_kl
+        def slow_step(*args, **kwargs):
+            time.sleep(0.1)
+            return step(*args, **kwargs)
+        L._train_step_kl = slow_step
+    model = build("llama", pretrain_steps=20)
+    fitted = L.train_lens(
+        model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
+        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, **RESUME,
+    )
+    fitted.save(out + "/lens")
+    """)
+
+
+def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
+    from test_jacobian import _run  # the Jacobian resume test's subprocess helper
+
+    script = tmp_path / "runner.py"
+    script.write_text(_LENS_RUNNER.format(tests=str(Path(__file__).parent)))
+    resumed, reference = tmp_path / "resumed", tmp_path / "reference"
+    resumed.mkdir()
+    reference.mkdir()
+    ref_proc = _run(script, reference, "fast")
+
+    proc = _run(script, resumed, "slow")
+    checkpoint = resumed / ".lens.partial.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert checkpoint.exists(), proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (resumed / "lens").exists(), "killed run left outputs"
+
+    rerun = _run(script, resumed, "fast")
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    assert "resuming lens training from" in err, err[-3000:]
+    assert not checkpoint.exists()
+    _, ref_err = ref_proc.communicate(timeout=300)
+    assert ref_proc.returncode == 0, ref_err[-3000:]
+    for name in ("translators.safetensors", "curves.tsv", "config.json"):
+        assert (resumed / "lens" / name).read_bytes() == (reference / "lens" / name).read_bytes(), name
 
 
 def test_pipeline_helpers(llama_lens, tmp_path):

@@ -180,3 +180,29 @@ def test_zoo_training_learns_saves_and_resumes(tmp_path, tok_dir):
         assert torch.equal(p, q), n
     np.testing.assert_allclose(resumed["heldout_loss"], curve["heldout_loss"], rtol=0, atol=0)
     assert not (tmp_path / "c" / "state.pt").exists()
+
+
+def test_a_folder_with_broken_json_or_weights_gets_no_record(tmp_path):
+    """resolve_checkpoint refuses (naming the file) a folder whose config.json, tokenizer JSON or
+    safetensors header does not parse, so no checkpoint.json hashes a broken folder."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    good = tmp_path / "good"
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    LlamaForCausalLM(cfg).save_pretrained(str(good), safe_serialization=True)
+    spec = {"model": "m", "checkpoint": "local", "source": "local", "dtype": "float32"}
+    assert models.resolve_checkpoint({**spec, "path": str(good)})["tokenizer_hash"]
+    for name, damage, message in [
+        ("config.json", lambda p: p.write_text('{"model_type": '), "config.json is not valid JSON"),
+        ("config.json", lambda p: p.write_text("{}"), "has no 'model_type'"),
+        ("generation_config.json", lambda p: p.write_text("[1,"), "generation_config.json is not valid JSON"),
+        ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:100]), "not a readable safetensors file"),
+    ]:
+        bad = tmp_path / f"bad-{name}-{message[:8]}"
+        shutil.copytree(good, bad)
+        damage(bad / name)
+        with pytest.raises(ValueError, match=message):
+            models.resolve_checkpoint({**spec, "path": str(bad)})

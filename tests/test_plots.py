@@ -676,3 +676,18 @@ def test_numerical_modules_do_not_import_matplotlib():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_style_constants_are_seaborns_and_plots_import_neither_seaborn_nor_scipy():
+    import seaborn as sns
+
+    np.testing.assert_allclose(np.array(plots.PALETTE), np.array(sns.color_palette("colorblind")), atol=1e-12)
+    want = {**sns.axes_style("whitegrid"), **sns.plotting_context("paper")}
+    want.pop("image.cmap")  # seaborn's own colormap; no figure draws an image
+    got = {**plots._SEABORN_WHITEGRID, **plots._SEABORN_PAPER}
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+    code = "import sys, resdyn.plots; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('seaborn', 'scipy', 'torch')); print(bad[:5]); sys.exit(1 if bad else 0)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr

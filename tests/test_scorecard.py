@@ -240,3 +240,29 @@ def test_scaling_group():
     cfg = {"scaling": {"groups": {"llama": ["l8", "l12"], "olmo": ["o8"]}}}
     assert sc.scaling_group(cfg, "l12") == "llama" and sc.scaling_group(cfg, "o8") == "olmo"
     assert sc.scaling_group(cfg, "x") is None and sc.scaling_group({"scaling": {}}, "l8") is None
+
+
+@pytest.mark.parametrize("ran", [["A"], ["B"]])
+def test_claims_of_a_study_not_run_say_not_run(ran, tmp_path):
+    """The scorecard of a one-study run (config key studies): the tables of the other study are
+    absent, and its claims say "not run" (not "not testable"); the claims that ran are unchanged."""
+    a_claims = {"rotational_gradient", "gradient_learned", "collapse_learned", "schur_dissolves_collapse",
+                "coupling_grows", "coupling_sign"}
+    ck = checkpoints(("step0", 0.5, 0.5, 31.0, 0), ("step9", 0.9, 0.1, 4.0, 7))
+    study_a = {"checkpoints": ck, "schur_final": schur(4.0, 20.0)}
+    study_b = {"phases": phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True),
+               "lens_metrics": lens_metrics(0.1, 1.0), "phase_widths": widths()}
+    inputs = {**(study_a if "A" in ran else {"checkpoints": None}), **(study_b if "B" in ran else {})}
+    t = sc.scorecard(ckpt_order=["step0", "step9"], group="g", studies=ran, **inputs)
+    expected_not_run = set(sc.CLAIMS) - a_claims if ran == ["A"] else a_claims
+    got = verdicts(t)
+    assert {c for c, v in got.items() if v == "not run"} == expected_not_run
+    assert {v for c, v in got.items() if c not in expected_not_run} == {"holds"}
+    other = "B" if ran == ["A"] else "A"
+    reasons = t.set_index("claim_id").loc[sorted(expected_not_run), "reason"]
+    assert all(r == f"study {other} is not run (config studies: {ran})" for r in reasons)
+    full = sc.scorecard(ckpt_order=["step0", "step9"], group="g", **study_a, **study_b)
+    same = t.set_index("claim_id").drop(index=sorted(expected_not_run))
+    pd.testing.assert_frame_equal(same, full.set_index("claim_id").loc[same.index])
+    with pytest.raises(ValueError, match="studies"):
+        sc.scorecard(None, ["a"], studies=["C"])

@@ -7,8 +7,9 @@ Without a cluster (always run):
     `make install-slurm-profile` (HOME pointed at a temporary directory).
 
 With a real SLURM (marker `slurm`; .ci/slurm-up starts one on localhost):
-  * a small workflow and, once the repository has them, the `Snakefile` + `configs/smoke.yaml`
-    smoke preset run through the SLURM executor with a test profile derived from profiles/slurm.
+  * a small workflow runs through the SLURM executor with a test profile derived from
+    profiles/slurm (with RESDYN_SLURM_SMOKE=1 also the `configs/smoke.yaml` preset; the
+    repository's workflow runs through SLURM in tests/test_slurm_mini.py, configs/paper-mini.yaml).
 These skip when SLURM is not reachable, and FAIL instead when RESDYN_REQUIRE_SLURM=1.
 """
 
@@ -34,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM_PROFILE = REPO / "profiles" / "slurm"
 LOCAL_PROFILE = REPO / "profiles" / "local"
 GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics")
+# rules that load no model but run their decompositions on the GPU (resdyn.cost.GPU_LINALG_RULES)
+GPU_LINALG_RULES = ("spectra", "bootstrap")
 # the plugin's first status check comes this many seconds after a submission; the local
 # cluster's MinJobAge must be >= 3x this or the plugin falls back to sacct (no accounting here)
 TEST_STATUS_DELAY_S = 2
@@ -203,7 +206,7 @@ def test_profiles_are_valid_yaml_with_expected_keys():
     # threads come from set-threads: cpus_per_task would silently override them
     for rule, res in slurm["set-resources"].items():
         assert "cpus_per_task" not in res, rule
-    for rule in GPU_RULES:
+    for rule in (*GPU_RULES, *GPU_LINALG_RULES):
         assert slurm["set-resources"][rule]["gpu"] == 1
         assert slurm["set-resources"][rule]["cpus_per_gpu"] == slurm["set-threads"][rule]
     local = _load_profile(LOCAL_PROFILE, _env())
@@ -240,7 +243,7 @@ def test_slurm_profile_resources(tmp_path, site):
     jobs = _job_resources(res.stdout)
     assert set(jobs) >= {*GPU_RULES, "zoo_train", "spectra"}, res.stdout
     zoo_gpu = site.get("RESDYN_SLURM_ZOO_GPU") == "1"
-    gpu_rules = set(GPU_RULES) | ({"zoo_train"} if zoo_gpu else set())
+    gpu_rules = set(GPU_RULES) | set(GPU_LINALG_RULES) | ({"zoo_train"} if zoo_gpu else set())
     cpus_per_gpu = site.get("RESDYN_SLURM_CPUS_PER_GPU", "8")
     for rule, resources in jobs.items():
         if rule == "all":
@@ -306,7 +309,8 @@ def test_bare_profile_name_resolves_after_install(tmp_path, where):
     if where == "toy":
         jobs = _job_resources(after.stdout)
         assert jobs["jacobians"].get("gpu") == "1", after.stdout  # the profile was applied
-        assert "gpu" not in jobs["spectra"], after.stdout
+        assert jobs["spectra"].get("gpu") == "1", after.stdout  # decompositions on the GPU
+        assert "gpu" not in jobs["zoo_train"], after.stdout
     # installing again is harmless
     _install_profile(home)
     assert (installed / "config.yaml").read_text() == (SLURM_PROFILE / "config.yaml").read_text()
@@ -376,6 +380,10 @@ def write_test_profile(dest: Path, slurm: dict, logdir: Path) -> Path:
             res.pop(key, None)
         if "mem_mb" in res:
             res["mem_mb"] = cap_mem(res["mem_mb"])
+    # A rule left with nothing to set would become a bare `--set-resources` (a usage error).
+    prof["set-resources"] = {rule: res for rule, res in prof["set-resources"].items() if res}
+    if not prof["set-resources"]:
+        del prof["set-resources"]
     prof.update(
         {
             "max-threads": slurm["cpus"],
@@ -420,7 +428,11 @@ def _smoke_available() -> bool:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("workflow", ["toy", "smoke"])
+# The repository's own workflow runs through SLURM in tests/test_slurm_mini.py (configs/paper-mini.yaml:
+# hub models of every family, every GPU rule); the smoke variant below stays for manual runs
+# (`pytest tests/test_slurm.py -k smoke -m slurm`) but is not in CI, which has no time for both.
+@pytest.mark.parametrize("workflow", ["toy", pytest.param("smoke", marks=pytest.mark.skipif(
+    os.environ.get("RESDYN_SLURM_SMOKE") != "1", reason="covered by test_slurm_mini; RESDYN_SLURM_SMOKE=1 runs it"))])
 def test_workflow_runs_through_slurm(tmp_path, workflow):
     slurm = require_slurm()
     if slurm["min_job_age"] is not None:

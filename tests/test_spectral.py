@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.linalg
 import scipy.stats
 from scipy.optimize import linear_sum_assignment
 
@@ -286,7 +287,7 @@ def test_sublayer_metrics_against_oracles():
     for t in ("1e-09", "1e-06", "1e-03"):
         tol = float(t)
         cf = np.mean(np.abs(lam.imag) > tol * np.maximum(1, np.abs(lam)))
-        cfm = np.mean(np.abs(lam.imag) > tol * np.maximum(1, np.abs(lam - 1)))
+        cfm = np.mean(np.abs(lam.imag) > tol * np.abs(lam - 1))  # no roundoff-level Im here
         assert m[f"complex_frac_J_tol{t}"] == pytest.approx(cf)
         assert m[f"complex_frac_JmI_tol{t}"] == pytest.approx(cfm)
     assert m["expansive_frac_eig"] == pytest.approx(np.mean(np.abs(lam) > 1))
@@ -300,6 +301,33 @@ def test_sublayer_metrics_against_oracles():
     assert m["k_erank"] == int(math.floor(erank + 0.5))
     for key, k in (("self_alignment_kfrac", 4), ("self_alignment_k1", 1), ("self_alignment_kerank", m["k_erank"])):
         assert m[key] == pytest.approx(np.linalg.norm(U[:, :k].T @ Vt[:k].T) ** 2 / k, rel=1e-9)
+
+
+def test_complex_fraction_of_j_minus_i_is_relative_to_lambda_minus_one():
+    """Known answer: J = I + eps·(block diag of 2×2 rotations by theta_b) ⊕ real entries.
+
+    The eigenvalues of the 2×2 block eps·[[cos t, -sin t], [sin t, cos t]] are eps·e^{±it}, so
+    λ − 1 = eps·e^{±it}: its phase counts at tol iff |sin t| > tol, whatever eps is; J's own
+    complex fraction (absolute threshold tol for |λ| ≈ 1) misses all of them once eps·|sin t| ≤ tol.
+    """
+    eps = 1e-8
+    thetas = [np.pi / 4, np.pi / 2, 1e-4, 3e-7]  # |sin| > 1e-6 for the first three only
+    blocks = [eps * np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]]) for t in thetas]
+    R = scipy.linalg.block_diag(*blocks, np.diag([0.3, -0.2, 0.0, eps]))
+    g = rng(5)
+    Q, _ = np.linalg.qr(g.standard_normal((R.shape[0],) * 2))  # hide the blocks in a rotated basis
+    J = np.eye(R.shape[0]) + Q @ R @ Q.T
+    d = J.shape[0]
+    m = sp.sublayer_metrics(J, tolerances=(1e-6,))
+    assert m["complex_frac_JmI_tol1e-06"] == pytest.approx(6 / d)
+    assert m["complex_frac_J_tol1e-06"] == 0.0
+    # the closed-form eigenvalues give the same count
+    lam = 1 + np.concatenate([eps * np.exp(1j * np.array(thetas)), eps * np.exp(-1j * np.array(thetas)),
+                              [0.3, -0.2, 0.0, eps]])
+    assert sp.shifted_complex_fraction(lam, 1.0, 1e-6) == pytest.approx(6 / d)
+    # eigenvalues at 1 with roundoff-level imaginary parts do not count
+    assert sp.shifted_complex_fraction(np.array([1 + 1e-17j, 1 - 1e-17j, 2.0]), 1.0, 1e-6) == 0.0
+    assert sp.shifted_complex_fraction(np.array([1.0, 2.0]), 1.0, 1e-6) == 0.0
 
 
 def test_sublayer_metrics_identity_and_small_d():

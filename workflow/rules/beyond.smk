@@ -16,23 +16,27 @@ rule bridge:
         table=report(
             "results/{model}/{ckpt}/bridge.tsv",
             caption="../report/bridge.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="bridge",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bridge"},
         ),
         alignment="results/{model}/{ckpt}/bridge_alignment.tsv",
     log:
         "logs/bridge/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bridge/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bridge", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bridge", "mem_mb"),
+        runtime=cost("bridge", "runtime"),
     params:
         k_fraction=config["bridge"]["k_fraction"],
         n_random=config["bridge"]["n_random"],
         seed=config["bridge"]["seed"],
         complex_tol=config["bridge"]["complex_tol"],
-        code=code("bridge", "readout", "phases", "jacobian", "lens"),
+        code=code("bridge"),
     script:
         "../scripts/bridge.py"
 
@@ -47,27 +51,27 @@ rule causal:
         report(
             "results/{model}/{ckpt}/causal.tsv",
             caption="../report/causal.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="causal",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "causal"},
         ),
     log:
         "logs/causal/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/causal/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("causal", "mem_mb"),
+        runtime=cost("causal", "runtime"),
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
         n_samples=config["causal"]["n_samples"],
         seed=config["causal"]["seed"],
         device=config["device"],
-        code=code(
-            "causal", "bridge", "readout", "phases", "arch", "lens", "models", "data"
-        ),
+        code=code("causal"),
     script:
         "../scripts/causal.py"
 
@@ -79,47 +83,35 @@ rule bootstrap:
         table=report(
             "results/{model}/{ckpt}/bootstrap.tsv",
             caption="../report/bootstrap.rst",
-            category="Beyond",
+            category="Beyond the studies",
             subcategory="uncertainty",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bootstrap"},
         ),
         replicates="results/{model}/{ckpt}/bootstrap_replicates.tsv",
     log:
         "logs/bootstrap/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/bootstrap/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("bootstrap", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("bootstrap", "mem_mb"),
+        runtime=cost("bootstrap", "runtime"),
     params:
         n_resamples=config["bootstrap"]["n_resamples"],
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
-        code=code("bootstrap", "spectral"),
+        device=config["device"],
+        code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"
 
 
 rule scorecard:
     input:
-        unpack(
-            lambda w: {
-                "checkpoints": f"results/{w.model}/checkpoints.tsv",
-                "schur": f"results/{w.model}/{final_ckpt(w.model)}/schur.tsv",
-                "phases": f"results/{w.model}/{final_ckpt(w.model)}/phases.json",
-                "lens_metrics": f"results/{w.model}/{final_ckpt(w.model)}/lens_metrics.tsv",
-                "bootstrap": per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model),
-                "replicates": per_ckpt(
-                    "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
-                ),
-                # phase widths only for models in a scaling group (else: not testable)
-                **(
-                    {"phase_widths": "results/scaling/phase_widths.tsv"}
-                    if scaling_group(config, w.model)
-                    else {}
-                ),
-            }
-        ),
+        unpack(scorecard_inputs),
     output:
         report(
             "results/{model}/scorecard.tsv",
@@ -129,6 +121,8 @@ rule scorecard:
         ),
     log:
         "logs/scorecard/{model}.log",
+    benchmark:
+        "benchmarks/out/scorecard/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
@@ -136,6 +130,7 @@ rule scorecard:
         group=lambda w: scaling_group(config, w.model),
         complex_tol=config["bootstrap"]["complex_tol"],
         level=config["bootstrap"]["ci"],
-        code=code("scorecard", "bootstrap"),
+        studies=sorted(config["studies"]),
+        code=code("scorecard"),
     script:
         "../scripts/scorecard.py"

@@ -1,15 +1,23 @@
 # Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
 from resdyn import config as rc
+from resdyn import cost as rcost
+from resdyn.codeversion import script_code_version
+from resdyn.scorecard import scaling_group
 
+# Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
+rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
 
 MODELS = list(config["models"])
 
 
 # Light steps (tables from tables, figures) run on the submit host instead of as cluster jobs,
-# which would cost more in scheduling than they compute.
+# which would cost more in scheduling than they compute. corpus and resolve_checkpoint fetch
+# from the hub when it is reachable: on clusters only the submit (login) host has internet.
 localrules:
     all,
+    corpus,
+    resolve_checkpoint,
     phases,
     scaling,
     checkpoints,
@@ -29,6 +37,16 @@ wildcard_constraints:
     block=r"layers\d{3}-\d{3}",
 
 
+def cost(rule, what):
+    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.cost), the numbers
+    `resdyn plan` prints; memory and runtime grow with the attempt."""
+
+    def value(wildcards, attempt):
+        return rcost.resources(config, rule, dict(wildcards.items()), attempt)[what]
+
+    return value
+
+
 def ckpts(model):
     return rc.checkpoints(config, model)
 
@@ -45,8 +63,9 @@ def dataset_of(w):
     return config["models"][w.model]["dataset"]
 
 
-def code(*modules):
-    return rc.code_version(*modules)
+def code(script):
+    """Code version of a rule: workflow/scripts/<script>.py and every resdyn module it reaches."""
+    return script_code_version(f"{workflow.basedir}/workflow/scripts/{script}.py")
 
 
 def per_ckpt(pattern, model):
@@ -54,28 +73,26 @@ def per_ckpt(pattern, model):
 
 
 def all_targets():
+    """Every final output of the studies switched on by config key studies."""
     targets = []
     for m in MODELS:
-        targets += per_ckpt("results/{model}/{ckpt}/spectra.tsv", m)
-        targets += per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", m)
-        targets += per_ckpt("results/{model}/{ckpt}/schur.tsv", m)
-        targets += per_ckpt("results/{model}/{ckpt}/coupling.tsv", m)
-        targets += per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", m)
+        if rc.runs(config, "A"):
+            for t in ("spectra", "bottleneck", "schur", "coupling", "bootstrap"):
+                targets += per_ckpt(f"results/{{model}}/{{ckpt}}/{t}.tsv", m)
+            targets.append(f"results/{m}/checkpoints.tsv")
         targets.append(f"results/{m}/scorecard.tsv")
-        targets.append(f"results/{m}/checkpoints.tsv")
+        lens_tables = []
+        if rc.runs(config, "B"):
+            lens_tables += ["lens_metrics.tsv", "rss.tsv", "resolution.tsv"]
+            lens_tables += ["phases.json", "phase_metrics.tsv", "causal.tsv"]
+        if rc.runs(config, "A", "B"):
+            lens_tables.append("bridge.tsv")
         for c in rc.lens_checkpoints(config, m):
-            targets += [
-                f"results/{m}/{c}/lens_metrics.tsv",
-                f"results/{m}/{c}/rss.tsv",
-                f"results/{m}/{c}/resolution.tsv",
-                f"results/{m}/{c}/phases.json",
-                f"results/{m}/{c}/phase_metrics.tsv",
-                f"results/{m}/{c}/bridge.tsv",
-                f"results/{m}/{c}/causal.tsv",
-            ]
+            targets += [f"results/{m}/{c}/{t}" for t in lens_tables]
         if m in ZOO:
             targets.append(f"models/{m}/training.tsv")
-    targets.append("results/scaling/phase_widths.tsv")
+    if rc.runs(config, "B"):
+        targets.append("results/scaling/phase_widths.tsv")
     targets += figure_targets()
     return targets
 
@@ -97,15 +114,44 @@ def jacobian_blocks(w):
 
 
 def figure_targets():
-    out = ["results/figures/scaling/phase_widths.png"]
+    def on(figure):
+        return rc.runs(config, *rc.FIGURE_STUDIES[figure])
+
+    out = ["results/figures/scaling/phase_widths.png"] if on("scaling") else []
     for m in MODELS:
         figs = ["checkpoints", "significant"] + (["training"] if m in ZOO else [])
-        out += [f"results/figures/{m}/{f}.png" for f in figs]
+        out += [f"results/figures/{m}/{f}.png" for f in figs if on(f)]
         lens_ckpts = rc.lens_checkpoints(config, m)
         for c in ckpts(m):
             out += [
                 f"results/figures/{m}/{c}/{f}.png"
                 for f in rc.CKPT_FIGURES
-                if f not in rc.LENS_FIGURES or c in lens_ckpts
+                if on(f) and (f not in rc.LENS_FIGURES or c in lens_ckpts)
             ]
+    return out
+
+
+def studies_of(figure):
+    """No input: stops (one line) when config key studies leaves out what ``figure`` needs."""
+    rc.require_studies(config, figure)
+    return []
+
+
+def scorecard_inputs(w):
+    """The tables of the studies that run; claims of a study switched off say "not run"."""
+    final = f"results/{w.model}/{final_ckpt(w.model)}"
+    out = {}
+    if rc.runs(config, "A"):
+        out["checkpoints"] = f"results/{w.model}/checkpoints.tsv"
+        out["schur"] = f"{final}/schur.tsv"
+        out["bootstrap"] = per_ckpt("results/{model}/{ckpt}/bootstrap.tsv", w.model)
+        out["replicates"] = per_ckpt(
+            "results/{model}/{ckpt}/bootstrap_replicates.tsv", w.model
+        )
+    if rc.runs(config, "B"):
+        out["phases"] = f"{final}/phases.json"
+        out["lens_metrics"] = f"{final}/lens_metrics.tsv"
+        # phase widths only for models in a scaling group (else: not testable)
+        if scaling_group(config, w.model):
+            out["phase_widths"] = "results/scaling/phase_widths.tsv"
     return out

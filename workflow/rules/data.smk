@@ -2,16 +2,23 @@
 
 
 rule corpus:
+    input:
+        lambda w: rc.dataset_inputs(config, w.dataset),
     output:
         train="results/data/{dataset}/train.jsonl",
         heldout="results/data/{dataset}/heldout.jsonl",
     log:
         "logs/corpus/{dataset}.log",
+    benchmark:
+        "benchmarks/out/corpus/{dataset}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("corpus", "mem_mb"),
+        runtime=cost("corpus", "runtime"),
     params:
         spec=lambda w: config["datasets"][w.dataset],
-        code=code("data"),
+        code=code("corpus"),
     script:
         "../scripts/corpus.py"
 
@@ -23,11 +30,16 @@ rule tokenizer:
         directory("results/data/{dataset}/tokenizer"),
     log:
         "logs/tokenizer/{dataset}.log",
+    benchmark:
+        "benchmarks/out/tokenizer/{dataset}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("tokenizer", "mem_mb"),
+        runtime=cost("tokenizer", "runtime"),
     params:
         vocab_size=config["tokenizer"]["vocab_size"],
-        code=code("data"),
+        code=code("tokenizer"),
     script:
         "../scripts/tokenizer.py"
 
@@ -40,14 +52,19 @@ rule samples:
         "results/{model}/samples.h5",
     log:
         "logs/samples/{model}.log",
+    benchmark:
+        "benchmarks/out/samples/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("samples", "mem_mb"),
+        runtime=cost("samples", "runtime"),
     params:
         n=config["samples"]["n"],
         length=config["samples"]["length"],
         seed=config["samples"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"
 
@@ -60,14 +77,19 @@ rule lens_tokens:
         "results/{model}/lens_tokens.h5",
     log:
         "logs/lens_tokens/{model}.log",
+    benchmark:
+        "benchmarks/out/lens_tokens/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("lens_tokens", "mem_mb"),
+        runtime=cost("lens_tokens", "runtime"),
     params:
         n=lambda w: config["lens"]["n_train_blocks"]
         + config["lens"]["n_heldout_blocks"],
         length=config["samples"]["length"],
         seed=config["lens"]["seed"],
         dataset=dataset_of,
-        code=code("data"),
+        code=code("samples"),
     script:
         "../scripts/samples.py"

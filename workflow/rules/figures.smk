@@ -30,6 +30,7 @@ rule figure_ckpt:
                 ],
             }[w.figure]
         ),
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{ckpt}/{figure}.png",
@@ -44,6 +45,8 @@ rule figure_ckpt:
         pdf="results/figures/{model}/{ckpt}/{figure}.pdf",
     log:
         "logs/figures/{model}/{ckpt}/{figure}.log",
+    benchmark:
+        "benchmarks/out/figure_ckpt/{model}/{ckpt}/{figure}.tsv"
     wildcard_constraints:
         figure="|".join(rc.CKPT_FIGURES),
     conda:
@@ -53,7 +56,7 @@ rule figure_ckpt:
         title=lambda w: f"{w.model} · {w.ckpt} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -65,6 +68,7 @@ rule figure_model:
             "checkpoints": [f"results/{w.model}/checkpoints.tsv"],
             "significant": [f"results/{w.model}/coupling_counts.tsv"],
         }[w.figure],
+        studies=lambda w: studies_of(w.figure),
     output:
         png=report(
             "results/figures/{model}/{figure}.png",
@@ -75,6 +79,8 @@ rule figure_model:
         pdf="results/figures/{model}/{figure}.pdf",
     log:
         "logs/figures/{model}/{figure}.log",
+    benchmark:
+        "benchmarks/out/figure_model/{model}/{figure}.tsv"
     wildcard_constraints:
         figure="|".join(rc.MODEL_FIGURES),
     conda:
@@ -84,7 +90,7 @@ rule figure_model:
         title=lambda w: f"{w.model} · {w.figure}",
         caption=lambda w: rc.FIGURE_CAPTIONS[w.figure],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"
 
@@ -93,6 +99,7 @@ rule figure_scaling:
     input:
         "results/scaling/widths.tsv",
         "results/scaling/phase_widths.tsv",
+        studies=lambda w: studies_of("scaling"),
     output:
         png=report(
             "results/figures/scaling/phase_widths.png",
@@ -104,6 +111,8 @@ rule figure_scaling:
         pdf="results/figures/scaling/phase_widths.pdf",
     log:
         "logs/figures/scaling.log",
+    benchmark:
+        "benchmarks/out/figure_scaling/scaling.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
@@ -111,6 +120,6 @@ rule figure_scaling:
         title="phase width vs depth",
         caption=rc.FIGURE_CAPTIONS["scaling"],
         dpi=config["figures"]["dpi"],
-        code=code("plots"),
+        code=code("figure"),
     script:
         "../scripts/figure.py"

@@ -15,15 +15,15 @@ rule jacobians:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("jacobians", "mem_mb"),
+        runtime=cost("jacobians", "runtime"),
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
         store_first_n=config["jacobian"]["store_first_n"],
         checkpoint_every=config["jacobian"]["checkpoint_every"],
         device=config["device"],
-        code=code("arch", "jacobian", "models"),
+        code=code("jacobians"),
     script:
         "../scripts/jacobians.py"
 
@@ -36,16 +36,18 @@ rule activations:
         directory("results/{model}/{ckpt}/activations"),
     log:
         "logs/activations/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/activations/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=cost("activations", "mem_mb"),
+        runtime=cost("activations", "runtime"),
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
         device=config["device"],
-        code=code("arch", "activations", "models"),
+        code=code("activations"),
     script:
         "../scripts/activations.py"

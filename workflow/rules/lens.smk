@@ -1,5 +1,8 @@
 # Study B core: tuned-lens translators and per-layer prediction metrics (GPU rules on SLURM).
 
+# lens.source = tuned_lens imports a published lens instead of training one (same output).
+LENS_IMPORT_KEYS = ("source", "path", "repo", "repo_type", "revision")
+
 
 rule lens:
     input:
@@ -15,17 +18,26 @@ rule lens:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=cost("lens", "mem_mb"),
+        runtime=cost("lens", "runtime"),
     params:
         options=lambda w: {
             k: v
             for k, v in config["lens"].items()
-            if k not in ("checkpoints", "n_train_blocks", "n_heldout_blocks")
+            if k
+            not in (
+                "checkpoints",
+                "n_train_blocks",
+                "n_heldout_blocks",
+                "checkpoint_every",
+                *LENS_IMPORT_KEYS,
+            )
         },
+        source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
+        checkpoint_every=config["lens"]["checkpoint_every"],
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens"),
     script:
         "../scripts/lens.py"
 
@@ -49,13 +61,16 @@ rule lens_metrics:
         ),
     log:
         "logs/lens_metrics/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/lens_metrics/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
+        mem_mb=cost("lens_metrics", "mem_mb"),
+        runtime=cost("lens_metrics", "runtime"),
     params:
         device=config["device"],
-        code=code("lens", "arch", "models"),
+        code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

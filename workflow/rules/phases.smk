@@ -8,13 +8,15 @@ rule phases:
         "results/{model}/{ckpt}/phases.json",
     log:
         "logs/phases/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/phases/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
         k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
-        code=code("phases", "readout"),
+        code=code("phases"),
     script:
         "../scripts/phases.py"
 
@@ -39,12 +41,16 @@ rule phase_metrics:
         ),
     log:
         "logs/phase_metrics/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/phase_metrics/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("phase_metrics", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("phase_metrics", "mem_mb"),
+        runtime=cost("phase_metrics", "runtime"),
     params:
-        code=code("geometry", "activations", "phases"),
+        code=code("phase_metrics"),
     script:
         "../scripts/phase_metrics.py"
 
@@ -67,6 +73,8 @@ rule scaling:
         ),
     log:
         "logs/scaling/scaling.log",
+    benchmark:
+        "benchmarks/out/scaling/scaling.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
@@ -76,6 +84,6 @@ rule scaling:
             for members in config["scaling"]["groups"].values()
             for m in members
         },
-        code=code("geometry", "phases"),
+        code=code("scaling"),
     script:
         "../scripts/scaling.py"

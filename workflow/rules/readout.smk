@@ -14,11 +14,17 @@ rule rss:
         ),
     log:
         "logs/rss/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/rss/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("rss", "threads")
+    resources:
+        mem_mb=cost("rss", "mem_mb"),
+        runtime=cost("rss", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("rss"),
     script:
         "../scripts/rss.py"
 
@@ -30,10 +36,16 @@ rule resolution:
         "results/{model}/{ckpt}/resolution.tsv",
     log:
         "logs/resolution/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/resolution/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("resolution", "threads")
+    resources:
+        mem_mb=cost("resolution", "mem_mb"),
+        runtime=cost("resolution", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
-        code=code("readout", "lens"),
+        code=code("resolution"),
     script:
         "../scripts/resolution.py"

@@ -16,14 +16,19 @@ rule spectra:
         bottleneck="results/{model}/{ckpt}/bottleneck.tsv",
     log:
         "logs/spectra/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/spectra/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("spectra", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("spectra", "mem_mb"),
+        runtime=cost("spectra", "runtime"),
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        code=code("spectral", "jacobian"),
+        device=config["device"],
+        code=code("spectra"),
     script:
         "../scripts/spectra.py"
 
@@ -35,13 +40,17 @@ rule schur:
         "results/{model}/{ckpt}/schur.tsv",
     log:
         "logs/schur/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/schur/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("schur", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("schur", "mem_mb"),
+        runtime=cost("schur", "runtime"),
     params:
         alphas=config["schur"]["alphas"],
-        code=code("schur", "spectral", "jacobian"),
+        code=code("schur"),
     script:
         "../scripts/schur.py"
 
@@ -62,10 +71,12 @@ rule checkpoints:
         counts="results/{model}/coupling_counts.tsv",
     log:
         "logs/checkpoints/{model}.log",
+    benchmark:
+        "benchmarks/out/checkpoints/{model}.tsv"
     conda:
         "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
-        code=code("spectral", "topology"),
+        code=code("checkpoints"),
     script:
         "../scripts/checkpoints.py"

@@ -19,10 +19,14 @@ rule communities:
         ),
     log:
         "logs/communities/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/communities/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("communities", "threads")
     resources:
-        mem_mb=4000,
+        mem_mb=cost("communities", "mem_mb"),
+        runtime=cost("communities", "runtime"),
     params:
         top_k=config["topology"]["top_k"],
         min_abs_r=config["topology"]["min_abs_r"],
@@ -30,7 +34,7 @@ rule communities:
         seed=config["topology"]["seed"],
         boundary_rule=config["topology"]["boundary_rule"],
         participation_quantile=config["topology"]["participation_quantile"],
-        code=code("topology", "activations"),
+        code=code("communities"),
     script:
         "../scripts/communities.py"
 
@@ -50,11 +54,17 @@ rule coupling:
         ),
     log:
         "logs/coupling/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/coupling/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    threads: cost("coupling", "threads")
+    resources:
+        mem_mb=cost("coupling", "mem_mb"),
+        runtime=cost("coupling", "runtime"),
     params:
         gain=config["topology"]["gain"],
         fdr_q=config["topology"]["fdr_q"],
-        code=code("topology", "jacobian"),
+        code=code("coupling"),
     script:
         "../scripts/coupling.py"

@@ -22,8 +22,8 @@ rule zoo_train:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=4000,
-        runtime=120,
+        mem_mb=cost("zoo_train", "mem_mb"),
+        runtime=cost("zoo_train", "runtime"),
     params:
         arch=lambda w: {
             k: config["models"][w.model].get(k)
@@ -38,26 +38,27 @@ rule zoo_train:
             )
         },
         train=lambda w: config["models"][w.model]["train"],
-        code=code("zoo"),
+        code=code("zoo_train"),
     script:
         "../scripts/zoo_train.py"
 
 
 rule resolve_checkpoint:
     input:
-        lambda w: (
-            [f"models/{w.model}/weights"]
-            if config["models"][w.model]["source"] == "train"
-            else []
-        ),
+        lambda w: rc.checkpoint_inputs(config, w.model, w.ckpt),
     output:
         "models/{model}/{ckpt}/checkpoint.json",
     log:
         "logs/resolve_checkpoint/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/resolve_checkpoint/{model}/{ckpt}.tsv"
     conda:
         "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("resolve_checkpoint", "mem_mb"),
+        runtime=cost("resolve_checkpoint", "runtime"),
     params:
         spec=lambda w: rc.checkpoint_spec(config, w.model, w.ckpt),
-        code=code("models"),
+        code=code("resolve_checkpoint"),
     script:
         "../scripts/resolve_checkpoint.py"

@@ -12,7 +12,7 @@ with provenance.step(snakemake) as step:
     for path in sorted(Path(snakemake.input[0]).glob("layer*.h5")):
         layer = int(path.stem.removeprefix("layer"))
         tables = []
-        for boundary in ("pre_attn", "pre_mlp"):
+        for boundary in activations.boundaries(path):
             X = activations.read_boundary(path, boundary)
             units, summary = topology.analyse_boundary(
                 X.reshape(-1, X.shape[-1]), top_k=p.top_k, min_abs_r=p.min_abs_r, resolution=p.resolution,

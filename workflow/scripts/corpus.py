@@ -4,7 +4,7 @@ from resdyn import data, provenance
 
 with provenance.step(snakemake) as step:
     spec = snakemake.params.spec
-    docs = data.load_documents(spec)
+    docs = data.load_documents(spec, name=snakemake.wildcards.dataset)
     train, heldout = data.split_documents(docs, spec["heldout_fraction"], spec["seed"])
     step.extra["dataset"] = {"name": snakemake.wildcards.dataset, **spec}
     data.write_documents(train, snakemake.output.train)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from resdyn import io, plots, provenance, spectral
+from resdyn import io, plots, provenance
 
 
 def load(path):
@@ -12,6 +12,8 @@ def load(path):
     if suffix == ".json":
         return io.read_json(path)
     if suffix == ".h5":
+        from resdyn import spectral  # only the eigenvalue figure reads HDF5: scipy stays unimported
+
         return spectral.read_spectra_h5(path)[0]
     raise ValueError(f"figure input {path}: unsupported type {suffix}")
 

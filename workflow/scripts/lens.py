@@ -2,21 +2,29 @@
 
 from pathlib import Path
 
-from resdyn import data, io, lens, models, provenance
+from resdyn import data, io, lens, lens_import, models, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     record = io.read_json(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)
-    ids, _, sattrs = data.read_samples(snakemake.input.tokens)
-    opts = dict(p.options)
-    opts["warmup_steps"] = opts.pop("warmup")
-    batch = max(1, opts["tokens_per_step"] // ids.shape[1])
-    fitted = lens.train_lens(
-        model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
-        model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
-        model_hash=record["content_hash"], **opts,
-    )
+    meta = dict(model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
+                model_hash=record["content_hash"])
     out = Path(snakemake.output[0])
+    if p.source:  # a published tuned lens, checked against this model, instead of training
+        folder = lens_import.fetch_tuned_lens(p.source["path"], p.source["repo"], p.source["revision"], p.source["repo_type"])
+        fitted = lens_import.import_tuned_lens(folder, model, source=p.source, meta=meta)
+    else:
+        ids, _, sattrs = data.read_samples(snakemake.input.tokens)
+        opts = dict(p.options)
+        opts["warmup_steps"] = opts.pop("warmup")
+        batch = max(1, opts["tokens_per_step"] // ids.shape[1])
+        # The resumable state lives beside the declared output: Snakemake clears the outputs of an
+        # incomplete job before rerunning it.
+        partial = out.with_name(f".{out.name}.partial.pt")
+        fitted = lens.train_lens(
+            model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
+            checkpoint=partial, checkpoint_every=p.checkpoint_every, **meta, **opts,
+        )
     fitted.save(out)
     fitted.export_tuned_lens(out / "tuned_lens")

@@ -7,7 +7,8 @@ with provenance.step(snakemake) as step:
     docs_path = snakemake.input.get("heldout") or snakemake.input.train
     tokenizer = data.load_tokenizer(snakemake.input.tokenizer)
     stream = data.token_stream(tokenizer, data.read_documents(docs_path))
-    ids, sample_ids = data.draw_blocks(stream, p.n, p.length, p.seed)
+    keys = "samples.n" if snakemake.input.get("heldout") else "lens.n_train_blocks + lens.n_heldout_blocks"
+    ids, sample_ids = data.draw_blocks(stream, p.n, p.length, p.seed, f"dataset {p.dataset!r} ({docs_path})", keys)
     step.extra["samples_hash"] = data.write_samples(
         snakemake.output[0], ids, sample_ids,
         {"dataset": p.dataset, "split_file": docs_path, "seed": p.seed, "stream_tokens": len(stream)},

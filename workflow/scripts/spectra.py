@@ -1,11 +1,13 @@
 """Spectra and operator-type metrics of every sublayer's mean Jacobian, and the bottleneck."""
 
-from resdyn import io, jacobian, provenance, spectral
+from resdyn import io, jacobian, models, provenance, spectral
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     jacobians, attrs = jacobian.mean_jacobians(snakemake.input.blocks)
-    table, arrays = spectral.spectra_table(jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances)
+    table, arrays = spectral.spectra_table(
+        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.pick_device(p.device)
+    )
     spectral.write_spectra_h5(arrays, snakemake.output.arrays, attrs)
     io.write_tsv(table, snakemake.output.table)
-    io.write_tsv(spectral.bottleneck_table(jacobians), snakemake.output.bottleneck)
+    io.write_tsv(spectral.bottleneck_table(jacobians, spectra=arrays), snakemake.output.bottleneck)

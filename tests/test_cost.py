@@ -1,0 +1,274 @@
+"""The cost model (resdyn/cost.py), `resdyn plan`, and that the rules take their resources from it."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from resdyn import config as rc
+from resdyn import cost, plan, spectral
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER_A = REPO / "configs" / "paper-a.yaml"
+PAPER_B = REPO / "configs" / "paper-b.yaml"
+HEAVY = ("jacobians", "activations", "lens", "lens_metrics", "causal", "spectra", "schur", "bootstrap",
+         "communities", "coupling", "bridge", "rss", "resolution", "phase_metrics")
+
+
+@pytest.fixture(scope="module")
+def hub_env(paper_hub_cache):
+    """The paper presets validate against config.json stand-ins (tests/hubcache.py)."""
+    old = os.environ.get("HF_HUB_CACHE")
+    os.environ["HF_HUB_CACHE"] = str(paper_hub_cache)
+    yield {**os.environ, "PYTHONPATH": str(REPO)}
+    if old is None:
+        os.environ.pop("HF_HUB_CACHE", None)
+    else:
+        os.environ["HF_HUB_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def paper_a(hub_env) -> dict:
+    return rc.load_config(PAPER_A)
+
+
+@pytest.fixture(scope="module")
+def paper_b(hub_env) -> dict:
+    return rc.load_config(PAPER_B)
+
+
+def _with_model(config: dict, **shape) -> dict:
+    cfg = copy.deepcopy(config)
+    name = next(iter(cfg["models"]))
+    cfg["models"] = {name: {**cfg["models"][name], **shape}}
+    return cfg
+
+
+def _w(config: dict, rule: str) -> dict:
+    name = next(iter(config["models"]))
+    ckpt = rc.checkpoints(config, name)[-1]
+    w = {"model": name, "ckpt": ckpt}
+    if rule == "jacobians":
+        w["block"] = rc.layer_blocks(config, name)[0]
+    return w
+
+
+@pytest.mark.parametrize("rule", HEAVY)
+@pytest.mark.parametrize("key,small,large", [("d_model", 2048, 4096), ("d_ff", 8192, 16384),
+                                             ("vocab_size", 32000, 128256)])
+def test_cost_is_monotonic_in_model_sizes(paper_a, rule, key, small, large):
+    a = cost.job_cost(_with_model(paper_a, **{key: small}), rule, _w(paper_a, rule))
+    b = cost.job_cost(_with_model(paper_a, **{key: large}), rule, _w(paper_a, rule))
+    for dev in ("cpu", "h100"):
+        assert cost.seconds(b, dev) >= cost.seconds(a, dev), (rule, key, dev)
+    assert b.flops >= a.flops and b.host_bytes >= a.host_bytes and b.disk_bytes >= a.disk_bytes
+
+
+@pytest.mark.parametrize("rule", ("jacobians", "activations", "communities", "lens_metrics", "phase_metrics"))
+def test_cost_grows_with_samples(paper_a, rule):
+    more = copy.deepcopy(paper_a)
+    more["samples"]["n"] *= 2
+    a, b = cost.job_cost(paper_a, rule, _w(paper_a, rule)), cost.job_cost(more, rule, _w(more, rule))
+    assert b.flops > a.flops and cost.seconds(b, "cpu") > cost.seconds(a, "cpu")
+
+
+def test_bootstrap_cost_is_linear_in_resamples(paper_a):
+    """(R + 2) rows × S sublayers eigen-analyses: doubling R + 2 doubles the eigen work."""
+    cfg = copy.deepcopy(paper_a)
+    cfg["bootstrap"]["n_resamples"] = 48
+    a = cost.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
+    cfg["bootstrap"]["n_resamples"] = 98
+    b = cost.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
+    assert b == pytest.approx(2 * a)
+
+
+@pytest.mark.parametrize("rule", HEAVY)
+def test_resources_grow_with_attempt(paper_a, rule):
+    one = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=1)
+    two = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=2)
+    three = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=3)
+    for key in ("mem_mb", "runtime"):
+        assert one[key] < two[key] < three[key], (rule, key)
+        assert abs(two[key] - 2 * one[key]) <= 2 and abs(three[key] - 3 * one[key]) <= 3
+    assert one["threads"] == two["threads"] and one["gpu"] == two["gpu"]
+
+
+def test_closed_form_flops_of_a_matmul_dominated_job():
+    """Jacobians of one Llama-3.1-8B layer, one sample, last token, no forward context: the
+    fp32 GEMMs are W_o·(∂o/∂x) = 2·d·(H·hd)·d and W_down·M = 2·d·d_ff·d."""
+    s = cost.Shape(n_layers=32, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
+    cfg = {"samples": {"n": 1, "length": 128},
+           "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"}}
+    c = cost.cost_jacobians(cfg, s, [0], gpu=True)
+    assert c.work["gemm32"] == 2 * 4096**3 + 2 * 4096 * 14336 * 4096  # 618.5 GFLOP
+    assert c.work["gemm32"] == pytest.approx(618.48e9, rel=1e-4)
+    # the context forward through layer 0 in bf16: 2·T·P_layer + 2·T·T·H·hd
+    assert c.work["gemm16"] == 128 * (2 * s.layer_params + 2 * 128 * 4096)
+    assert s.layer_params == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336  # 218.1 M
+
+
+def test_mlp_jacobian_flops_match_torch_flop_counter():
+    """Independent oracle: torch's FlopCounterMode on the MLP Jacobian of a small layer counts
+    the same 2·d·d_ff·d GEMM the cost model prices (plus the two projections of the input)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from resdyn import jacobian
+
+    d, d_ff = 64, 224
+    mlp = LlamaMLP(LlamaConfig(hidden_size=d, intermediate_size=d_ff)).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        jacobian.gated_mlp_jacobian(mlp, torch.randn(d))
+    s = cost.Shape(1, d, 1, 1, d_ff, 10, 2, head_dim=d)  # bf16: the context forward is gemm16
+    c = cost.cost_jacobians({"samples": {"n": 1, "length": 1}, "jacobian": {"positions": "last",
+                             "store_first_n": 0, "store_dtype": "float32"}}, s, [0], gpu=True)
+    mlp_gemm = c.work["gemm32"] - 2.0 * d * s.d_q * d
+    assert counter.get_total_flops() == mlp_gemm + 2 * 2 * d * d_ff
+
+
+def test_shape_needs_d_ff_and_vocab_never_guesses(paper_a):
+    cfg = copy.deepcopy(paper_a)
+    name = next(iter(cfg["models"]))
+    del cfg["models"][name]["d_ff"]
+    del cfg["models"][name]["vocab_size"]
+    with pytest.raises(cost.ShapeError) as err:
+        cost.model_shape(cfg, name)
+    assert f"models.{name}" in str(err.value) and "d_ff, vocab_size" in str(err.value), str(err.value)
+
+
+def test_shapes_of_paper_configs(paper_a, paper_b):
+    assert cost.model_shape(paper_b, "qwen25_32b").d_ff == 27648  # not 3.5·d = 17920
+    assert cost.model_shape(paper_b, "olmo2_1b").vocab == 100352
+    assert cost.model_shape(paper_a, "gemma4_e4b").vocab == 262144
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
+    cfg = paper_a if which == "a" else paper_b
+    jobs = plan.job_table(cfg, "h100")
+    table = plan.rule_table(jobs)
+    rules = set(table.rule)
+    study_a = {"jacobians", "activations", "spectra", "schur", "bootstrap", "communities", "coupling"}
+    study_b = {"lens", "lens_metrics", "rss", "resolution", "causal", "phase_metrics", "activations"}
+    want = (study_a if rc.runs(cfg, "A") else set()) | (study_b if rc.runs(cfg, "B") else set())
+    want |= {"bridge"} if rc.runs(cfg, "A", "B") else set()
+    assert rules >= want, want - rules
+    assert not (rules & (study_a - study_b)) or rc.runs(cfg, "A")
+    if rc.runs(cfg, "A"):
+        n_blocks = sum(len(rc.layer_blocks(cfg, m)) * len(rc.checkpoints(cfg, m)) for m in cfg["models"])
+        assert int(table.set_index("rule").loc["jacobians", "jobs"]) == n_blocks
+    t = plan.totals(jobs, gpus=1, cores=64, device="h100")
+    assert all(np.isfinite([t.gpu_hours, t.cpu_hours, t.disk_gb, t.critical_h, t.wall_low_h]))
+    assert t.critical_h <= t.wall_low_h <= t.wall_high_h
+    # the issue's budgets that the calibrated CPU rates and the assumed H100 rates meet
+    if which == "a":
+        assert t.cpu_hours <= 100, t
+    else:
+        assert t.gpu_hours <= 60, t
+    text = plan.render(cfg, "h100", 1, 64)
+    for word in ("GPU-hours", "CPU-hours", "critical path", "wall time"):
+        assert word in text
+
+
+def test_cli_plan_runs(hub_env):
+    env = hub_env
+    res = subprocess.run([sys.executable, "-m", "resdyn.cli", "plan", str(PAPER_A), "--gpus", "2", "--cores", "32"],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "bootstrap" in res.stdout and "2 GPU(s) and 32 CPU cores" in res.stdout
+
+
+def test_eigen_henrici_reuses_one_schur_factor():
+    """Eigenvalues read off the Schur factor equal scipy's eigvals; ‖N‖ gives the Henrici departure."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((60, 60)) + np.triu(rng.standard_normal((60, 60)), 1)
+    lam, nn, fro = spectral.eigen_henrici(a)
+    ref = scipy.linalg.eigvals(a)
+    np.testing.assert_allclose(np.sort_complex(lam), np.sort_complex(ref), atol=1e-10)
+    assert nn / fro == pytest.approx(spectral.henrici_departure(a), rel=1e-12)
+    assert nn**2 == pytest.approx(fro**2 - np.sum(np.abs(ref) ** 2), rel=1e-8)
+
+
+def test_spectra_table_device_path_agrees_on_cpu_torch(monkeypatch):
+    """The torch path (used on cuda) run on the CPU's torch equals the scipy reference."""
+    rng = np.random.default_rng(1)
+    mats = {(0, "attn"): np.eye(40) + rng.standard_normal((40, 40)) / 6, (0, "mlp"): rng.standard_normal((40, 40))}
+    ref, ref_arr = spectral.spectra_table(mats)
+    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    got, got_arr = spectral.spectra_table(mats, device="cpu")
+    num = [c for c in ref.columns if c not in ("kind",)]
+    np.testing.assert_allclose(got[num].to_numpy(float), ref[num].to_numpy(float), rtol=1e-9, atol=1e-9)
+    for key in ref_arr:
+        np.testing.assert_allclose(got_arr[key]["singular_values"], ref_arr[key]["singular_values"], rtol=1e-10)
+
+
+def test_bottleneck_reuses_spectra_singular_values():
+    rng = np.random.default_rng(2)
+    mats = {(L, k): np.eye(30) + rng.standard_normal((30, 30)) / 5 for L in range(2) for k in ("attn", "mlp")}
+    _, arrays = spectral.spectra_table(mats)
+    a = spectral.bottleneck_table(mats)
+    b = spectral.bottleneck_table(mats, spectra=arrays)
+    num = [c for c in a.columns if c != "kind"]
+    np.testing.assert_allclose(a[num].to_numpy(float), b[num].to_numpy(float), rtol=1e-12)
+
+
+def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dict]]:
+    env = {**env, "RESDYN_GPU_KIND": "h100"}
+    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "64", "--configfile", str(configfile)], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", res.stdout):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m:
+            continue
+        wc = re.search(r"wildcards: (.*)", block)
+        rs = re.search(r"resources: (.*)", block)
+        th = re.search(r"threads: (\d+)", block)
+        wildcards = dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {}
+        resources = dict(kv.split("=", 1) for kv in rs.group(1).split(", ")) if rs else {}
+        resources["threads"] = th.group(1) if th else "1"
+        jobs.append((m.group(1), wildcards, resources))
+    return jobs
+
+
+@pytest.mark.slow
+def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hub_env):
+    """`snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and
+    (CPU rules) threads are exactly resdyn.cost.resources(...) — the numbers `resdyn plan` sums."""
+    jobs = _dry_run_resources(PAPER_A, hub_env)
+    priced = [(r, w, res) for r, w, res in jobs if r in cost.RULES]
+    assert {r for r, _, _ in priced} >= set(HEAVY), {r for r, _, _ in priced}
+    for rule, w, res in priced:
+        want = cost.resources(paper_a, rule, w, attempt=1, device="h100")
+        assert int(res["mem_mb"]) == want["mem_mb"], (rule, w, res, want)
+        assert int(res["runtime"]) == want["runtime"], (rule, w, res, want)
+        if rule in ("spectra", "schur", "bootstrap", "communities", "bridge", "rss", "resolution"):
+            assert int(res["threads"]) == want["threads"], (rule, w, res, want)
+    print(f"{len(priced)} jobs: resources equal resdyn.cost.resources for every one")
+
+
+def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
+    """The cuda code path of the bootstrap (torch eigvals, Henrici by subtraction, products on
+    the device), run on the CPU's torch, equals the host path (one Schur factor per matrix)."""
+    from resdyn import bootstrap as bs
+
+    rng = np.random.default_rng(3)
+    base = {(L, k): np.eye(24) + rng.standard_normal((24, 24)) / 4 for L in range(2) for k in ("attn", "mlp")}
+    per = {key: m[None] + 0.1 * rng.standard_normal((5, 24, 24)) for key, m in base.items()}
+    ref, ref_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1)
+    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    got, got_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1, device="cpu")
+    for col in ("estimate", "ci_low", "ci_high"):
+        np.testing.assert_allclose(got[col].to_numpy(float), ref[col].to_numpy(float), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(got_reps.value.to_numpy(), ref_reps.value.to_numpy(), rtol=1e-8, atol=1e-10)
