@@ -79,13 +79,19 @@ def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_posi
             f.create_dataset("pre_mlp", data=states[:, 2 * layer + 1].astype(dtype))
             if layer == n_layers - 1:
                 f.create_dataset("output", data=states[:, -1].astype(dtype))
-            f.create_dataset("sample_ids", data=sample_ids)
-            f.create_dataset("positions", data=positions)
-            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
-            for k, v in attrs.items():
-                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
+            _write_layer_index(f, layer, sample_ids, positions, skip_positions, residual, attrs)
         paths.append(path)
     return paths
+
+
+def _write_layer_index(f: h5py.File, layer: int, sample_ids: np.ndarray, positions: np.ndarray,
+                       skip_positions: int, residual: str, attrs: Mapping) -> None:
+    """The part of a layer file's schema that is not the states: ids, positions and attributes."""
+    f.create_dataset("sample_ids", data=sample_ids)
+    f.create_dataset("positions", data=positions)
+    f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
+    for k, v in attrs.items():
+        f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
 
 
 @torch.no_grad()
@@ -115,11 +121,7 @@ def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray
             names = ["pre_attn", "pre_mlp"] + (["output"] if layer == n_layers - 1 else [])
             for name in names:
                 f.create_dataset(name, shape=(n, length, d), dtype=dtype)
-            f.create_dataset("sample_ids", data=sample_ids)
-            f.create_dataset("positions", data=positions)
-            f.attrs.update({"schema": SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
-            for k, v in attrs.items():
-                f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
+            _write_layer_index(f, layer, sample_ids, positions, skip_positions, residual, attrs)
             files.append(f)
         for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
             states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
