@@ -51,7 +51,7 @@ def pythia_run(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("HF_HUB_CACHE", None)
-    proc = subprocess.run([SNAKEMAKE, "--cores", "1", "--configfile", str(ROOT / "configs" / "pythia-mini.yaml"),
+    proc = subprocess.run([SNAKEMAKE, "--cores", "2", "--configfile", str(ROOT / "configs" / "pythia-mini.yaml"),
                            "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), *_targets()],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
