@@ -308,6 +308,6 @@ def build(hf_home: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/hubcache.py HF_HOME")
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # never build a cache in a folder named --help
+        sys.exit("usage: python tests/hubcache.py HF_HOME  (writes the paper-mini models and dataset there)")
     print(build(Path(sys.argv[1])))
