@@ -7,12 +7,7 @@ diagonal (t, t) block is the Jacobian with the other positions held fixed.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import h5py
@@ -20,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import sigkill
 from resdyn import arch, jacobian
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     FAMILIES,
@@ -347,22 +343,12 @@ def test_bad_arguments(tmp_path):
             jacobian.write_layer_block(model, **kwargs)
 
 
-_RUNNER = textwrap.dedent("""
-    import logging, sys, time
-    import numpy as np, torch
-    sys.path.insert(0, {tests!r})
-    torch.set_num_threads(1)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from test_arch import make_model, sample_ids
     from resdyn import jacobian
 
-    out, slow = sys.argv[1], sys.argv[2] == "slow"
-    if slow:  # test-only: make each sample slow enough to be killed between checkpoints
-        compute = jacobian.JacobianEngine.compute
-        def slow_compute(self, *args, **kwargs):
-            time.sleep(0.4)
-            return compute(self, *args, **kwargs)
-        jacobian.JacobianEngine.compute = slow_compute
+    if slow:
+        sigkill.slow_down(jacobian.JacobianEngine, "compute", 0.4)
     model = make_model("qwen2")
     samples = np.stack([sample_ids(seed=10 + i).numpy() for i in range(8)])
     paths = {{layer: f"{{out}}/layer{{layer:03d}}.h5" for layer in (0, 2)}}
@@ -371,14 +357,6 @@ _RUNNER = textwrap.dedent("""
         checkpoint_every=2, attrs={{"model_id": "tiny-qwen2", "revision": "r"}}, progress=True,
     )
     """)
-
-
-def _run(script: Path, out: Path, mode: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen(
-        [sys.executable, str(script), str(out), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
 
 
 def _contents(folder: Path) -> dict[str, np.ndarray]:
@@ -400,20 +378,14 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     resumed, reference = tmp_path / "resumed", tmp_path / "reference"
     resumed.mkdir()
     reference.mkdir()
-    ref_proc = _run(script, reference, "fast")  # uninterrupted, runs alongside
+    ref_proc = sigkill.start(script, reference, "fast")  # uninterrupted, runs alongside
 
-    proc = _run(script, resumed, "slow")
+    proc = sigkill.start(script, resumed, "slow")
     checkpoint = resumed / ".layer000.h5.partial.npz"
-    deadline = time.monotonic() + 60
-    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert checkpoint.exists(), proc.communicate()[1][-2000:]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill.kill_once_checkpointed(proc, checkpoint, timeout_s=60)
     assert not list(resumed.glob("layer*.h5")), "killed run left outputs"
 
-    rerun = _run(script, resumed, "fast")
+    rerun = sigkill.start(script, resumed, "fast")
     _, err = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, err[-3000:]
     assert "resuming from" in err, err[-3000:]

@@ -8,9 +8,7 @@ of it), so that the final distribution is peaked and the lens has something to l
 from __future__ import annotations
 
 import json
-import signal
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
+import sigkill
 from resdyn import arch
 from resdyn import lens as L
 
@@ -518,22 +517,12 @@ def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path
         L.train_lens(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
 
 
-_LENS_RUNNER = textwrap.dedent("""
-    import logging, sys, time
-    import torch
-    sys.path.insert(0, {tests!r})
-    torch.set_num_threads(1)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+_LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from test_lens import RESUME, build, synthetic_batches
     from resdyn import lens as L
 
-    out, slow = sys.argv[1], sys.argv[2] == "slow"
-    if slow:  # test-only: make each step slow enough to be killed between checkpoints
-        step = L._train_step_kl
-        def slow_step(*args, **kwargs):
-            time.sleep(0.1)
-            return step(*args, **kwargs)
-        L._train_step_kl = slow_step
+    if slow:
+        sigkill.slow_down(L, "_train_step_kl", 0.1)
     model = build("llama", pretrain_steps=20)
     fitted = L.train_lens(
         model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
@@ -544,27 +533,19 @@ _LENS_RUNNER = textwrap.dedent("""
 
 
 def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
-    from test_jacobian import _run  # the Jacobian resume test's subprocess helper
-
     script = tmp_path / "runner.py"
     script.write_text(_LENS_RUNNER.format(tests=str(Path(__file__).parent)))
     resumed, reference = tmp_path / "resumed", tmp_path / "reference"
     resumed.mkdir()
     reference.mkdir()
-    ref_proc = _run(script, reference, "fast")
+    ref_proc = sigkill.start(script, reference, "fast")
 
-    proc = _run(script, resumed, "slow")
+    proc = sigkill.start(script, resumed, "slow")
     checkpoint = resumed / ".lens.partial.pt"
-    deadline = time.monotonic() + 120
-    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert checkpoint.exists(), proc.communicate()[1][-2000:]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill.kill_once_checkpointed(proc, checkpoint, timeout_s=120)
     assert not (resumed / "lens").exists(), "killed run left outputs"
 
-    rerun = _run(script, resumed, "fast")
+    rerun = sigkill.start(script, resumed, "fast")
     _, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-3000:]
     assert "resuming lens training from" in err, err[-3000:]
