@@ -204,8 +204,7 @@ class Shape:
         return self.params * self.dtype_bytes
 
 
-#: families whose MLP is W_2 act(W_1 x) (two matrices); GPT-NeoX is priced as parallel residual
-#: (Pythia's use_parallel_residual, its default)
+#: families whose MLP is W_2 act(W_1 x) (two matrices)
 PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
 
 
@@ -218,6 +217,9 @@ def model_shape(config: dict, model: str) -> Shape:
     ``n_kv_heads``, ``d_ff``, ``vocab_size`` — for hub/local models filled from the model's
     ``config.json`` by config validation (:mod:`resdyn.hub`), for the zoo the tokenizer's
     vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
+    GPT-NeoX is parallel residual when ``parallel_residual`` (config.json's
+    ``use_parallel_residual``) is true or absent — transformers' default, as
+    :func:`resdyn.arch.residual_kind` decides — and sequential (two sublayers) otherwise.
     """
     m = config["models"][model]
     vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
@@ -237,7 +239,8 @@ def model_shape(config: dict, model: str) -> Shape:
     family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
                  int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
-                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3, parallel=family == "gpt_neox")
+                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3,
+                 parallel=family == "gpt_neox" and bool(m.get("parallel_residual", True)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,6 +651,10 @@ GPU_LINALG_RULES = ("spectra", "bootstrap")
 LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint")
 RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling", "bridge", "rss",
          "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
+#: The workflow's other rules: tables and figures from tables, run as localrules on the submit
+#: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
+LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "figure_ckpt", "figure_model",
+                        "figure_scaling", "all")
 
 
 def uses_gpu(config: dict, rule: str) -> bool:
