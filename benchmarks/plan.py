@@ -240,7 +240,7 @@ def core_rss(s, cfg):
 
     rng = np.random.default_rng(3)
     mats = [np.eye(s.d) + rng.standard_normal((s.d, s.d)) / np.sqrt(s.d) for _ in range(s.n_layers)]
-    ks = [max(1, round(f * s.d)) for f in cfg["readout"]["k_fractions"]]
+    ks = [readout.k_from_fraction(s.d, f) for f in cfg["readout"]["k_fractions"]]
     return (lambda: readout.rss_profile(mats, ks)), cost.cost_readout(cfg, s)
 
 
@@ -252,7 +252,7 @@ def primitives(d: int) -> list[tuple[str, Callable[[], None], cost.Cost]]:
     a = rng.standard_normal((d, d))
     a32 = torch.from_numpy(a.astype(np.float32))
     big, dst = np.ones(16 * 2**20), np.zeros(16 * 2**20)  # 128 MiB each, touched before timing
-    from resdyn import spectral
+    from resdyn import linalg
 
     def prim(op, amount):
         return cost.Cost(work={op: amount})
@@ -261,10 +261,10 @@ def primitives(d: int) -> list[tuple[str, Callable[[], None], cost.Cost]]:
         ("gemm32", lambda: [a32 @ a32 for _ in range(4)], prim("gemm32", 4 * 2.0 * d**3)),
         ("gemm64", lambda: [a @ a for _ in range(4)], prim("gemm64", 4 * 2.0 * d**3)),
         ("eig", lambda: scipy.linalg.eigvals(a, check_finite=False), prim("eig", cost.decomposition_flops("eig", d))),
-        ("schur", lambda: spectral._schur(a, "real", False), prim("schur", cost.decomposition_flops("schur", d))),
-        ("schurv", lambda: spectral._schur(a, "real", True), prim("schurv", cost.decomposition_flops("schurv", d))),
-        ("svd", lambda: spectral._svd(a, True), prim("svd", cost.decomposition_flops("svd", d))),
-        ("svdvals", lambda: spectral._svd(a, False), prim("svdvals", cost.decomposition_flops("svdvals", d))),
+        ("schur", lambda: linalg.schur_factor(a, "real", False), prim("schur", cost.decomposition_flops("schur", d))),
+        ("schurv", lambda: linalg.schur_factor(a, "real", True), prim("schurv", cost.decomposition_flops("schurv", d))),
+        ("svd", lambda: linalg.svd(a, True), prim("svd", cost.decomposition_flops("svd", d))),
+        ("svdvals", lambda: linalg.svd(a, False), prim("svdvals", cost.decomposition_flops("svdvals", d))),
         ("stream", lambda: [np.copyto(dst, big) for _ in range(8)], prim("stream", 8 * 2 * big.nbytes)),
     ]
 
