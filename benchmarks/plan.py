@@ -134,11 +134,11 @@ def prepare_parent() -> int:
     import h5py  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    from resdyn import activations, causal, lens, readout, schur, spectral, topology  # noqa: F401
+    from resdyn import activations, causal, lens, linalg, readout, schur, spectral, topology  # noqa: F401
 
     a = np.random.default_rng(0).standard_normal((1024, 1024))
     t = torch.from_numpy(a.astype(np.float32))
-    _ = (a @ a, t @ t, scipy.linalg.eigvals(a), np.linalg.svd(a), spectral._schur(a, "real", True))
+    _ = (a @ a, t @ t, scipy.linalg.eigvals(a), np.linalg.svd(a), linalg.schur_factor(a, "real", True))
     del a, t, _
     return _status("VmRSS")
 
@@ -250,9 +250,9 @@ def core_lens(s, cfg):
 
 
 def core_causal(s, cfg):
-    from resdyn import causal
+    from resdyn import causal, readout
 
-    k = max(1, round(cfg["causal"]["k_fraction"] * s.d))
+    k = readout.k_from_fraction(s.d, cfg["causal"]["k_fraction"])
 
     def make():
         model = hf_model(s)
@@ -341,7 +341,7 @@ def core_communities(s, cfg):
 def core_rss(s, cfg):
     from resdyn import readout
 
-    ks = [max(1, round(f * s.d)) for f in cfg["readout"]["k_fractions"]]
+    ks = [readout.k_from_fraction(s.d, f) for f in cfg["readout"]["k_fractions"]]
 
     def make():
         rng = np.random.default_rng(3)
@@ -356,7 +356,7 @@ def core_rss(s, cfg):
 
 def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
     """Single-op kernels (fit aids), inputs built and touched in the child before timing."""
-    from resdyn import causal, spectral
+    from resdyn import causal, linalg
 
     def prim(op, amount):
         return cost.Cost(work={op: amount})
@@ -394,12 +394,12 @@ def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
         ("gemm64", Setup(gemm64), prim("gemm64", 4 * 2.0 * d**3)),
         ("eig", Setup(decomp(lambda a: scipy.linalg.eigvals(a, check_finite=False))),
          prim("eig", cost.decomposition_flops("eig", d))),
-        ("schur", Setup(decomp(lambda a: spectral._schur(a, "real", False))),
+        ("schur", Setup(decomp(lambda a: linalg.schur_factor(a, "real", False))),
          prim("schur", cost.decomposition_flops("schur", d))),
-        ("schurv", Setup(decomp(lambda a: spectral._schur(a, "real", True))),
+        ("schurv", Setup(decomp(lambda a: linalg.schur_factor(a, "real", True))),
          prim("schurv", cost.decomposition_flops("schurv", d))),
-        ("svd", Setup(decomp(lambda a: spectral._svd(a, True))), prim("svd", cost.decomposition_flops("svd", d))),
-        ("svdvals", Setup(decomp(lambda a: spectral._svd(a, False))),
+        ("svd", Setup(decomp(lambda a: linalg.svd(a, True))), prim("svd", cost.decomposition_flops("svd", d))),
+        ("svdvals", Setup(decomp(lambda a: linalg.svd(a, False))),
          prim("svdvals", cost.decomposition_flops("svdvals", d))),
         ("stream", Setup(stream), prim("stream", 8 * 2 * 8.0 * 16 * 2**20)),
         ("kl64", Setup(kl64), prim("kl64", 4.0 * rows * 8 * d)),

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resdyn.linalg import k_from_fraction
+
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
     "gemm32", "gemm16", "gemm64", "jvp", "eig", "schur", "schurv", "svd", "svdvals", "stream", "gunzip", "calls",
@@ -450,7 +452,7 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add(head, _forward_flops(s, B * T, runs * n * (n + 1) / 2 + n, T)
           + 2 * comparisons * n * 2.0 * B * T * s.d * s.vocab)
     c.add("kl64", comparisons * n * B * T * s.vocab)
-    k = max(1, round(config["causal"]["k_fraction"] * s.d))
+    k = k_from_fraction(s.d, config["causal"]["k_fraction"])
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
@@ -581,7 +583,7 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
     two translators (SVD with vectors, each once: n SVDs), and for the observed and ``n_random``
     Haar subspaces J·V (2 d²k) and Vᵀ(JV) (2 d k²) plus a QR per draw (4 d k²)."""
     n, d, R = s.n_layers, s.d, config["bridge"]["n_random"]
-    k = max(1, round(config["bridge"]["k_fraction"] * d))
+    k = k_from_fraction(d, config["bridge"]["k_fraction"])
     c = Cost()
     c.add("gemm64", n * (2.0 * d**3 + (R + 1) * (2.0 * d * d * k + 6.0 * d * k * k)))
     c.add("svd", n * decomposition_flops("svd", d))
@@ -596,7 +598,7 @@ def cost_readout(config: dict, s: Shape) -> Cost:
     values (8/3 k³ ≪). Memory: the n float64 translators and their V (2n·8·d²) at once, plus
     one SVD in flight (gesdd: the copy it overwrites, U, Vᵀ and a ≈ 4 d² workspace, 6·8·d²)."""
     n, d = s.n_layers, s.d
-    ks = [max(1, round(f * d)) for f in config["readout"]["k_fractions"]]
+    ks = [k_from_fraction(d, f) for f in config["readout"]["k_fractions"]]
     c = Cost()
     c.add("svd", n * decomposition_flops("svd", d))
     c.add("gemm64", n * sum(2.0 * d * k * k + 4.0 * k**3 for k in ks))
