@@ -42,6 +42,7 @@ from scipy.linalg import lapack
 from resdyn.io import PathLike, atomic_path
 
 __all__ = [
+    "normalised_product",
     "KINDS",
     "DEFAULT_TOLERANCES",
     "CHECKPOINT_METRICS",
@@ -551,6 +552,28 @@ def participation_ratio(singular_values: Any) -> float:
 # cumulative products along depth
 
 
+def normalised_product(J: Any, P: Any = None) -> tuple[Any, float]:
+    """One step of a running product along depth: Q = J·P (a copy of J when P is None), returned
+    as (Q / ‖Q‖_F, ‖Q‖_F), or (Q, ‖Q‖_F) when ‖Q‖_F is 0 or not finite.
+
+    Works on numpy arrays and on torch tensors (a product kept on a CUDA device stays there).
+
+    Example:
+        >>> P, nrm = normalised_product(2 * np.eye(2))
+        >>> P.round(6).tolist(), round(nrm, 6)
+        ([[0.707107, 0.0], [0.0, 0.707107]], 2.828427)
+    """
+    if isinstance(J, np.ndarray):
+        Q = J.copy() if P is None else J @ P
+        nrm = float(np.linalg.norm(Q))
+    else:
+        import torch
+
+        Q = J.clone() if P is None else J @ P
+        nrm = float(torch.linalg.matrix_norm(Q))
+    return (Q / nrm if nrm > 0.0 and math.isfinite(nrm) else Q), nrm
+
+
 class _Cumulative:
     """Running product P_s = J_s P_{s−1}, renormalised to ‖P_s‖_F = 1 after every step.
 
@@ -563,19 +586,15 @@ class _Cumulative:
         self.log10_fro = 0.0
 
     def push(self, J: np.ndarray) -> np.ndarray:
-        if self.P is None:
-            P = J.copy()
-        elif self.log10_fro == -math.inf:
+        if self.log10_fro == -math.inf:
             return np.zeros(J.shape[0])
-        else:
-            P = J @ self.P
-        nrm = float(np.linalg.norm(P))
+        P, nrm = normalised_product(J, self.P)
         if nrm == 0.0 or not math.isfinite(nrm):
             if not math.isfinite(nrm):  # pragma: no cover - needs ‖J‖ near the float64 limit
                 raise FloatingPointError("cumulative product overflowed despite rescaling; ‖J‖_F is near 1e308")
             self.P, self.log10_fro = P, -math.inf
             return np.zeros(J.shape[0])
-        self.P = P / nrm
+        self.P = P
         self.log10_fro += math.log10(nrm)
         return _svd(self.P, vectors=False)
 
