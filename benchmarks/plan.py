@@ -20,7 +20,8 @@ d = 256 every kernel is dominated by O(d²) overheads that vanish at paper scale
 would skew the d³ rates that matter at d = 4096.)
 Cores: jacobians (structured engine, one layer, + per-sample summaries), activations (boundary
 states), lens (training steps), lens_metrics-like readout is the lens' forward (not separate),
-causal (causal_table on a 2-layer model), spectra, schur, bootstrap, communities, rss
+causal (causal_table on a 2-layer model), spectra, schur, bootstrap (method perturbative) and
+bootstrap_exact, communities, rss
 (readout profile). Not run: coupling, bridge, phase_metrics, whose op classes (fp64 GEMM, SVD,
 streaming) are covered by the others.
 """
@@ -182,13 +183,13 @@ def core_causal(s, cfg):
         cost.cost_causal(cfg, s, gpu=False)
 
 
-def _jacobians(s, n=None):
+def _jacobians(s, n=None, noise=0.05):
     rng = np.random.default_rng(1)
     d = s.d
     mats = {(L, k): np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d) for L in range(s.n_layers) for k in ("attn", "mlp")}
     if n is None:
         return mats
-    return {key: m[None] + 0.05 * rng.standard_normal((n, d, d)) / np.sqrt(d) for key, m in mats.items()}
+    return {key: m[None] + noise * rng.standard_normal((n, d, d)) / np.sqrt(d) for key, m in mats.items()}
 
 
 def core_spectra(s, cfg):
@@ -210,12 +211,31 @@ def core_schur(s, cfg):
     return (lambda: schur.schur_bottleneck(mats, cfg["schur"]["alphas"])), cost.cost_schur(cfg, s)
 
 
-def core_bootstrap(s, cfg):
+def _core_bootstrap(s, cfg, method):
     from resdyn import bootstrap
 
-    per = _jacobians(s, n=cfg["jacobian"]["store_first_n"])
+    # samples 0.2 % apart: the regime where perturbation theory applies at d ≤ 1024 (at 5 %
+    # a random spectrum's gaps are too small and every sublayer falls back)
+    per = _jacobians(s, n=cfg["jacobian"]["store_first_n"], noise=0.002 if method == "perturbative" else 0.05)
+    cfg = {**cfg, "bootstrap": {**cfg["bootstrap"], "method": method}}
     c = cost.cost_bootstrap(cfg, s, gpu=False)
-    return (lambda: bootstrap.jacobian_bootstrap(per, cfg["bootstrap"]["n_resamples"], seed=0)), c
+
+    def run():
+        table, _ = bootstrap.jacobian_bootstrap(per, cfg["bootstrap"]["n_resamples"], seed=0, method=method)
+        # the price is the method's own, so a fallback to exact would be mispriced: fail loudly
+        assert (table["method"].iloc[:-2] != "exact-fallback").all(), table["note"].iloc[0]
+
+    return run, c
+
+
+def core_bootstrap(s, cfg):
+    """``method: perturbative`` on samples where it applies (on the zoo's Jacobians it falls
+    back, docs/bootstrap.md, so the default is exact: :func:`core_bootstrap_exact`)."""
+    return _core_bootstrap(s, cfg, "perturbative")
+
+
+def core_bootstrap_exact(s, cfg):
+    return _core_bootstrap(s, cfg, "exact")
 
 
 def core_communities(s, cfg):
@@ -240,7 +260,7 @@ def core_rss(s, cfg):
 
     rng = np.random.default_rng(3)
     mats = [np.eye(s.d) + rng.standard_normal((s.d, s.d)) / np.sqrt(s.d) for _ in range(s.n_layers)]
-    ks = [max(1, round(f * s.d)) for f in cfg["readout"]["k_fractions"]]
+    ks = [readout.k_from_fraction(s.d, f) for f in cfg["readout"]["k_fractions"]]
     return (lambda: readout.rss_profile(mats, ks)), cost.cost_readout(cfg, s)
 
 
@@ -252,7 +272,7 @@ def primitives(d: int) -> list[tuple[str, Callable[[], None], cost.Cost]]:
     a = rng.standard_normal((d, d))
     a32 = torch.from_numpy(a.astype(np.float32))
     big, dst = np.ones(16 * 2**20), np.zeros(16 * 2**20)  # 128 MiB each, touched before timing
-    from resdyn import spectral
+    from resdyn import linalg
 
     def prim(op, amount):
         return cost.Cost(work={op: amount})
@@ -261,17 +281,18 @@ def primitives(d: int) -> list[tuple[str, Callable[[], None], cost.Cost]]:
         ("gemm32", lambda: [a32 @ a32 for _ in range(4)], prim("gemm32", 4 * 2.0 * d**3)),
         ("gemm64", lambda: [a @ a for _ in range(4)], prim("gemm64", 4 * 2.0 * d**3)),
         ("eig", lambda: scipy.linalg.eigvals(a, check_finite=False), prim("eig", cost.decomposition_flops("eig", d))),
-        ("schur", lambda: spectral._schur(a, "real", False), prim("schur", cost.decomposition_flops("schur", d))),
-        ("schurv", lambda: spectral._schur(a, "real", True), prim("schurv", cost.decomposition_flops("schurv", d))),
-        ("svd", lambda: spectral._svd(a, True), prim("svd", cost.decomposition_flops("svd", d))),
-        ("svdvals", lambda: spectral._svd(a, False), prim("svdvals", cost.decomposition_flops("svdvals", d))),
+        ("schur", lambda: linalg.schur_factor(a, "real", False), prim("schur", cost.decomposition_flops("schur", d))),
+        ("schurv", lambda: linalg.schur_factor(a, "real", True), prim("schurv", cost.decomposition_flops("schurv", d))),
+        ("svd", lambda: linalg.svd(a, True), prim("svd", cost.decomposition_flops("svd", d))),
+        ("svdvals", lambda: linalg.svd(a, False), prim("svdvals", cost.decomposition_flops("svdvals", d))),
         ("stream", lambda: [np.copyto(dst, big) for _ in range(8)], prim("stream", 8 * 2 * big.nbytes)),
     ]
 
 
 CORES = {
     "jacobians": core_jacobians, "activations": core_activations, "lens": core_lens, "causal": core_causal,
-    "spectra": core_spectra, "schur": core_schur, "bootstrap": core_bootstrap, "communities": core_communities,
+    "spectra": core_spectra, "schur": core_schur, "bootstrap": core_bootstrap, "bootstrap_exact": core_bootstrap_exact,
+    "communities": core_communities,
     "rss": core_rss,
 }
 SIZES = [(384, "llama"), (640, "qwen"), (1024, "llama")]

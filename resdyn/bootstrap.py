@@ -27,7 +27,7 @@ On every replicate:
   every sublayer's mean Jacobian (:func:`resdyn.spectral.henrici_departure`,
   :func:`resdyn.spectral.complex_fraction`);
 - ``cum_erank_full_depth``: effective rank of P = J_{S−1} ⋯ J_0 over all S sublayers
-  (Frobenius-rescaled after each product, like :func:`resdyn.spectral.cumulative_spectrum`);
+  (Frobenius-rescaled after each product, like :func:`resdyn.spectral.cumulative_spectrum`, with :class:`resdyn.linalg.NormalisedProduct`);
 - ``complex_fraction_early_minus_late`` and ``henrici_early_minus_late``: the mean over the
   first third of sublayers minus the mean over the last third (:func:`early_late`).
 
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn import jacobian, spectral
+from resdyn import jacobian, linalg, spectral
 
 __all__ = [
     "percentile_ci",
@@ -227,7 +227,7 @@ CLUSTER_FRACTION = 1.0 / 32.0
 def _torch_device(device: Any) -> Any:
     import torch
 
-    return torch.device(device) if spectral._on_cuda(device) else torch.device("cpu")
+    return torch.device(device) if linalg.on_cuda(device) else torch.device("cpu")
 
 
 def _clusters(lam: np.ndarray, gap_min: np.ndarray, coupling: np.ndarray, tau: float) -> np.ndarray:
@@ -402,7 +402,7 @@ def perturbative_rows(
     checked = np.argsort(-res["norm_F"], kind="stable")[: max(0, min(int(n_verify), len(h)))]
     worst_h, worst_c = 0.0, 0.0
     for r in checked:
-        lam, nn, fro = spectral.eigen_henrici(np.einsum("n,nij->ij", weights[r], X), device)
+        lam, nn, fro = linalg.eigen_henrici(np.einsum("n,nij->ij", weights[r], X), device)
         he = min(1.0, nn / fro) if fro > 0 else 0.0
         ce = spectral.complex_fraction(lam, complex_tol)
         worst_h = max(worst_h, abs(he - h[r]))
@@ -457,7 +457,7 @@ def jacobian_bootstrap(
             processed in further passes over the files (each pass reloads and decompresses
             every sublayer). Default :func:`resdyn.cost.bootstrap_memory_budget`: every row in
             one pass up to 16 GiB (one pass at d = 4096, R = 50), the size the job requests.
-        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.spectral.eigen_henrici`).
+        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.linalg.eigen_henrici`).
         method: ``exact`` (every replicate decomposed) or ``perturbative`` (replicate spectra of
             each sublayer from one decomposition of its n-sample mean, :func:`perturbative_rows`;
             a sublayer where that does not apply or fails its a-posteriori check is decomposed
@@ -515,14 +515,14 @@ def jacobian_bootstrap(
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
 
-    on_gpu = spectral._on_cuda(device)
+    on_gpu = linalg.on_cuda(device)
     on_device_means = on_gpu and method == "perturbative"
     if on_gpu:
         import torch
     cache = first
     for start in range(0, rows_total, chunk):
         rows = np.arange(start, min(rows_total, start + chunk))
-        products: list[Any] = [None] * rows.size
+        products = [linalg.NormalisedProduct() for _ in rows]
         for s, key in enumerate(keys):
             X = cache if (s == 0 and cache is not None) else _load(per_sample[key])
             if X.shape != (n, d, d):
@@ -546,21 +546,20 @@ def jacobian_bootstrap(
                 if not (bool(torch.isfinite(J).all()) if on_device_means else np.isfinite(J).all()):
                     continue
                 if r < 2 or exact_rows[s]:
-                    lam, nn, fro = spectral.eigen_henrici(J.cpu().numpy() if on_device_means else J, device)
+                    lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if on_device_means else J, device)
                     henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
                     cfrac[r, s] = spectral.complex_fraction(lam, tol)
                 # the running products stay on the device when there is one (2 d³ fp64 GEMMs there)
-                products[j], _ = spectral.normalised_product(torch.as_tensor(J, device=device) if on_gpu else J,
-                                                             products[j])
+                products[j].push(torch.as_tensor(J, device=device) if on_gpu else J)
         for j, r in enumerate(rows):
-            P = products[j]
+            P = products[j].P
             if P is None:
                 continue
             if on_gpu:
                 if bool(torch.isfinite(P).all()):
-                    erank[r] = spectral.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+                    erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
             elif np.isfinite(P).all():
-                erank[r] = spectral.effective_rank(np.linalg.svd(P, compute_uv=False))
+                erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
         cache = None
 
     early, late = early_late(S) if S >= 2 else (np.arange(1), np.arange(1))

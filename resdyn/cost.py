@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resdyn.linalg import k_from_fraction
+
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
     "gemm32", "gemm16", "gemm64", "jvp", "eig", "schur", "schurv", "svd", "svdvals", "stream", "gunzip", "calls",
@@ -414,7 +416,7 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
     heads = 4 * (cc["n_random"] + 1)  # each comparison reads out the reference and the modified state
     c.add(head, runs * _forward_flops(s, B * T, n * (n + 1) / 2, T) + heads * n * 2.0 * B * T * s.d * s.vocab)
-    k = max(1, round(config["causal"]["k_fraction"] * s.d))
+    k = k_from_fraction(s.d, config["causal"]["k_fraction"])
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
     c.add("stream", heads * n * 12.0 * B * T * s.vocab)
@@ -532,8 +534,11 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)
-    # perturbative: + E (n complex d²), the replicate chunk of F (2 GiB) and K, gaps, couplings
-    extra = (n * 16.0 * d * d + 2 * 2**30 + 4 * 16.0 * d * d) if perturbative else 0.0
+    # perturbative: E (n complex d²), the samples and their deviations (3 n real d²), a chunk of
+    # F_r (≤ 2 GiB, resdyn.bootstrap.perturbative_spectra) and as much in temporaries, and six
+    # complex d² arrays (V, V⁻¹, K, gaps, couplings, mask)
+    chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
+    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + 2 * chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
     c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
     c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
@@ -577,7 +582,7 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
     two translators (SVD with vectors, each once: n SVDs), and for the observed and ``n_random``
     Haar subspaces J·V (2 d²k) and Vᵀ(JV) (2 d k²) plus a QR per draw (4 d k²)."""
     n, d, R = s.n_layers, s.d, config["bridge"]["n_random"]
-    k = max(1, round(config["bridge"]["k_fraction"] * d))
+    k = k_from_fraction(d, config["bridge"]["k_fraction"])
     c = Cost()
     c.add("gemm64", n * (2.0 * d**3 + (R + 1) * (2.0 * d * d * k + 6.0 * d * k * k)))
     c.add("svd", n * decomposition_flops("svd", d))
@@ -591,7 +596,7 @@ def cost_readout(config: dict, s: Shape) -> Cost:
     (n), then per k and consecutive pair the k×k overlap V_Lᵀ V_{L+1} (2 d k²) and its singular
     values (8/3 k³ ≪). Memory: the n translators' V (n·8·d²) at once."""
     n, d = s.n_layers, s.d
-    ks = [max(1, round(f * d)) for f in config["readout"]["k_fractions"]]
+    ks = [k_from_fraction(d, f) for f in config["readout"]["k_fractions"]]
     c = Cost()
     c.add("svd", n * decomposition_flops("svd", d))
     c.add("gemm64", n * sum(2.0 * d * k * k + 4.0 * k**3 for k in ks))

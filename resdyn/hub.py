@@ -131,12 +131,12 @@ def family_of(model_type: str | None, outer_type: str | None = None) -> str:
 
     Raises HubError naming the type, why it is refused when known, and the supported families.
     """
-    from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
+    from resdyn.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
 
     supported = ", ".join(SUPPORTED_FAMILIES)
     for mt in (model_type, outer_type):
-        if mt in _REFUSED:
-            raise HubError(f"model_type {mt!r} is not supported ({_REFUSED[mt]}); supported families: {supported}")
+        if mt in REFUSED_FAMILIES:
+            raise HubError(f"model_type {mt!r} is not supported ({REFUSED_FAMILIES[mt]}); supported families: {supported}")
     for fam, (types, _) in SUPPORTED_FAMILIES.items():
         if model_type in types or outer_type in types:
             return fam

@@ -394,3 +394,38 @@ def test_perturbative_coverage_matches_exact():
     # paired on the same data: ≤ 3 of 120 datasets differ (binomial sd of a rate: ≈ 0.04)
     assert differ <= 3, (cover, differ)
     assert abs(cover["exact"] - cover["perturbative"]) / reps <= 0.025
+
+
+def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
+    """The CUDA code path (resampled means and running products as torch tensors, eigen-analyses
+    via torch) run on the CPU's torch gives the host path's table."""
+    from resdyn import linalg
+
+    rng = np.random.default_rng(9)
+    d, n = 16, 8
+    M = np.diag(np.linspace(-2, 2, d)) + 0.3 * np.triu(rng.standard_normal((d, d)), 1)
+    per = _chain(M[None] + 0.01 * rng.standard_normal((n, d, d)))
+    host, host_reps = bs.jacobian_bootstrap(per, n_resamples=30, seed=2, method="perturbative")
+    calls: list = []
+    monkeypatch.setattr(linalg, "on_cuda", lambda device: calls.append(device) or device is not None)
+    dev, dev_reps = bs.jacobian_bootstrap(per, n_resamples=30, seed=2, method="perturbative", device="cpu")
+    assert calls and (host["method"].iloc[:4] == "perturbative").all()
+    num = ["estimate", "ci_low", "ci_high", "estimate_all_samples"]
+    np.testing.assert_allclose(dev[num].to_numpy(float), host[num].to_numpy(float), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dev_reps["value"], host_reps["value"], rtol=1e-9, atol=1e-9)
+
+
+def test_cost_of_the_perturbative_method():
+    """cost_bootstrap: (2 + 2 + 2.5 + R/32) eigvals-equivalents per sublayer instead of R."""
+    from resdyn import cost
+
+    s = cost.Shape(n_layers=4, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
+    cfg = {"jacobian": {"store_first_n": 16}, "bootstrap": {"n_resamples": 50, "method": "exact"}}
+    exact = cost.cost_bootstrap(cfg, s, gpu=True)
+    cfg["bootstrap"]["method"] = "perturbative"
+    pert = cost.cost_bootstrap(cfg, s, gpu=True)
+    R, S = 52, 8
+    one = cost.decomposition_flops("eig", 4096)
+    assert exact.work["eig"] == pytest.approx(R * S * one)
+    assert pert.work["eig"] == pytest.approx((4 + 2.5 + R / 32) * S * one)
+    assert cost.seconds(pert, "h100") < 0.25 * cost.seconds(exact, "h100")

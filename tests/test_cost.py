@@ -199,13 +199,29 @@ def test_eigen_henrici_reuses_one_schur_factor():
     assert nn**2 == pytest.approx(fro**2 - np.sum(np.abs(ref) ** 2), rel=1e-8)
 
 
+def _force_device_path(monkeypatch) -> list:
+    """Make the CUDA switch (resdyn.linalg.on_cuda, which bootstrap.py reads too)
+    treat any device as CUDA, so the torch code paths run on the CPU; returns the call log."""
+    from resdyn import linalg
+
+    calls: list = []
+
+    def fake(device):
+        calls.append(device)
+        return device is not None
+
+    monkeypatch.setattr(linalg, "on_cuda", fake)
+    return calls
+
+
 def test_spectra_table_device_path_agrees_on_cpu_torch(monkeypatch):
     """The torch path (used on cuda) run on the CPU's torch equals the scipy reference."""
     rng = np.random.default_rng(1)
     mats = {(0, "attn"): np.eye(40) + rng.standard_normal((40, 40)) / 6, (0, "mlp"): rng.standard_normal((40, 40))}
     ref, ref_arr = spectral.spectra_table(mats)
-    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    calls = _force_device_path(monkeypatch)
     got, got_arr = spectral.spectra_table(mats, device="cpu")
+    assert calls, "the torch path was not taken"
     num = [c for c in ref.columns if c not in ("kind",)]
     np.testing.assert_allclose(got[num].to_numpy(float), ref[num].to_numpy(float), rtol=1e-9, atol=1e-9)
     for key in ref_arr:
@@ -267,8 +283,9 @@ def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
     base = {(L, k): np.eye(24) + rng.standard_normal((24, 24)) / 4 for L in range(2) for k in ("attn", "mlp")}
     per = {key: m[None] + 0.1 * rng.standard_normal((5, 24, 24)) for key, m in base.items()}
     ref, ref_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1)
-    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    calls = _force_device_path(monkeypatch)
     got, got_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1, device="cpu")
+    assert calls, "the torch path was not taken"
     for col in ("estimate", "ci_low", "ci_high"):
         np.testing.assert_allclose(got[col].to_numpy(float), ref[col].to_numpy(float), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(got_reps.value.to_numpy(), ref_reps.value.to_numpy(), rtol=1e-8, atol=1e-10)
