@@ -521,26 +521,66 @@ def cost_schur(config: dict, s: Shape) -> Cost:
 
 
 def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
-    """``bootstrap`` (:func:`resdyn.bootstrap.jacobian_bootstrap`): R = ``n_resamples`` + 2 rows
-    (the all-N mean, the n-sample mean, R replicates) × S sublayers, each one eigen-analysis of a
-    d×d mean: on the host one real Schur factor T (eigenvalues and Henrici together), on a GPU
-    torch eigvals (Henrici by subtraction, guarded). Per row and sublayer also the resampled mean
-    (2·n·d² FLOPs, streamed) and the running product (2 d³ fp64), per row one svdvals at the
-    end. The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the
-    files; a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
+    """``bootstrap`` (:func:`resdyn.bootstrap.jacobian_bootstrap`), R = ``n_resamples`` + 2 rows
+    (the all-N mean, the n-sample mean, R − 2 replicates) × S sublayers, d×d, n stored samples.
+
+    ``method: exact``: each row and sublayer one eigen-analysis of the resampled mean: on the
+    host one real Schur factor T (eigenvalues and Henrici together), on a GPU torch eigvals
+    (Henrici by subtraction, guarded): R·S eigvals (10 d³ nominal each).
+
+    ``method: perturbative`` (:func:`resdyn.bootstrap.perturbative_spectra`), per sublayer:
+      * the two means exactly: 2 eigvals (20 d³);
+      * one eigendecomposition with vectors of the n-sample mean: 25 d³ nominal (GVL: Hessenberg
+        + QR with the accumulated basis and back-substitution), i.e. 2.5 eigvals-equivalents,
+        priced at the eig rate;
+      * V⁻¹ (complex LU inverse, ≈ 8 d³ real FLOPs) and E_i = V⁻¹ D_i V for the n samples:
+        2 complex GEMMs each, 8 d³ real FLOPs per complex GEMM → 16·n·d³ (gemm64);
+      * the Gram matrices of (J_0, J_i − J_0) and of their antisymmetric parts: 4·n²·d² (gemm64);
+      * two passes over the replicates forming F_r = Σ_i (w_ri − 1/n) E_i (a complex GEMM
+        (R × n)·(n × d²)) and the O(d²) second-order sums, gaps and couplings: ≈ 2·R·(n + 10)·8·d²
+        real FLOPs, priced as gemm64 on the job's device (memory-bound there, but ≪ one eig);
+      * clusters: their small eigenproblems cost at most CLUSTER_FRACTION = 1/32 of R eigvals
+        (beyond that the sublayer falls back), priced at that bound: R/32 eigvals;
+      * the a-posteriori check: VERIFY_REPLICATES = 2 eigvals.
+      In all ≈ (2 + 2.5 + 2 + R/32) eigvals-equivalents per sublayer instead of R (R = 52:
+      8.1 instead of 52, 6.4× fewer). The worst case — every sublayer fails the check and falls
+      back — is the exact price plus these 6.5 + R/32 decompositions; that is what a second
+      attempt (runtime × attempt) covers, and what the zoo's transformer Jacobians need today
+      (docs/bootstrap.md), which is why the default is ``exact``.
+
+    Both: per row and sublayer the resampled mean (2·n·d² FLOPs, streamed on the host; for
+    ``perturbative`` on a GPU one device GEMM, gemm64) and the running
+    product (2 d³ fp64), per row one svdvals at the end (``cum_erank_full_depth`` stays exact).
+    The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the files;
+    a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
     n = config["jacobian"]["store_first_n"]
     R = config["bootstrap"]["n_resamples"] + 2
     S, d = _n_sublayers(s), s.d
     c = Cost(gpu=gpu, host_ops=("stream",))  # the resampled means are formed on the host
-    c.add("eig" if gpu else "schur", R * S * decomposition_flops("eig", d))
+    eig_op = "eig" if gpu else "schur"
+    perturbative = config["bootstrap"].get("method", "exact") == "perturbative"
+    if perturbative:
+        c.add(eig_op, S * (2 + 2) * decomposition_flops("eig", d))  # the two means + the check
+        c.add("eig", S * (2.5 + R / 32.0) * decomposition_flops("eig", d))  # with vectors; clusters
+        c.add("gemm64", S * ((8.0 + 16.0 * n) * d**3 + 4.0 * n * n * d * d + 2.0 * R * (n + 10) * 8.0 * d * d))
+    else:
+        c.add(eig_op, R * S * decomposition_flops("eig", d))
     c.add("gemm64", R * S * 2.0 * d**3)
-    c.add("stream", R * S * n * 8.0 * d * d)
+    if perturbative and gpu:  # the resampled means as a GEMM on the device (weights · X)
+        c.add("gemm64", R * S * n * 2.0 * d * d)
+    else:
+        c.add("stream", R * S * n * 8.0 * d * d)
     c.add("svdvals", R * decomposition_flops("svdvals", d))
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)
-    c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d
-    c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d if gpu else 0.0
+    # perturbative: E (n complex d²), the samples and their deviations (3 n real d²), a chunk of
+    # F_r (≤ 2 GiB, resdyn.bootstrap.perturbative_spectra) and as much in temporaries, and six
+    # complex d² arrays (V, V⁻¹, K, gaps, couplings, mask)
+    chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
+    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + 2 * chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
+    c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
+    c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
 
 

@@ -934,6 +934,58 @@ def branch_jacobians(folders: Sequence[os.PathLike | str]) -> dict[tuple[int, st
     return out
 
 
+def _per_sample_loader(path: Path, kind: str):
+    def load() -> np.ndarray:
+        with h5py.File(path, "r") as f:
+            x = f[kind]["per_sample"][()]
+        x = x.astype(np.float64).mean(axis=1)  # (n, P, d, d) -> each sample's mean over its positions
+        if not np.isfinite(x).all():
+            raise FloatingPointError(f"{path}: {kind}/per_sample has non-finite entries")
+        return x
+
+    return load
+
+
+def per_sample_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, dict[str, Any]]:
+    """Lazy loaders of every sublayer's per-sample Jacobians and all-sample mean (the bootstrap's input).
+
+    Returns ``(per_sample, means, info)``: ``per_sample[(layer, kind)]()`` → (n, d, d) float64
+    (each stored sample's Jacobians averaged over its positions); ``means[(layer, kind)]()`` →
+    (d, d) (:func:`mean_jacobians`' loaders); ``info`` = {``n_bootstrap_samples`` n,
+    ``n_samples_total`` N, ``sample_ids`` (n,)}. Loaders raise naming the file on non-finite
+    values. Raises ValueError naming the file when ``per_sample`` is absent
+    (``jacobian.store_first_n`` = 0), when files disagree on n or on the stored samples, or when
+    layers have gaps.
+    """
+    means, _ = mean_jacobians(folders)
+    files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
+    per: dict[tuple[int, str], Any] = {}
+    ref: tuple[int, int, np.ndarray, Path] | None = None
+    for path in files:
+        with h5py.File(path, "r") as f:
+            layer = int(f.attrs["layer"])
+            for kind in ("layer",) if "layer" in f else KINDS:
+                if "per_sample" not in f[kind]:
+                    raise ValueError(
+                        f"{path}: no {kind}/per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
+                        "set jacobian.store_first_n ≥ 2 and rerun the jacobians rule"
+                    )
+                n = int(f[kind]["per_sample"].shape[0])
+                total = int(f[kind]["count"][()])
+                ids = np.asarray(f[kind]["sample_ids"][()])[:n]
+                if ref is None:
+                    ref = (n, total, ids, path)
+                elif n != ref[0] or total != ref[1] or not np.array_equal(ids, ref[2]):
+                    raise ValueError(
+                        f"{path}: {kind}/per_sample holds {n} of {total} samples, but {ref[3]} holds "
+                        f"{ref[0]} of {ref[1]} (or other sample ids); all files must come from one run"
+                    )
+                per[(layer, kind)] = _per_sample_loader(path, kind)
+    assert ref is not None  # mean_jacobians raised on no files
+    return per, {key: means[key] for key in per}, {"n_bootstrap_samples": ref[0], "n_samples_total": ref[1],
+                                                   "sample_ids": ref[2]}
+
+
 def _mean_loader(path: Path, kind: str):
     def load() -> np.ndarray:
         with h5py.File(path, "r") as f:

@@ -56,10 +56,6 @@ from resdyn.linalg import (
     svd_on,
 )
 
-# bootstrap.py reads spectral._on_cuda until it imports resdyn.linalg.on_cuda (issue 14); the
-# allowance in tests/test_package_imports.py goes with it.
-_on_cuda = on_cuda
-
 __all__ = [
     "KINDS",
     "DEFAULT_TOLERANCES",
