@@ -70,9 +70,10 @@ class Device:
 # Calibrated 2026-11-30 13:46 UTC by `benchmarks/plan.py` on the project's 2-core CI-class
 # machine (Debian, Python 3.11, torch 2.13.0+cpu, numpy/scipy wheels' OpenBLAS, one thread,
 # load average 7-10 from other sessions: CPU time was fitted, not wall time): per-thread
-# rates. Rule cores at d = 384/640/1024 predicted within 0.74-1.20 of measured CPU time (worst
-# 0.74: rss at d = 384, where LAPACK's O(d²) terms still show) and peak memory within
-# 0.72-1.28 (bootstrap's inputs are built outside the measured process, see docs/cost.md).
+# rates. Confirming run 13:47-13:50 UTC (load 8.4-9.4), with these stored rates: every rule
+# core at d = 384/640/1024 within 0.71-1.21 of measured CPU time (worst 0.71: rss at d = 384,
+# where LAPACK's small-size inefficiency still shows) and peak memory within 0.72-1.28
+# (bootstrap's inputs are built outside the measured process, see docs/cost.md).
 CPU_CALIBRATION: dict[str, float] = {
     "gemm32": 7.55e10,
     "gemm16": 7.55e10,  # not fitted: a CPU runs "bf16" models' matmuls no faster than fp32
