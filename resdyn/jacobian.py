@@ -935,7 +935,8 @@ def _dataset_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], av
         with h5py.File(path, "r") as f:
             x = f[kind][name][()]
         if x.shape != shape:
-            raise ValueError(f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} (file changed after indexing?)")
+            raise ValueError(f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} "
+                             "(the file changed after it was indexed)")
         x = x.astype(np.float64)
         if average_positions:
             x = x.mean(axis=1)  # (n, P, d, d) -> per-sample mean over positions

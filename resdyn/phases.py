@@ -371,7 +371,8 @@ class Cutpoints:
             raise ValueError(f"{source}: widths {widths!r} do not match spans {obj['spans']!r}")
         profile, smoothed = numbers("profile"), numbers("smoothed")
         if len(profile) != n or len(smoothed) != n:
-            raise ValueError(f"{source}: profile and smoothed must have n = {n} points, got {len(profile)}, {len(smoothed)}")
+            raise ValueError(f"{source}: profile and smoothed must have n = {n} points, "
+                             f"got {len(profile)} and {len(smoothed)}")
         window = obj["window"]
         if window is not None:
             integer("window", window)

@@ -475,7 +475,8 @@ def written_run(tmp_path_factory):
     for layer in (0, 1):
         folder = root / f"layers{layer:03d}-{layer:03d}"
         folder.mkdir()
-        jacobian.write_layer_block(model, _samples(4), np.arange(4) * 10, [layer], {layer: folder / f"layer{layer:03d}.h5"},
+        path = folder / f"layer{layer:03d}.h5"
+        jacobian.write_layer_block(model, _samples(4), np.arange(4) * 10, [layer], {layer: path},
                                    positions=[-1, -2], store_first_n=3, attrs=ATTRS, progress=False)
     return sorted(root.iterdir())
 
