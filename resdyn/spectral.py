@@ -47,7 +47,6 @@ from resdyn.linalg import (
     effective_rank,
     k_from_fraction,
     nonnormal_norm_from_schur,
-    on_cuda,
     participation_ratio,
     round_half_up,
     schur_factor,
@@ -55,10 +54,6 @@ from resdyn.linalg import (
     svd,
     svd_on,
 )
-
-# bootstrap.py reads spectral._on_cuda until it imports resdyn.linalg.on_cuda (issue 14); the
-# allowance in tests/test_package_imports.py goes with it.
-_on_cuda = on_cuda
 
 __all__ = [
     "KINDS",

@@ -16,9 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("resdyn", "workflow/scripts", "benchmarks")
 
-# Uses that are known and about to go: bootstrap.py switches to resdyn.linalg.on_cuda (issue 14,
-# the bootstrap work); delete the entry then. An entry that no longer occurs is harmless.
-ALLOWED = {("resdyn/bootstrap.py", "spectral._on_cuda")}
+# Known cross-module private uses (none left: bootstrap.py uses resdyn.linalg.on_cuda).
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

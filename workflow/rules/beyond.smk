@@ -103,6 +103,7 @@ rule bootstrap:
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
+        method=config["bootstrap"]["method"],
         device=config["device"],
         code=code("bootstrap"),
     script:
