@@ -287,7 +287,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
         if k == "model_type":
             continue
         if k in m and m[k] != value:
-            field = "model_type" if k == "family" else hub.SHAPE_FIELDS[k]
+            field = {"family": "model_type", "parallel_residual": "use_parallel_residual"}.get(k) or hub.SHAPE_FIELDS[k]
             shown = found["model_type"] if k == "family" else value
             out.append(
                 f"config key '{key}.{k}': {m[k]!r} disagrees with config.json of {where} "
