@@ -33,6 +33,7 @@ import pandas as pd
 from resdyn.linalg import k_from_fraction
 
 __all__ = [
+    "RSS_COLUMNS",
     "readout_subspace",
     "principal_angles",
     "rss",
@@ -43,6 +44,9 @@ __all__ = [
     "resolution_table",
     "pareto_front",
 ]
+
+#: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
+RSS_COLUMNS = ["layer", "k", "k_fraction", "d", "rss", "grassmann_distance", "energy"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,9 +331,10 @@ def rss_profile(translators: Sequence[np.ndarray], ks: Sequence[int]) -> pd.Data
 
     Returns
     -------
-    DataFrame with columns ``layer`` (int), ``k`` (int), ``k_fraction`` (= k/d), ``rss``
-    (in [0, 1]), ``grassmann_distance`` (in [0, sqrt(k)π/2]), ``energy`` (in [0, 1]); sorted by
-    k, then layer; ``(n − 1)·len(ks)`` rows.
+    DataFrame with columns :data:`RSS_COLUMNS`: ``layer`` (int), ``k`` (int), ``k_fraction``
+    (= k/d), ``d`` (int, the hidden size: readers need not reconstruct it), ``rss`` (in
+    [0, 1]), ``grassmann_distance`` (in [0, sqrt(k)π/2]), ``energy`` (in [0, 1]); sorted by k,
+    then layer; ``(n − 1)·len(ks)`` rows.
 
     Examples
     --------
@@ -352,12 +357,13 @@ def rss_profile(translators: Sequence[np.ndarray], ks: Sequence[int]) -> pd.Data
                     "layer": L,
                     "k": k,
                     "k_fraction": k / d,
+                    "d": d,
                     "rss": float(cos.mean()),
                     "grassmann_distance": float(np.sqrt(np.sum(theta * theta))),
                     "energy": _energy_from_sigma(s_L, k),
                 }
             )
-    return pd.DataFrame(rows, columns=["layer", "k", "k_fraction", "rss", "grassmann_distance", "energy"])
+    return pd.DataFrame(rows, columns=RSS_COLUMNS)
 
 
 def _check_ks(ks: Sequence[int], d: int) -> list[int]:

@@ -47,7 +47,6 @@ from resdyn.linalg import (
     effective_rank,
     k_from_fraction,
     nonnormal_norm_from_schur,
-    on_cuda,
     participation_ratio,
     round_half_up,
     schur_factor,
