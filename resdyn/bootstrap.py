@@ -71,6 +71,9 @@ __all__ = [
     "not_bootstrapped_rows",
     "BOOTSTRAP_COLUMNS",
     "METHODS",
+    "INTERVALS",
+    "studentized_ci",
+    "replicate_ci",
     "perturbative_spectra",
     "perturbative_rows",
     "REPLICATE_COLUMNS",
@@ -82,6 +85,7 @@ BOOTSTRAP_COLUMNS = [
     "n_bootstrap_samples", "n_samples_total", "estimate_all_samples", "seed", "bootstrapped", "note",
     "reason",  # why a row's numbers are empty (not bootstrapped)
     "method",  # exact | perturbative | exact-fallback (perturbative asked, not applicable: see note)
+    "interval",  # percentile | studentized (replicate_ci)
 ]
 REPLICATE_COLUMNS = ["replicate", "metric", "value"]
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
@@ -135,6 +139,45 @@ def percentile_ci(values: Any, level: float = 0.95) -> tuple[float, float] | tup
     if arr.ndim == 1:
         return float(q[0]), float(q[1])
     return q[0], q[1]
+
+
+#: Interval kinds of :func:`replicate_ci`.
+INTERVALS = ("percentile", "studentized")
+
+
+def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap-t standard-error interval: estimate ± t_{R−1, (1+level)/2} · sd(replicates).
+
+    sd is the sample standard deviation (ddof 1) of the R replicates; the t quantile with R − 1
+    degrees of freedom accounts for estimating the standard error from few replicates, so the
+    interval keeps its level with R as small as 6 when the statistic is near-normal (a normal
+    statistic with the bootstrap's standard error: coverage exactly ``level``). A constant
+    statistic gives a zero-width interval; a NaN replicate or estimate gives NaN.
+
+    Example:
+        >>> lo, hi = studentized_ci([1.0, 2.0, 3.0], 2.0, 0.95)  # 2 ± t_{2, 0.975} · 1
+        >>> round(lo, 4), round(hi, 4)
+        (-2.3027, 6.3027)
+    """
+    from scipy.stats import t as student_t
+
+    lvl = _check_level(level)
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or v.size < 2:
+        raise ValueError(f"a studentized interval needs ≥ 2 replicates (1-D), got shape {v.shape}")
+    half = float(student_t.ppf((1.0 + lvl) / 2.0, v.size - 1)) * float(np.std(v, ddof=1))
+    est = float(estimate)
+    return est - half, est + half
+
+
+def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str = "percentile") -> tuple[float, float]:
+    """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
+    :func:`studentized_ci` around ``estimate``."""
+    if interval == "percentile":
+        return percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
+    if interval == "studentized":
+        return studentized_ci(values, estimate, level)
+    raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
 
 
 def bootstrap_indices(n_samples: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -443,6 +486,7 @@ def jacobian_bootstrap(
     memory_budget: int | None = None,
     device: Any = None,
     method: str = "exact",
+    interval: str = "percentile",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bootstrap over samples of Henrici departure, complex fraction and the full-depth rank.
 
@@ -463,6 +507,8 @@ def jacobian_bootstrap(
             a sublayer where that does not apply or fails its a-posteriori check is decomposed
             exactly, and its rows' ``method`` and ``note`` say why). The estimates (rows of the
             two means) and ``cum_erank_full_depth`` are exact in both.
+        interval: ``percentile`` or ``studentized`` (:func:`replicate_ci`; the latter keeps its
+            level with few resamples, e.g. 6, at the price of a wider interval).
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
         ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
@@ -478,6 +524,10 @@ def jacobian_bootstrap(
     seed = _check_int(seed, "seed", 0)
     if method not in METHODS:
         raise ValueError(f"bootstrap.method must be one of {list(METHODS)}, got {method!r}")
+    if interval not in INTERVALS:
+        raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
+    if interval == "studentized" and R < 2:
+        raise ValueError(f"bootstrap.interval studentized needs n_resamples ≥ 2, got {R}")
     lvl = _check_level(level)
     tol = float(complex_tol)
     if not (math.isfinite(tol) and tol >= 0):
@@ -574,10 +624,11 @@ def jacobian_bootstrap(
 
     def row(metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "",
             used: str = "exact") -> dict[str, Any]:
-        low, high = percentile_ci(values[2:], lvl)
+        low, high = replicate_ci(values[2:], values[1], lvl, interval)
         return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
                 "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
-                "note": "; ".join(x for x in (note, extra) if x), "reason": "", "method": used}
+                "note": "; ".join(x for x in (note, extra) if x), "reason": "", "method": used,
+                "interval": interval}
 
     out = []
     for s, (layer, kind) in enumerate(keys):
@@ -608,7 +659,8 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
     rows = [{"metric": m, "layer": None, "kind": "all", "s": None, "estimate": float("nan"), "ci_low": float("nan"),
              "ci_high": float("nan"), "level": _check_level(level), "n_resamples": 0, "n_bootstrap_samples": 0,
              "n_samples_total": 0, "estimate_all_samples": float("nan"), "seed": None, "bootstrapped": False,
-             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE, "method": ""} for m in ("rss_profile", "b1", "b2")]
+             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE, "method": "",
+             "interval": ""} for m in ("rss_profile", "b1", "b2")]
     table = pd.DataFrame(rows, columns=BOOTSTRAP_COLUMNS)
     for c in ("layer", "s", "seed"):
         table[c] = table[c].astype("Int64")
@@ -617,14 +669,16 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
 
 def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: int = 200, seed: int = 0,
                              level: float = 0.95, complex_tol: float = 1e-6,
-                             device: Any = None, method: str = "exact") -> tuple[pd.DataFrame, pd.DataFrame]:
+                             device: Any = None, method: str = "exact",
+                             interval: str = "percentile") -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
     :func:`resdyn.jacobian.per_sample_jacobians` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
     per, means, info = jacobian.per_sample_jacobians(folders)
     table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
-                                     n_samples_total=info["n_samples_total"], device=device, method=method)
+                                     n_samples_total=info["n_samples_total"], device=device, method=method,
+                                     interval=interval)
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):
         both[c] = both[c].astype("Int64")

@@ -104,6 +104,7 @@ rule bootstrap:
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
+        interval=config["bootstrap"]["interval"],
         device=config["device"],
         code=code("bootstrap"),
     script:
