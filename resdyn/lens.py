@@ -71,7 +71,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, io
+from resdyn import arch, artifacts, io
 
 log = logging.getLogger(__name__)
 
@@ -1266,7 +1266,7 @@ def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[to
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
+METRIC_COLUMNS = artifacts.LENS_METRIC_COLUMNS  # defined by resdyn.artifacts.LensMetrics
 
 
 @torch.no_grad()

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from resdyn import artifacts
+
 # The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
 from resdyn.linalg import k_from_fraction
 
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 #: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
-RSS_COLUMNS = ["layer", "k", "k_fraction", "d", "rss", "grassmann_distance", "energy"]
+RSS_COLUMNS = artifacts.RSS_COLUMNS  # defined by resdyn.artifacts.RssProfile
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Causal test: project off / patch each layer's readout subspace and rerun the model, vs random subspaces."""
 
-from resdyn import arch, causal, data, io, lens, models, provenance, readout
+from resdyn import arch, artifacts, causal, data, io, lens, models, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -10,7 +10,6 @@ with provenance.step(snakemake) as step:
     translators = [fitted.translator_matrix(L) for L in range(fitted.n_layers)]
     table = causal.causal_table(
         model, ids[: p.n_samples], translators, k=readout.k_from_fraction(arch.hidden_size(model), p.k_fraction),
-        n_random=p.n_random, seed=p.seed, phases=io.read_json(snakemake.input.phases),
+        n_random=p.n_random, seed=p.seed, phases=artifacts.PhaseCuts.read(snakemake.input.phases).to_json(),
     )
-    # the last layer lies outside the cut RSS profile: it has no phase label
-    io.write_tsv(table, snakemake.output[0], allow_nan=("phase",))
+    artifacts.CausalTable.write(table, snakemake.output[0])
