@@ -33,6 +33,7 @@ from resdyn import io
 from resdyn.io import PathLike
 
 __all__ = [
+    "Artifact",
     "ArtifactError",
     "TsvArtifact",
     "SpectraTable",
@@ -65,6 +66,11 @@ __all__ = [
     "PhaseMetrics",
     "ScalingWidths",
     "ScalingFits",
+    "Corpus",
+    "Samples",
+    "CheckpointRecord",
+    "Activations",
+    "JacobianBlocks",
 ]
 
 
@@ -84,7 +90,18 @@ def _is_integral(values: pd.Series) -> bool:
     return bool(np.all(v == np.round(v)))
 
 
-class TsvArtifact:
+class Artifact:
+    """Base of every artifact: ``relpath`` is its file (or folder) relative to the run folder."""
+
+    relpath: ClassVar[str] = ""
+
+    @classmethod
+    def path(cls, run: PathLike = ".", **wildcards: Any) -> Path:
+        """The file (or folder) of this artifact under the run folder ``run`` (wildcards fill ``relpath``)."""
+        return Path(run) / cls.relpath.format(**wildcards)
+
+
+class TsvArtifact(Artifact):
     """Base of a TSV table artifact (tab-separated, header row, written by :func:`resdyn.io.write_tsv`).
 
     Subclasses set ``relpath`` (a template relative to the run folder, e.g.
@@ -93,15 +110,9 @@ class TsvArtifact:
     further columns may follow; their cells are not checked for kind).
     """
 
-    relpath: ClassVar[str] = ""
     columns: ClassVar[Mapping[str, str]] = {}
     allow_nan: ClassVar[tuple[str, ...]] = ()
     extra_columns: ClassVar[bool] = False
-
-    @classmethod
-    def path(cls, run: PathLike = ".", **wildcards: Any) -> Path:
-        """The file of this artifact under the run folder ``run`` (wildcards fill ``relpath``)."""
-        return Path(run) / cls.relpath.format(**wildcards)
 
     @classmethod
     def validate(cls, table: pd.DataFrame, where: PathLike) -> pd.DataFrame:
@@ -303,7 +314,7 @@ class CouplingCounts(TsvArtifact):
                     "sign_dependence_p:float model:str")
 
 
-class SpectraArrays:
+class SpectraArrays(Artifact):
     """``results/{model}/{ckpt}/spectra.h5``: the spectra behind ``spectra.tsv`` (schema ``resdyn.spectra/1``).
 
     * root attrs: ``schema`` = "resdyn.spectra/1", plus provenance attrs (scalars as is,
@@ -320,10 +331,15 @@ class SpectraArrays:
                                           "singular_values_JmI": np.float64}
     _GROUP = re.compile(r"^L(\d{3,})_(attn|mlp|layer)$")
 
-    @classmethod
-    def path(cls, run: PathLike = ".", **wildcards: Any) -> Path:
-        """The file under the run folder."""
-        return Path(run) / cls.relpath.format(**wildcards)
+    @staticmethod
+    def depth_index(layer: int, kind: str) -> int:
+        """The group attr ``s`` = 2·layer + (0 for attn, 1 for mlp or layer).
+
+        :func:`resdyn.spectral.sublayer_index` (a test keeps the two equal); repeated here so
+        that this module imports nothing of resdyn but io: every script imports it, and its
+        imports enter every rule's code version.
+        """
+        return 2 * int(layer) + (0 if kind == "attn" else 1)
 
     @staticmethod
     def _attr_value(v: Any) -> Any:
@@ -363,8 +379,6 @@ class SpectraArrays:
         """Write ``arrays`` ({group: {dataset: array}}, :func:`resdyn.spectral.spectra_table`) atomically."""
         import h5py
 
-        from resdyn.spectral import sublayer_index
-
         checked = cls._checked(arrays, path)
         with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             for k, v in (attrs or {}).items():
@@ -374,7 +388,7 @@ class SpectraArrays:
                 g = f.create_group(name)
                 g.attrs["layer"] = layer
                 g.attrs["kind"] = kind
-                g.attrs["s"] = sublayer_index(layer, kind)
+                g.attrs["s"] = cls.depth_index(layer, kind)
                 for k, v in ds.items():
                     g.create_dataset(k, data=v)
 
@@ -546,34 +560,42 @@ class ResolutionTable(TsvArtifact):
     columns = _cols("k_fraction:float k:int energy:float mean_rss:float visibility:float pareto:bool")
 
 
-class PhaseCuts:
+class PhaseCuts(Artifact):
     """``results/{model}/{ckpt}/phases.json``: the phase cut of the RSS profile.
 
     The JSON object of :meth:`resdyn.phases.Cutpoints.to_json` (keys and their meaning in the
     :class:`resdyn.phases.Cutpoints` docstring: ``b1``, ``b2``, ``peak``, ``b1_found``,
     ``b2_found``, ``reason``, ``spans``, ``widths``, ``n``, ``window``, ``method``,
-    ``sensitivity``, ``notes``, ``profile``, ``smoothed``, ``stages``, ``k``,
-    ``k_fraction_requested``). Read back validated by :meth:`resdyn.phases.Cutpoints.from_json`.
+    ``sensitivity``, ``notes``, ``profile``, ``smoothed``, ``stages``, optional ``k`` and
+    ``k_fraction_requested``). :meth:`read` checks it is such an object; the full validation
+    (types, 0 ≤ b1 ≤ peak ≤ b2 ≤ n−1, spans/widths agree) is
+    ``phases.Cutpoints.from_json(PhaseCuts.read(path), source=path)``, kept in resdyn.phases so
+    this module imports nothing of resdyn but io (its imports enter every rule's code version).
     """
 
     relpath = _CKPT + "phases.json"
+    KEYS = ("b1", "b2", "peak", "b1_found", "b2_found", "reason", "spans", "widths", "n", "window", "method",
+            "sensitivity", "notes", "profile", "smoothed", "stages")
 
     @classmethod
-    def path(cls, run: PathLike = ".", **wildcards: Any) -> Path:
-        """The file under the run folder."""
-        return Path(run) / cls.relpath.format(**wildcards)
+    def read(cls, path: PathLike) -> dict[str, Any]:
+        """The JSON object; ArtifactError naming the file if it is not one or lacks keys."""
+        obj = io.read_json(path)
+        if not isinstance(obj, dict):
+            raise ArtifactError(f"{path}: expected a JSON object of phase cut points, got {type(obj).__name__}")
+        missing = [k for k in cls.KEYS if k not in obj]
+        if missing:
+            raise ArtifactError(f"{path}: lacks keys {missing} (a phases.json has {list(cls.KEYS)})")
+        return obj
 
     @classmethod
-    def read(cls, path: PathLike):
-        """The :class:`resdyn.phases.Cutpoints` in the file (ValueError naming the file if invalid)."""
-        from resdyn.phases import Cutpoints
-
-        return Cutpoints.from_json(io.read_json(path), source=str(path))
-
-    @classmethod
-    def write(cls, cuts, path: PathLike) -> None:
-        """Write a :class:`resdyn.phases.Cutpoints` atomically as JSON (no NaN: refused)."""
-        io.write_json(cuts.to_json(), path)
+    def write(cls, cuts: Any, path: PathLike) -> None:
+        """Write a :class:`resdyn.phases.Cutpoints` (or its :meth:`to_json` object) atomically; NaN refused."""
+        obj = cuts if isinstance(cuts, Mapping) else cuts.to_json()
+        missing = [k for k in cls.KEYS if k not in obj]
+        if missing:
+            raise ArtifactError(f"{path}: refusing to write phase cut points without keys {missing}")
+        io.write_json(obj, path)
 
 
 class LayerGeometry(TsvArtifact):
@@ -631,6 +653,165 @@ class ScalingFits(TsvArtifact):
     columns = _cols("phase:int status:str slope:float intercept:float slope_ci_low:float slope_ci_high:float "
                     "slope_se:float p_value:float r_squared:float n_models:int n_depths:int n_obs:int reason:str "
                     "group:str")
+
+
+
+# --------------------------------------------------------------------------------------------
+# data side: corpus, samples, checkpoint record, activations, Jacobians
+
+
+class Corpus(Artifact):
+    """``results/data/{dataset}/{split}.jsonl`` (split train | heldout): the documents of a corpus split.
+
+    UTF-8 JSON lines, one object ``{"text": str}`` per document, in corpus order.
+    """
+
+    relpath = "results/data/{dataset}/{split}.jsonl"
+
+    @staticmethod
+    def write(docs: Sequence[str], path: PathLike) -> None:
+        """Write the documents atomically, one JSON line each."""
+        with io.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+
+    @staticmethod
+    def read(path: PathLike) -> list[str]:
+        """The documents; ValueError naming file and line for a line that is not ``{"text": str}``."""
+        docs = []
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                try:
+                    text = json.loads(line)["text"]
+                except (json.JSONDecodeError, KeyError, TypeError) as err:
+                    raise ValueError(f"{path}:{i}: not a document line ({err})") from err
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{i}: not a document line (text is a {type(text).__name__}, not a string)")
+                docs.append(text)
+        return docs
+
+
+class Samples(Artifact):
+    """``results/{model}/samples.h5`` (and ``lens_tokens.h5``): the token blocks every analysis reads.
+
+    HDF5 datasets ``input_ids`` (N, T) integer token ids and ``sample_ids`` (N,) integer (the
+    block's start offset in its token stream); root attrs: the caller's (dataset, split file,
+    seed, …; dicts/lists as JSON strings) and ``samples_hash`` = SHA-256 of both arrays
+    (:func:`resdyn.io.sha256_array`), re-checked on read.
+    """
+
+    relpath = "results/{model}/samples.h5"
+
+    @staticmethod
+    def write(path: PathLike, input_ids: np.ndarray, sample_ids: np.ndarray, attrs: Mapping[str, Any]) -> str:
+        """Write the samples atomically; returns their ``samples_hash``."""
+        import h5py
+
+        digest = io.sha256_array(input_ids, sample_ids)
+        with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            f.create_dataset("input_ids", data=input_ids)
+            f.create_dataset("sample_ids", data=sample_ids)
+            for k, v in {**attrs, "samples_hash": digest}.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        return digest
+
+    @staticmethod
+    def read(path: PathLike) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(input_ids, sample_ids, attrs), validated: shapes, integer dtypes and the content hash."""
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                ids, sids = f["input_ids"][()], f["sample_ids"][()]
+                attrs = dict(f.attrs)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: not a readable samples file ({err})") from err
+        if ids.ndim != 2 or sids.shape != (ids.shape[0],):
+            raise ArtifactError(f"{path}: input_ids must be (N, T) and sample_ids (N,), got {ids.shape} and {sids.shape}")
+        if ids.dtype.kind not in "iu" or sids.dtype.kind not in "iu":
+            raise ArtifactError(f"{path}: input_ids and sample_ids must be integers, got {ids.dtype} and {sids.dtype}")
+        if attrs.get("samples_hash") != io.sha256_array(ids, sids):
+            raise ValueError(f"{path}: content does not match its recorded samples_hash (corrupted?)")
+        return ids, sids, attrs
+
+
+class CheckpointRecord(Artifact):
+    """``models/{model}/{ckpt}/checkpoint.json``: where one checkpoint's weights are, and their hash.
+
+    The JSON object of :func:`resdyn.models.resolve_checkpoint`: the checkpoint's config entry
+    (``model``, ``checkpoint``, ``source``, ``dtype``, ``repo``/``revision`` or ``path``, …) plus
+    ``folder`` (absolute path of the weights), ``resolved_commit`` (hub commit or null),
+    ``weight_files`` (list of names), ``content_hash`` and ``tokenizer_hash`` (SHA-256 hex of the
+    weight and tokenizer files, :func:`resdyn.io.sha256_tree`).
+    """
+
+    relpath = "models/{model}/{ckpt}/checkpoint.json"
+    REQUIRED: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "model": str, "checkpoint": str, "source": str, "folder": str, "weight_files": list,
+        "content_hash": str, "tokenizer_hash": str,
+    }
+
+    @classmethod
+    def validate(cls, record: Any, where: PathLike) -> dict:
+        """The record if it has every required key with the right type; ArtifactError naming ``where``."""
+        if not isinstance(record, dict):
+            raise ArtifactError(f"{where}: expected a JSON object (checkpoint record), got {type(record).__name__}")
+        missing = [k for k in cls.REQUIRED if k not in record]
+        if missing:
+            raise ArtifactError(f"{where}: lacks key(s) {missing} (a checkpoint record has {list(cls.REQUIRED)})")
+        for k, t in cls.REQUIRED.items():
+            if not isinstance(record[k], t):
+                raise ArtifactError(f"{where}: {k} must be a {t.__name__}, got {record[k]!r:.80}")
+        for k in ("content_hash", "tokenizer_hash"):
+            if not re.fullmatch(r"[0-9a-f]{64}", record[k]):
+                raise ArtifactError(f"{where}: {k} must be a SHA-256 hex digest, got {record[k]!r:.80}")
+        return record
+
+    @classmethod
+    def write(cls, record: dict, path: PathLike) -> None:
+        """Write the record atomically (validated first)."""
+        io.write_json(cls.validate(record, path), path)
+
+    @classmethod
+    def read(cls, path: PathLike) -> dict:
+        """The validated record."""
+        return cls.validate(io.read_json(path), path)
+
+
+class Activations(Artifact):
+    """``results/{model}/{ckpt}/activations/layer{L:03d}.h5``: residual states at every boundary.
+
+    Schema ``resdyn.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
+    (N, T', d) = m_L (the last layer's file also ``output``), ``sample_ids`` (N,), ``positions``
+    (T',); attrs ``schema``, ``layer``, ``skip_positions``, ``residual`` and the checkpoint and
+    samples provenance. Writer and readers (``boundaries``, ``read_boundary``, ``BoundaryView``)
+    are still in :mod:`resdyn.activations` (they stream from the model and need torch, which
+    this module must not import); :meth:`layer_files` lists a folder.
+    """
+
+    relpath = _CKPT + "activations"
+
+    @staticmethod
+    def layer_files(folder: PathLike) -> list[Path]:
+        """The layer files of the folder, in layer order."""
+        return sorted(Path(folder).glob("layer*.h5"))
+
+
+class JacobianBlocks(Artifact):
+    """``results/{model}/{ckpt}/jacobians/{block}/layer{L:03d}.h5``: per-layer mean and per-sample Jacobians.
+
+    Schema ``resdyn.jacobian/1``, in full in the :mod:`resdyn.jacobian` docstring: per file the
+    groups ``attn``/``mlp`` (or ``layer``/``attn_branch``/``mlp_branch``), each with ``mean``
+    (d, d), ``count``, ``sample_ids`` (N,), per-sample ``fro_minus_identity``, ``trace``,
+    ``spectral_norm`` (N, P) and optional ``per_sample`` (n, P, d, d). The one reader,
+    :func:`resdyn.jacobian.read_jacobians` (validating schema, shapes and, on load, finiteness;
+    :func:`resdyn.jacobian.mean_jacobians` and ``per_sample_jacobians`` build on it), stays in
+    :mod:`resdyn.jacobian` beside the resumable writer: both need torch, which this module must
+    not import.
+    """
+
+    relpath = _CKPT + "jacobians/{block}"
+
 
 
 # column lists of the tables that concept modules build (defined once, by the classes above)

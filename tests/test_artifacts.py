@@ -186,13 +186,104 @@ def test_spectra_arrays_refuse_bad_input_and_files(tmp_path):
         A.SpectraArrays.read(tmp_path / "junk.h5")
 
 
+def test_spectra_depth_index_is_the_sublayer_index():
+    for layer in (0, 3):
+        for kind in spectral.OPERATOR_KINDS:
+            assert A.SpectraArrays.depth_index(layer, kind) == spectral.sublayer_index(layer, kind)
+
+
 def test_phase_cuts_round_trip(tmp_path):
     profile = np.array([0.2, 0.5, 0.8, 0.9, 0.85, 0.5, 0.3, 0.25, 0.2])
     cuts = phases.cutpoints(profile, window=1, method="none").at_k(3, 0.25)
     path = tmp_path / "phases.json"
     A.PhaseCuts.write(cuts, path)
-    back = A.PhaseCuts.read(path)
-    assert back == cuts and back.to_json() == cuts.to_json()
+    back = phases.Cutpoints.from_json(A.PhaseCuts.read(path), source=str(path))
+    assert back == cuts and A.PhaseCuts.read(path) == cuts.to_json()
     path.write_text('{"b1": 1}')
-    with pytest.raises(ValueError, match="phases.json: lacks keys"):
+    with pytest.raises(A.ArtifactError, match=r"phases.json: lacks keys \['b2'"):
         A.PhaseCuts.read(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(A.ArtifactError, match="phases.json: expected a JSON object"):
+        A.PhaseCuts.read(path)
+    with pytest.raises(A.ArtifactError, match="without keys"):
+        A.PhaseCuts.write({"b1": 0}, path)
+
+
+def test_corpus_round_trip_and_corrupt_line(tmp_path):
+    p = A.Corpus.path(tmp_path, dataset="kjv", split="train")
+    assert p == tmp_path / "results/data/kjv/train.jsonl"
+    A.Corpus.write(["a\nb", "ç"], p)
+    assert A.Corpus.read(p) == ["a\nb", "ç"]
+    p.write_text(p.read_text() + '{"text": 3}\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:3: not a document line \(text is a int"):
+        A.Corpus.read(p)
+    p.write_text('{"text": "x"}\n{broken\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:2"):
+        A.Corpus.read(p)
+
+
+def test_samples_round_trip_hash_shape_and_corruption(tmp_path):
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4)
+    sids = np.array([0, 4, 8])
+    p = tmp_path / "s.h5"
+    digest = A.Samples.write(p, ids, sids, {"dataset": "x", "cfg": {"a": 1}})
+    got, gsids, attrs = A.Samples.read(p)
+    np.testing.assert_array_equal(got, ids)
+    np.testing.assert_array_equal(gsids, sids)
+    assert attrs["samples_hash"] == digest and attrs["cfg"] == '{"a": 1}'
+    A.Samples.write(tmp_path / "short.h5", ids, sids[:2], {})
+    with pytest.raises(A.ArtifactError, match=r"short.h5: input_ids must be \(N, T\) and sample_ids \(N,\)"):
+        A.Samples.read(tmp_path / "short.h5")
+    A.Samples.write(tmp_path / "float.h5", ids.astype(float), sids, {})
+    with pytest.raises(A.ArtifactError, match="float.h5: input_ids and sample_ids must be integers"):
+        A.Samples.read(tmp_path / "float.h5")
+    with h5py.File(p, "r+") as f:
+        f["input_ids"][0, 0] = 99
+    with pytest.raises(ValueError, match="samples_hash"):
+        A.Samples.read(p)
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with pytest.raises(ValueError, match="junk.h5"):
+        A.Samples.read(tmp_path / "junk.h5")
+
+
+def _record() -> dict:
+    return {"model": "m", "checkpoint": "step0", "source": "train", "path": "models/m/weights/step0",
+            "folder": "/abs/models/m/weights/step0", "resolved_commit": None, "weight_files": ["model.safetensors"],
+            "content_hash": "a" * 64, "tokenizer_hash": "b" * 64}
+
+
+def test_checkpoint_record_round_trip_and_validation(tmp_path):
+    p = A.CheckpointRecord.path(tmp_path, model="m", ckpt="step0")
+    A.CheckpointRecord.write(_record(), p)
+    assert A.CheckpointRecord.read(p) == _record()
+    bad = _record()
+    del bad["content_hash"]
+    with pytest.raises(A.ArtifactError, match=r"checkpoint.json: lacks key\(s\) \['content_hash'\]"):
+        A.CheckpointRecord.write(bad, p)
+    p.write_text('{"model": "m", "checkpoint": 0, "source": "train", "folder": "f", "weight_files": [], '
+                 '"content_hash": "x", "tokenizer_hash": "y"}')
+    with pytest.raises(A.ArtifactError, match="checkpoint.json: checkpoint must be a str, got 0"):
+        A.CheckpointRecord.read(p)
+    p.write_text(p.read_text().replace('"checkpoint": 0', '"checkpoint": "s"'))
+    with pytest.raises(A.ArtifactError, match="content_hash must be a SHA-256 hex digest"):
+        A.CheckpointRecord.read(p)
+
+
+def test_folder_artifacts_paths(tmp_path):
+    assert A.JacobianBlocks.path(tmp_path, model="m", ckpt="c", block="layers000-003") == \
+        tmp_path / "results/m/c/jacobians/layers000-003"
+    folder = A.Activations.path(tmp_path, model="m", ckpt="c")
+    folder.mkdir(parents=True)
+    for name in ("layer010.h5", "layer002.h5", "notes.txt"):
+        (folder / name).write_text("")
+    assert [f.name for f in A.Activations.layer_files(folder)] == ["layer002.h5", "layer010.h5"]
+
+
+def test_artifacts_imports_nothing_heavy_or_conceptual():
+    """Every script imports this module: its imports enter every rule's code version and start-up."""
+    from resdyn import codeversion
+
+    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.io"}
+    src = open(A.__file__).read()
+    for heavy in ("torch", "transformers", "matplotlib", "scipy"):
+        assert f"import {heavy}" not in src and f"from {heavy}" not in src

@@ -1,15 +1,16 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import artifacts, bridge, jacobian, lens, provenance, readout
+from resdyn import artifacts, bridge, jacobian, lens, phases, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
+    cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
     translators = lens.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
         jacobians, translators, artifacts.SpectraTable.read(snakemake.input.spectra),
         artifacts.BottleneckTable.read(snakemake.input.bottleneck), artifacts.RssProfile.read(snakemake.input.rss),
-        artifacts.PhaseCuts.read(snakemake.input.phases).to_json(),
+        cuts.to_json(),
         k=readout.k_from_fraction(translators[0].shape[0], p.k_fraction),
         n_random=p.n_random, seed=p.seed, complex_tol=p.complex_tol,
     )

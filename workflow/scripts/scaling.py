@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from resdyn import artifacts, geometry, provenance
+from resdyn import artifacts, geometry, phases, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -10,7 +10,7 @@ with provenance.step(snakemake) as step:
     rows = []
     for path in snakemake.input.phases:
         model = path.split("/")[1]
-        cuts = artifacts.PhaseCuts.read(path)
+        cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
         for phase, width in enumerate(cuts.widths, start=1):
             rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
                          "phase": phase, "width": width})

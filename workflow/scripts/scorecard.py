@@ -1,6 +1,6 @@
 """Replication scorecard: one row per headline claim, with statistic, interval and verdict."""
 
-from resdyn import artifacts, provenance, scorecard
+from resdyn import artifacts, phases, provenance, scorecard
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -11,10 +11,13 @@ with provenance.step(snakemake) as step:
         path = inp.get(key)
         return None if path is None else cls.read(path)
 
-    phases = inp.get("phases")
+    phases_path = inp.get("phases")
+    cuts = None if phases_path is None else phases.Cutpoints.from_json(
+        artifacts.PhaseCuts.read(phases_path), source=phases_path
+    )
     table = scorecard.scorecard(
         read(artifacts.CheckpointsTable, "checkpoints"), p.ckpts, read(artifacts.SchurCurves, "schur"),
-        None if phases is None else artifacts.PhaseCuts.read(phases).to_json(),
+        None if cuts is None else cuts.to_json(),
         read(artifacts.LensMetrics, "lens_metrics"), read(artifacts.ScalingFits, "phase_widths"), p.group,
         {c: artifacts.BootstrapTable.read(f) for c, f in zip(p.ckpts, inp.get("bootstrap", []))},
         {c: artifacts.BootstrapReplicates.read(f) for c, f in zip(p.ckpts, inp.get("replicates", []))},
