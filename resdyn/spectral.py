@@ -537,7 +537,7 @@ def sublayer_metrics(
     (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
-    ``k_frac`` = max(1, round(k_fraction·d)) and ``self_alignment_kfrac``;
+    ``k_frac`` = :func:`resdyn.linalg.k_from_fraction` (d, k_fraction) and ``self_alignment_kfrac``;
     ``self_alignment_k1``; ``k_erank`` = max(1, round(erank_J)) and ``self_alignment_kerank``;
     ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
     Rounding is half-up.

@@ -218,3 +218,57 @@ def test_cost_model_sizes_k_by_the_same_rule():
     assert got == n * (2.0 * d**3 + (R + 1) * (2.0 * d * d * k + 6.0 * d * k * k))
     got = cost.cost_readout({"readout": {"k_fractions": [0.25, 0.5]}}, s).work["gemm64"]
     assert got == n * sum(2.0 * d * kk * kk + 4.0 * kk**3 for kk in (3, 5))
+
+
+def _fraction_roundings(source: str) -> list[str]:
+    """Calls that round (round, floor, int, *round_half_up*) an expression built from a
+    ``*fraction*`` name, directly or inside a comprehension over fractions."""
+    import ast
+
+    def rounding(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        name = ast.unparse(node.func)
+        return name in ("int", "math.floor", "np.floor", "np.round", "np.rint") or "round" in name
+
+    tree = ast.parse(source)
+    found = [ast.unparse(n) for n in ast.walk(tree) if rounding(n) and n.args and "fraction" in ast.unparse(n.args[0])]
+    for comp in ast.walk(tree):
+        if isinstance(comp, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) and any(
+            "fraction" in ast.unparse(g.iter) for g in comp.generators
+        ):
+            found += [ast.unparse(n) for n in ast.walk(comp.elt) if rounding(n)]
+    return found
+
+
+@pytest.mark.parametrize(
+    "source, hit",
+    [
+        ("k = max(1, round(config['bridge']['k_fraction'] * d))", True),
+        ("ks = [max(1, round(f * d)) for f in cfg['readout']['k_fractions']]", True),
+        ("k = min(d, max(1, _round_half_up(k_fraction * d)))", True),
+        ("k = k_from_fraction(d, k_fraction)", False),
+        ("ks = [k_from_fraction(d, f) for f in cfg['readout']['k_fractions']]", False),
+        ("k = round(erank)", False),
+    ],
+)
+def test_fraction_rounding_detector(source, hit):
+    assert bool(_fraction_roundings(source)) == hit
+
+
+def test_no_other_fraction_to_k_rounding():
+    """Fractions of d become k only through k_from_fraction, nowhere else in the package, the
+    workflow scripts or the benchmarks."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    held = "round(heldout_fraction * len(docs))"  # a document count, not a k
+    allowed = {("resdyn/data.py", held), ("resdyn/data.py", f"int({held})")}
+    found = []
+    for folder in ("resdyn", "workflow/scripts", "benchmarks"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            rel = str(path.relative_to(repo))
+            if rel == "resdyn/linalg.py":
+                continue
+            found += [f"{rel}: {call}" for call in _fraction_roundings(path.read_text()) if (rel, call) not in allowed]
+    assert not found, found
