@@ -77,9 +77,9 @@ def _reset_hwm() -> None:
 
 
 class Setup:
-    """A core whose inputs (model, matrices) are built in the measuring child: ``make()`` builds
-    them and returns the timed callable. Its peak memory then counts the inputs the job holds
-    too (weights, Jacobians, states), as the cost model's ``host_bytes`` does."""
+    """A core's lazy inputs: ``make()`` builds them (model, matrices, files) and returns the timed
+    callable. Every core function runs in the measuring child (:func:`measure`), so its inputs
+    count in the peak either way, as the cost model's ``host_bytes`` counts what the job holds."""
 
     def __init__(self, make: Callable[[], Callable[[], None]]):
         self.make = make
@@ -96,27 +96,27 @@ def _data_peak(anon_start: int) -> int:
     return max(0, _status("VmHWM") - _status("RssFile") - _status("RssShmem") - anon_start)
 
 
-def _child(fn, q) -> None:
+def _child(core, q) -> None:
     anon = _status("RssAnon")  # the forked process: interpreter, libraries, warmed BLAS buffers
     try:
+        fn, c = core()  # a core function builds its inputs here, in the measured process
         run = fn.make() if isinstance(fn, Setup) else fn
         _reset_hwm()  # setup transients (random init, generators) are not the job's peak
         t0, c0 = time.perf_counter(), time.process_time()
         run()
-        q.put((time.process_time() - c0, time.perf_counter() - t0, _data_peak(anon)))
+        q.put((time.process_time() - c0, time.perf_counter() - t0, _data_peak(anon), c))
     except BaseException as err:  # noqa: BLE001 - reported by the parent
         q.put(err)
         raise
 
 
-def measure(fn) -> tuple[float, float, float]:
-    """(CPU seconds, wall seconds, peak data bytes added over the forked process's) of one core.
-
-    ``fn``: a :class:`Setup` (inputs built in the child, counted in the peak) or a plain callable
-    (inputs built in the parent before the fork: not counted)."""
+def measure(core: Callable[[], tuple]) -> tuple[float, float, float, cost.Cost]:
+    """(CPU seconds, wall seconds, peak data bytes added over the forked process's, price) of one
+    core. ``core()`` runs in the child and returns (a :class:`Setup` or the timed callable, its
+    :class:`resdyn.cost.Cost`): either way the inputs are built in the measured process."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, q))
+    p = ctx.Process(target=_child, args=(core, q))
     p.start()
     out = q.get()
     p.join()
@@ -449,14 +449,14 @@ def setups(quick: bool):
     sizes = SIZES[:1] if quick else SIZES
     for d, aspect in sizes:
         for name, fn, c in primitives(d):
-            yield f"prim:{name}", d, aspect, fn, c
+            yield f"prim:{name}", d, aspect, (lambda fn=fn, c=c: (fn, c))
         for rule, make in CORES.items():
             n_layers = {"causal": 2, "lens": 2, "rss": 4}.get(rule, 1)
             s = shape(d, aspect, n_layers=n_layers)
             cfg = base_config(N={"jacobians": 4 if d > 512 else 8, "activations": 8, "communities": 400}.get(rule, 8),
                               T={"lens": 64, "causal": 32}.get(rule, 128 if rule != "communities" else 101))
             cfg["jacobian"]["store_first_n"] = 4
-            yield rule, d, aspect, *make(s, cfg)
+            yield rule, d, aspect, (lambda make=make, s=s, cfg=cfg: make(s, cfg))  # called in the child
 
 
 def predicted(c: cost.Cost, rates: dict[str, float]) -> float:
@@ -498,12 +498,11 @@ def main() -> int:
     rows = []
     t_start = time.perf_counter()
     base = prepare_parent()
-    for rule, d, aspect, fn, c in setups(args.quick):
+    for rule, d, aspect, core in setups(args.quick):
         if only and rule not in only:
             continue
-        seconds, wall, peak = measure(fn)
-        rows.append({"rule": rule, "d": d, "aspect": aspect, "seconds": seconds, "wall": wall, "peak": peak, "cost": c,
-                     "inputs_counted": isinstance(fn, Setup)})
+        seconds, wall, peak, c = measure(core)
+        rows.append({"rule": rule, "d": d, "aspect": aspect, "seconds": seconds, "wall": wall, "peak": peak, "cost": c})
         print(f"  {rule:<13} d={d:<5} {seconds:8.3f} CPU s {wall:8.3f} wall s {peak / 2**20:8.1f} MiB",
               file=sys.stderr, flush=True)
     rates = fit(rows)
@@ -524,8 +523,8 @@ def main() -> int:
         if core:
             pm = predicted_bytes(r["cost"])
             mratio = pm / max(r["peak"], 1.0)
-            mem = f"{pm / 2**20:>10.1f}{mratio:>7.2f}" + ("" if r["inputs_counted"] else " (inputs built before the fork)")
-            if r["inputs_counted"] and abs(np.log(mratio)) > abs(np.log(worst_mem)):
+            mem = f"{pm / 2**20:>10.1f}{mratio:>7.2f}"
+            if abs(np.log(mratio)) > abs(np.log(worst_mem)):
                 worst_mem, worst_mem_rule = mratio, f"{r['rule']} d={r['d']}"
         print(f"{r['rule']:<14}{r['d']:>6} {r['aspect']:<7}{r['wall']:>8.3f}{r['seconds']:>9.3f}{p:>12.3f}{ratio:>7.2f}"
               f"{stored:>7.2f}{r['peak'] / 2**20:>10.1f}{mem}")
@@ -534,7 +533,7 @@ def main() -> int:
     print(f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
           f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}; with the rates "
           f"stored in resdyn/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
-    print(f"worst predicted/measured peak-memory ratio over the rule cores (inputs counted): {worst_mem:.2f} "
+    print(f"worst predicted/measured peak-memory ratio over the rule cores: {worst_mem:.2f} "
           f"({worst_mem_rule}); target within [0.65, 1.35]; memory = the core's peak anonymous (data) "
           f"memory over the process it was forked from, predicted = cost.host_bytes − cost.BASE_HOST_BYTES")
     print(f"process baseline (interpreter, torch/numpy/scipy/transformers/h5py/igraph, warmed BLAS): "
