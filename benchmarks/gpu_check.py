@@ -3,8 +3,17 @@
     python benchmarks/gpu_check.py            # on a CUDA machine: Llama-3.1-8B-shaped layer, ≤ 8 min
     python benchmarks/gpu_check.py --dry      # CPU fallback at d = 256: checks the script itself
 
-Prints one table: measured value, what resdyn.cost assumes for the GPU kind, and their ratio
-(update resdyn/cost.py's H100/H200 rates from it).
+Prints one table — measured value, what resdyn.cost assumes for the GPU kind, their ratio — and
+then ``MEASURED_RATES``, the measured throughputs in resdyn.cost's op classes and units, with
+the line that puts them into resdyn/cost.py's ``DEVICES``.
+
+Contents (≤ 8 min on one H100/H200): fp32/bf16/fp64 matmul and HBM copy rates; the structured
+Jacobians of one Llama-3.1-8B-shaped layer (d 4096, d_ff 14336, 32/8 heads, T 128) on CUDA
+against the CPU result (max |Δ|), their GEMM throughput as a fraction of the measured fp32
+matmul rate and the attention core's rate by difference; two bf16 lens training steps (2
+layers, V 128256, 4096 tokens); float64 4096² eigvals, eig with vectors + inverse (the
+perturbative bootstrap), svd and svdvals on the device, with the eigenvalues checked against
+the host's and the Henrici departure by subtraction against the host Schur form.
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
-def timed(fn, dev, repeat=1):
-    fn()
+def timed(fn, dev, repeat=1, warm=None):
+    """Mean seconds of ``repeat`` calls after one warm-up call (``warm``, e.g. the same op at a
+    small size, when a full-size warm-up would cost too much: a 4096² eig is tens of seconds)."""
+    (warm or fn)()
     sync(dev)
     t0 = time.perf_counter()
     for _ in range(repeat):
@@ -58,24 +69,33 @@ def main() -> int:
     d, d_ff, heads, kv, vocab, T = (4096, 14336, 32, 8, 128256, 128) if cuda else (256, 896, 2, 1, 4096, 32)
     rates = cost.DEVICES[args.kind].rates if cuda else cost.CPU_CALIBRATION
     rows = []
+    measured: dict[str, float] = {}  # op class -> measured rate, in resdyn.cost's units
+    t_all = time.perf_counter()
 
-    def row(what, measured, unit, assumed=None):
-        ratio = f"{measured / assumed:.2f}" if assumed else ""
-        rows.append((what, f"{measured:.4g}", unit, f"{assumed:.4g}" if assumed else "", ratio))
-        print(f"  {what}: {measured:.4g} {unit}", file=sys.stderr, flush=True)
+    def row(what, value, unit, assumed=None):
+        ratio = f"{value / assumed:.2f}" if assumed else ""
+        rows.append((what, f"{value:.4g}", unit, f"{assumed:.4g}" if assumed else "", ratio))
+        print(f"  [{time.perf_counter() - t_all:6.1f} s] {what}: {value:.4g} {unit}", file=sys.stderr, flush=True)
 
-    # 1. matmul throughput
+    # 1. matmul and streaming throughput
     from resdyn.jacobian import full_fp32_matmul
 
     n = 8192 if cuda else 512
     for dtype, op in ((torch.float32, "gemm32"), (torch.bfloat16, "gemm16"), (torch.float64, "gemm64")):
-        if not cuda and dtype is not torch.float32:
+        if not cuda and dtype is torch.bfloat16:
             continue
         a = torch.randn(n, n, device=dev, dtype=dtype)
         with full_fp32_matmul():
             t, _ = timed(lambda: a @ a, dev, repeat=5)
-        row(f"matmul {str(dtype).removeprefix('torch.')} {n}²", 2 * n**3 / t, "FLOP/s", rates[op])
-    peak32 = float(rows[0][1])
+        measured[op] = 2 * n**3 / t
+        row(f"matmul {str(dtype).removeprefix('torch.')} {n}²", measured[op], "FLOP/s", rates[op])
+        del a
+    big = torch.ones((2**28 if cuda else 2**24) // 8, device=dev, dtype=torch.float64)
+    dst = torch.empty_like(big)
+    t, _ = timed(lambda: dst.copy_(big), dev, repeat=5)
+    measured["stream"] = 2 * big.numel() * 8 / t
+    row(f"copy {big.numel() * 8 / 2**20:.0f} MiB (read + write)", measured["stream"], "B/s", rates["stream"])
+    del big, dst
 
     # 2. structured Jacobians of one Llama-3.1-8B-shaped layer: GPU vs CPU
     from resdyn import jacobian
@@ -87,18 +107,27 @@ def main() -> int:
     shape = cost.Shape(1, d, heads, kv, d_ff, vocab, 4)
     c = cost.cost_jacobians({"samples": {"n": 1, "length": T}, "jacobian": {"positions": "last", "store_first_n": 0,
                              "store_dtype": "float32"}}, shape, [0], gpu=cuda)
-    row("jacobians: s/sample (attn+mlp, 1 layer)", t_gpu, "s", cost.seconds(c, args.kind if cuda else "cpu") - c.fixed_s)
-    row("jacobians: GEMM FLOP/s ÷ measured fp32 matmul", c.work["gemm32"] / t_gpu / peak32, "fraction")
+    kind = args.kind if cuda else "cpu"
+    row("jacobians: s/sample (attn+mlp, 1 layer)", t_gpu, "s", cost.seconds(c, kind) - c.fixed_s)
+    row("jacobians: GEMM FLOP/s ÷ measured fp32 matmul", c.work["gemm32"] / t_gpu / measured["gemm32"], "fraction")
+    # the attention core's rate: what is left of the time after the priced GEMMs and streams
+    rest = t_gpu - sum(v / measured.get(op, rates[op]) for op, v in c.work.items() if op != "jvp")
+    if rest > 0:
+        measured["jvp"] = c.work["jvp"] / rest
+        row("jacobians: attention core (jvp) FLOP/s, by difference", measured["jvp"], "FLOP/s", rates["jvp"])
     if cuda:
         cm = model(d, d_ff, heads, kv, 1, vocab, torch.float32, torch.device("cpu"))
         cm.load_state_dict({k: v.cpu() for k, v in gm.state_dict().items()})
         jac_cpu = jacobian.JacobianEngine(cm, [0]).compute(ids, "last")
+        del cm
     else:
         jac_cpu = jacobian.JacobianEngine(gm, [0], method="jvp").compute(ids, "last")  # the other engine
-    for kind in ("attn", "mlp"):
-        delta = (jac_gpu[(0, kind)].cpu().double() - jac_cpu[(0, kind)].double()).abs().max().item()
-        row(f"jacobians: max |Δ| {kind} ({'CUDA vs CPU' if cuda else 'structured vs jvp'})", delta, "")
-    del gm, eng
+    for k in ("attn", "mlp"):
+        ref = jac_cpu[(0, k)].double()
+        delta = (jac_gpu[(0, k)].cpu().double() - ref).abs().max().item()
+        row(f"jacobians: max |Δ| {k} ({'CUDA vs CPU' if cuda else 'structured vs jvp'}), max |J| "
+            f"{ref.abs().max().item():.3g}", delta, "")
+    del gm, eng, jac_gpu, jac_cpu
 
     # 3. one bf16 lens training step (2 layers, the real vocabulary)
     from resdyn import lens
@@ -110,34 +139,67 @@ def main() -> int:
     t_lens, _ = timed(lambda: lens.train_lens(lm, batches, steps=2, tokens_per_step=B, warmup_steps=0,
                                               progress=False), dev)
     s2 = cost.Shape(2, d, heads, kv, d_ff, vocab, 2 if cuda else 4)
-    lc = cost.cost_lens({"samples": {"length": T}, "lens": {"tokens_per_step": B, "steps": 2, "eval_every": 10**9,
-                                                            "n_heldout_blocks": 0, "n_train_blocks": 2 * B // T}},
-                        s2, gpu=cuda)
-    row(f"lens: 2 steps of {B} tokens, 2 layers, V={vocab}", t_lens, "s",
-        cost.seconds(lc, args.kind if cuda else "cpu") - lc.fixed_s)
+    lcfg = {"samples": {"length": T}, "lens": {"tokens_per_step": B, "steps": 2, "eval_every": 10**9,
+                                                "n_heldout_blocks": 0, "n_train_blocks": 2 * B // T,
+                                                "readout_dtype": "bfloat16"}}
+    lc = cost.cost_lens(lcfg, s2, gpu=cuda)
+    row(f"lens: 2 steps of {B} tokens, 2 layers, V={vocab}", t_lens, "s", cost.seconds(lc, kind) - lc.fixed_s)
     del lm
 
-    # 4. decompositions on the device (float64), against the host
-    from resdyn import spectral
+    # 4. float64 decompositions on the device: eigvals (spectra, bootstrap exact), eig WITH
+    # vectors + inverse (bootstrap perturbative: priced as 25 d³ at the eig rate + 8 d³ gemm64),
+    # svd, svdvals — against the assumed rates, and the eigenvalues against the host's
+    from resdyn import linalg
 
     rng = np.random.default_rng(0)
     a = np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d)
     ta = torch.as_tensor(a, device=dev)
-    for op, fn in (("eig", lambda: torch.linalg.eigvals(ta)), ("svd", lambda: torch.linalg.svd(ta)),
-                   ("svdvals", lambda: torch.linalg.svdvals(ta))):
-        t, _ = timed(fn, dev)
-        row(f"{op} {d}² float64 on {dev.type}", t, "s", cost.decomposition_flops(op, d) / rates[op])
-    lam_dev, nn_dev, fro = spectral.eigen_henrici(a, dev if cuda else None)
+    small = ta[:256, :256].clone()
+
+    def eig_vectors(x):
+        lam, V = torch.linalg.eig(x)
+        return lam, torch.linalg.inv(V)
+
+    for op, label, flops, fn in (
+        ("eig", "eigvals", cost.decomposition_flops("eig", d), torch.linalg.eigvals),
+        ("eig", "eig with vectors + inv(V)", 2.5 * cost.decomposition_flops("eig", d), eig_vectors),
+        ("svd", "svd", cost.decomposition_flops("svd", d), torch.linalg.svd),
+        ("svdvals", "svdvals", cost.decomposition_flops("svdvals", d), torch.linalg.svdvals),
+    ):
+        t, out = timed(lambda fn=fn: fn(ta), dev, warm=lambda fn=fn: fn(small))
+        assumed = flops / rates[op] + (8.0 * d**3 / rates["gemm64"] if label.startswith("eig with") else 0.0)
+        row(f"{label} {d}² float64 on {dev.type}", t, "s", assumed)
+        if label == "eigvals":
+            measured["eig"] = flops / t
+        elif label in ("svd", "svdvals"):
+            measured[op] = flops / t
+        if label.startswith("eig with"):
+            lam, Vinv = out  # A = V Λ V⁻¹ up to rounding: check it without a second eig
+            resid = (Vinv @ ta.to(Vinv.dtype) @ torch.linalg.inv(Vinv) - torch.diag(lam)).abs().max().item()
+            row("eig with vectors: max |V⁻¹ A V − Λ|", resid, "")
+    lam_dev, nn_dev, fro = linalg.eigen_henrici(a, dev if cuda else None)
     lam_ref = np.sort_complex(np.linalg.eigvals(a))
     row("eigvals: max |Δλ| device vs host (sorted)", float(np.abs(np.sort_complex(lam_dev) - lam_ref).max()), "")
-    _, nn_host, _ = spectral.eigen_henrici(a)
-    row("Henrici: |Δ| device (subtraction) vs host Schur", abs(nn_dev - nn_host) / fro, "")
+    _, nn_host, _ = linalg.eigen_henrici(a)
+    row("Henrici: |Δ| device (subtraction) vs host Schur, ÷ ‖J‖_F", abs(nn_dev - nn_host) / fro, "")
 
-    print(f"\nGPU check on {torch.cuda.get_device_name() if cuda else 'CPU (dry run)'}, torch {torch.__version__}, "
-          f"assumed rates: {args.kind if cuda else 'cpu'}")
+    name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
+    print(f"\nGPU check on {name}, torch {torch.__version__}, assumed rates: {kind}; "
+          f"{time.perf_counter() - t_all:.0f} s")
     widths = [max(len(r[i]) for r in rows + [("what", "measured", "unit", "assumed", "ratio")]) for i in range(5)]
     for r in [("what", "measured", "unit", "assumed", "ratio")] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
+    print("\n# Measured rates in resdyn.cost's units (FLOP/s; B/s for stream). To use them, put them in"
+          "\n# resdyn/cost.py as this GPU kind's Device rates, e.g.\n"
+          f'#   DEVICES["{kind}"] = Device("{kind}", "gpu", {{**_GPU_COMMON, **MEASURED_RATES, '
+          f'"kl64": MEASURED_RATES["stream"] / KL64_BYTES}}, "measured on {name}")'
+          "\n# and note the date and GPU in the comment above _GPU_COMMON." + (
+              "" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)"))
+    print("MEASURED_RATES = {")
+    for op in ("gemm32", "gemm16", "gemm64", "jvp", "eig", "svd", "svdvals", "stream"):
+        if op in measured:
+            print(f'    "{op}": {measured[op]:.3g},')
+    print("}")
     return 0
 
 

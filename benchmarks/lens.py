@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with torch.no_grad():
         held = torch.cat([L.layer_major_states(model, b) for b in heldout], dim=1)
-        logit_kl = L._layer_kl(model, None, None, held, 1 << 26)
+        logit_kl = L.layer_kl(model, None, None, held, 1 << 26)
 
     methods = {k: v for k, v in METHODS.items() if k not in args.skip}
     try:
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for name, fn in methods.items():
         secs, cpu, (w, b) = timed(fn, model, train, steps)
-        kl = L._layer_kl(model, w, b, held, 1 << 26)
+        kl = L.layer_kl(model, w, b, held, 1 << 26)
         results[name] = (secs, kl, cpu)
         print(f"  {name}: {cpu:.1f} CPU s", flush=True)
 

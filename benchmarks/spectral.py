@@ -27,7 +27,7 @@ import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from resdyn import schur, spectral  # noqa: E402
+from resdyn import linalg, schur, spectral  # noqa: E402
 
 STEPS = {
     "eigvals": "eigenvalues only (LAPACK geev, no vectors)",
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "svdvals":
             return scipy.linalg.svd(J, compute_uv=False, check_finite=False)
         if name == "real_schur_T":
-            return spectral._schur(J, "real", vectors=False)
+            return linalg.schur_factor(J, "real", vectors=False)
         if name == "real_schur":
             split = schur.schur_split(J, "real")
             return split

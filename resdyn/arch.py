@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 # The family tables live in a torch-free module: config validation reads them too.
-from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
+from resdyn.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,9 +194,9 @@ def family(model: nn.Module) -> str:
     model_type = getattr(config, "model_type", None)
     outer_type = getattr(getattr(model, "config", None), "model_type", None)
     for mt in (model_type, outer_type):
-        if mt in _REFUSED:
+        if mt in REFUSED_FAMILIES:
             raise ValueError(
-                f"model type {mt!r} is not supported: {_REFUSED[mt]}; " f"supported families: {_supported_list()}"
+                f"model type {mt!r} is not supported: {REFUSED_FAMILIES[mt]}; " f"supported families: {_supported_list()}"
             )
     found = next((fam for fam, (types, _) in SUPPORTED_FAMILIES.items() if model_type in types), None)
     if found is None:

@@ -27,7 +27,7 @@ On every replicate:
   every sublayer's mean Jacobian (:func:`resdyn.spectral.henrici_departure`,
   :func:`resdyn.spectral.complex_fraction`);
 - ``cum_erank_full_depth``: effective rank of P = J_{S−1} ⋯ J_0 over all S sublayers
-  (Frobenius-rescaled after each product, like :func:`resdyn.spectral.cumulative_spectrum`);
+  (Frobenius-rescaled after each product, like :func:`resdyn.spectral.cumulative_spectrum`, with :class:`resdyn.linalg.NormalisedProduct`);
 - ``complex_fraction_early_minus_late`` and ``henrici_early_minus_late``: the mean over the
   first third of sublayers minus the mean over the last third (:func:`early_late`).
 
@@ -53,14 +53,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import pandas as pd
 
-from resdyn import spectral
+from resdyn import jacobian, linalg, spectral
 
 __all__ = [
     "percentile_ci",
@@ -68,11 +66,16 @@ __all__ = [
     "bootstrap",
     "bootstrap_ci",
     "early_late",
-    "read_per_sample",
     "jacobian_bootstrap",
     "jacobian_bootstrap_files",
     "not_bootstrapped_rows",
     "BOOTSTRAP_COLUMNS",
+    "METHODS",
+    "INTERVALS",
+    "studentized_ci",
+    "replicate_ci",
+    "perturbative_spectra",
+    "perturbative_rows",
     "REPLICATE_COLUMNS",
     "SCALAR_METRICS",
 ]
@@ -81,6 +84,8 @@ BOOTSTRAP_COLUMNS = [
     "metric", "layer", "kind", "s", "estimate", "ci_low", "ci_high", "level", "n_resamples",
     "n_bootstrap_samples", "n_samples_total", "estimate_all_samples", "seed", "bootstrapped", "note",
     "reason",  # why a row's numbers are empty (not bootstrapped)
+    "method",  # exact | perturbative | exact-fallback (perturbative asked, not applicable: see note)
+    "interval",  # percentile | studentized (replicate_ci)
 ]
 REPLICATE_COLUMNS = ["replicate", "metric", "value"]
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
@@ -134,6 +139,45 @@ def percentile_ci(values: Any, level: float = 0.95) -> tuple[float, float] | tup
     if arr.ndim == 1:
         return float(q[0]), float(q[1])
     return q[0], q[1]
+
+
+#: Interval kinds of :func:`replicate_ci`.
+INTERVALS = ("percentile", "studentized")
+
+
+def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap-t standard-error interval: estimate ± t_{R−1, (1+level)/2} · sd(replicates).
+
+    sd is the sample standard deviation (ddof 1) of the R replicates; the t quantile with R − 1
+    degrees of freedom accounts for estimating the standard error from few replicates, so the
+    interval keeps its level with R as small as 6 when the statistic is near-normal (a normal
+    statistic with the bootstrap's standard error: coverage exactly ``level``). A constant
+    statistic gives a zero-width interval; a NaN replicate or estimate gives NaN.
+
+    Example:
+        >>> lo, hi = studentized_ci([1.0, 2.0, 3.0], 2.0, 0.95)  # 2 ± t_{2, 0.975} · 1
+        >>> round(lo, 4), round(hi, 4)
+        (-2.3027, 6.3027)
+    """
+    from scipy.stats import t as student_t
+
+    lvl = _check_level(level)
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or v.size < 2:
+        raise ValueError(f"a studentized interval needs ≥ 2 replicates (1-D), got shape {v.shape}")
+    half = float(student_t.ppf((1.0 + lvl) / 2.0, v.size - 1)) * float(np.std(v, ddof=1))
+    est = float(estimate)
+    return est - half, est + half
+
+
+def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str = "percentile") -> tuple[float, float]:
+    """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
+    :func:`studentized_ci` around ``estimate``."""
+    if interval == "percentile":
+        return percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
+    if interval == "studentized":
+        return studentized_ci(values, estimate, level)
+    raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
 
 
 def bootstrap_indices(n_samples: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -203,72 +247,218 @@ def early_late(n_sublayers: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
-# per-sample Jacobians from the HDF5 files
+# perturbative replicate spectra (method "perturbative")
+
+#: Bootstrap methods: ``exact`` decomposes every replicate; ``perturbative`` decomposes the
+#: n-sample mean once and gets replicate spectra from perturbation theory, verified a posteriori.
+METHODS = ("perturbative", "exact")
+#: p and q are one cluster when their gap is below CLUSTER_TAU × their coupling (see below).
+CLUSTER_TAU = 4.0
+#: Replicates per sublayer decomposed exactly to check the perturbative ones (largest ‖F_r‖_F).
+VERIFY_REPLICATES = 2
+#: The check fails when a checked replicate's Henrici or complex count differs from the exact
+#: one by more than this fraction of the perturbative interval's width (plus :data:`VERIFY_ATOL`).
+VERIFY_FRACTION = 0.1
+VERIFY_ATOL = 1e-9
+#: Eigenvalue condition numbers κ_p = ‖x_p‖‖y_p‖ above this: eigenvectors too ill-conditioned.
+COND_MAX = 1e8
+#: The small eigenproblems of the clusters may cost at most this fraction of the exact method's
+#: (Σ_C |C|³ ≤ CLUSTER_FRACTION · d³ per replicate); beyond it the method saves too little.
+CLUSTER_FRACTION = 1.0 / 32.0
 
 
-def _per_sample_loader(path: Path, kind: str) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        with h5py.File(path, "r") as f:
-            x = f[kind]["per_sample"][()]
-        x = x.astype(np.float64).mean(axis=1)  # (n, P, d, d) -> per-sample mean over positions
-        if not np.isfinite(x).all():
-            raise FloatingPointError(f"{path}: {kind}/per_sample has non-finite entries")
-        return x
+def _torch_device(device: Any) -> Any:
+    import torch
 
-    return load
+    return torch.device(device) if linalg.on_cuda(device) else torch.device("cpu")
 
 
-def _mean_loader(path: Path, kind: str) -> Callable[[], np.ndarray]:
-    def load() -> np.ndarray:
-        with h5py.File(path, "r") as f:
-            return f[kind]["mean"][()].astype(np.float64)
+def _clusters(lam: np.ndarray, gap_min: np.ndarray, coupling: np.ndarray, tau: float) -> np.ndarray:
+    """Cluster label per eigenvalue: p ~ q (transitively, union-find via connected components)
+    when min(|λ_p − λ_q|, min_r |λ_p + F_pp − λ_q − F_qq|) < τ · max_r sqrt|F_pq F_qp|."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
 
-    return load
+    gap = np.minimum(np.abs(lam[:, None] - lam[None, :]), gap_min)
+    link = gap < tau * coupling
+    np.fill_diagonal(link, False)
+    _, labels = connected_components(csr_matrix(link | link.T), directed=False)
+    return labels
 
 
-def read_per_sample(folders: Sequence[os.PathLike | str]) -> tuple[dict, dict, dict[str, Any]]:
-    """Loaders of every sublayer's per-sample Jacobians and all-sample mean, from block folders.
+def perturbative_spectra(
+    X: np.ndarray, weights: np.ndarray, device: Any = None, tau: float = CLUSTER_TAU,
+    chunk_bytes: int = 2 * 2**30,
+) -> dict[str, Any]:
+    """Eigenvalues and Henrici departures of every replicate J*_r = Σ_i w_ri J_i from ONE
+    eigendecomposition of the n-sample mean J̄ = (1/n) Σ_i J_i.
 
-    Returns ``(per_sample, means, info)``: ``per_sample[(layer, kind)]()`` → (n, d, d) float64
-    (each sample's Jacobians averaged over its positions); ``means[(layer, kind)]()`` → (d, d);
-    ``info`` = {``n_bootstrap_samples`` n, ``n_samples_total`` N, ``sample_ids`` (n,)}.
-    Raises ValueError naming the file when ``per_sample`` is absent (``jacobian.store_first_n``
-    = 0), when files disagree on n or on the stored samples, or when layers have gaps.
+    With J̄ = V Λ V⁻¹ (eigenvalues λ, unit eigenvectors), a replicate is V(Λ + F_r)V⁻¹ with
+
+        F_r = V⁻¹ (J*_r − J̄) V = Σ_i (w_ri − 1/n) E_i,   E_i = V⁻¹ (J_i − J_0) V
+
+    (deviations from sample 0, so identical samples give F_r = 0 exactly). The replicate's
+    eigenvalues are those of Λ + F_r:
+
+    * clusters: p ~ q when min(|λ_p − λ_q|, min_r |λ_p + F_r,pp − λ_q − F_r,qq|) < τ·max_r
+      sqrt|F_r,pq F_r,qp| (the perturbation can mix or collide them), closed transitively;
+      a conjugate pair with small |Im λ| is one cluster by the same rule, which is what lets a
+      pair turn into two real eigenvalues and back.
+    * an isolated eigenvalue (cluster of one): second order,
+      λ*_p = λ_p + F_pp + Σ_{q≠p} F_pq F_qp / (λ_p − λ_q), its real part when λ_p is real
+      (a simple real eigenvalue of a real matrix stays real under a small real perturbation).
+    * a cluster C: the eigenvalues of the |C|×|C| effective matrix (quasi-degenerate
+      perturbation theory, Löwdin partitioning)
+      H_ab = λ_a δ_ab + F_ab + ½ Σ_{q∉C} F_aq F_qb (1/(λ_a − λ_q) + 1/(λ_b − λ_q)).
+
+    Henrici without cancellation in the real parts: for real J, Σ|λ|² = tr(J²) + 2 Σ (Im λ)²,
+    so ‖N‖_F² = ‖J‖_F² − Σ|λ|² = ½‖J − Jᵀ‖_F² − 2 Σ_p (Im λ_p)². Both quadratic terms are
+    exact: with Z = (J_0, J_1 − J_0, …, J_{n−1} − J_0) and v_r = (1, w_r),
+    ‖J*_r‖_F² = v_r G v_r, ½‖J*_r − J*_rᵀ‖_F² = v_r A v_r (Gram matrices G_ij = ⟨Z_i, Z_j⟩,
+    A_ij = ½⟨Z_i − Z_iᵀ, Z_j − Z_jᵀ⟩); only Σ(Im λ*)² is perturbative.
+
+    Args:
+        X: (n, d, d) real per-sample Jacobians.
+        weights: (R, n) replicate weights (rows sum to 1).
+        device: None/"cpu" or a CUDA device (torch.linalg.eig and the GEMMs run there).
+        tau: cluster threshold :data:`CLUSTER_TAU`.
+    Returns:
+        {``eigvals`` (R, d) complex or None, ``henrici`` (R,), ``norm_F`` (R,) ‖F_r‖_F,
+        ``cluster_sizes`` list, ``cond`` max κ_p, ``reason`` "" or why the perturbative path
+        cannot be used (then ``eigvals`` is None)}.
     """
-    files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
-    if not files:
-        raise FileNotFoundError(f"no layer*.h5 Jacobian files in {[str(f) for f in folders]}")
-    per: dict[tuple[int, str], Any] = {}
-    means: dict[tuple[int, str], Any] = {}
-    n_stored: int | None = None
-    ids_ref: np.ndarray | None = None
-    n_total: int | None = None
-    for path in files:
-        with h5py.File(path, "r") as f:
-            layer = int(f.attrs["layer"])
-            for kind in (spectral.LAYER_KIND,) if spectral.LAYER_KIND in f else spectral.KINDS:
-                if kind not in f or "per_sample" not in f[kind]:
-                    raise ValueError(
-                        f"{path}: no {kind}/per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
-                        "set jacobian.store_first_n ≥ 2 and rerun the jacobians rule"
-                    )
-                n = int(f[kind]["per_sample"].shape[0])
-                total = int(f[kind]["count"][()])
-                ids = np.asarray(f[kind]["sample_ids"][()])[:n]
-                if n_stored is None:
-                    n_stored, ids_ref, n_total = n, ids, total
-                elif n != n_stored or total != n_total or not np.array_equal(ids, ids_ref):
-                    raise ValueError(
-                        f"{path}: {kind}/per_sample holds {n} of {total} samples, but {files[0]} holds "
-                        f"{n_stored} of {n_total} (or other sample ids); all files must come from one run"
-                    )
-                per[(layer, kind)] = _per_sample_loader(path, kind)
-                means[(layer, kind)] = _mean_loader(path, kind)
-    layers = sorted({L for L, _ in per})
-    if layers != list(range(len(layers))):
-        raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
-    assert n_stored is not None and ids_ref is not None and n_total is not None
-    return per, means, {"n_bootstrap_samples": n_stored, "n_samples_total": n_total, "sample_ids": ids_ref}
+    import torch
+
+    dev = _torch_device(device)
+    n, d = X.shape[0], X.shape[1]
+    R = weights.shape[0]
+    Xt = torch.as_tensor(X, dtype=torch.float64, device=dev)
+    Z = Xt.clone()
+    Z[1:] -= Xt[0]  # Z = (J_0, J_1 − J_0, …)
+    D = Z.clone()
+    D[0] = 0.0  # D_i = J_i − J_0, D_0 = 0 exactly
+    flat = Z.reshape(n, -1)
+    G = flat @ flat.T
+    asym = (Z - Z.transpose(1, 2)).reshape(n, -1)
+    A = 0.5 * (asym @ asym.T)
+    del asym
+    v = torch.cat([torch.ones(R, 1, dtype=torch.float64, device=dev),
+                   torch.as_tensor(weights[:, 1:], dtype=torch.float64, device=dev)], 1)
+    # v_r = (1, w_r1, …, w_r,n−1): J*_r = J_0 + Σ_{i≥1} w_ri (J_i − J_0) since Σ_i w_ri = 1
+    fro2 = torch.einsum("ri,ij,rj->r", v, G, v).cpu().numpy()
+    asym2 = torch.einsum("ri,ij,rj->r", v, A, v).cpu().numpy()
+    out: dict[str, Any] = {"eigvals": None, "henrici": None, "norm_F": None, "cluster_sizes": [], "cond": math.nan,
+                           "reason": ""}
+
+    Jbar = Xt[0] + D.mean(0)
+    lam_t, V = torch.linalg.eig(Jbar)
+    Vinv = torch.linalg.inv(V)
+    cond = float((torch.linalg.vector_norm(V, dim=0) * torch.linalg.vector_norm(Vinv, dim=1)).max())
+    out["cond"] = cond
+    if not math.isfinite(cond) or cond > COND_MAX:
+        out["reason"] = f"eigenvectors of the n-sample mean ill-conditioned (max κ = {cond:.3g} > {COND_MAX:g})"
+        return out
+    E = torch.stack([Vinv @ D[i].to(torch.complex128) @ V for i in range(n)])  # (n, d, d)
+    del D, Z, Xt
+    C = torch.as_tensor(weights - 1.0 / n, dtype=torch.complex128, device=dev)  # (R, n)
+    lam = lam_t.cpu().numpy()
+    B = max(1, int(chunk_bytes // (3 * 16 * d * d)))
+
+    def blocks():
+        for r0 in range(0, R, B):
+            yield r0, torch.einsum("rn,npq->rpq", C[r0:r0 + B], E)
+
+    # pass 1: the cluster criterion's extremes over replicates
+    gap_min = torch.full((d, d), math.inf, dtype=torch.float64, device=dev)
+    coupling = torch.zeros((d, d), dtype=torch.float64, device=dev)
+    normF = np.empty(R)
+    for r0, F in blocks():
+        diag = lam_t[None, :] + F.diagonal(dim1=1, dim2=2)
+        gap_min = torch.minimum(gap_min, (diag[:, :, None] - diag[:, None, :]).abs().amin(0))
+        coupling = torch.maximum(coupling, (F * F.transpose(1, 2)).abs().sqrt().amax(0))
+        normF[r0:r0 + F.shape[0]] = torch.linalg.matrix_norm(F).cpu().numpy()
+    out["norm_F"] = normF
+    labels = _clusters(lam, gap_min.cpu().numpy(), coupling.cpu().numpy(), tau)
+    del gap_min, coupling
+    groups = [np.flatnonzero(labels == c) for c in range(labels.max() + 1)]
+    multi = [g for g in groups if g.size > 1]
+    out["cluster_sizes"] = sorted((int(g.size) for g in multi), reverse=True)
+    if sum(float(g.size) ** 3 for g in multi) > CLUSTER_FRACTION * float(d) ** 3:
+        out["reason"] = (f"perturbation not small against the eigenvalue gaps: clusters of sizes "
+                         f"{out['cluster_sizes'][:5]} (of d = {d}) would cost more than {CLUSTER_FRACTION:.3g} "
+                         "of exact decompositions")
+        return out
+    same = torch.as_tensor(labels[:, None] == labels[None, :], device=dev)
+    diff = lam_t[:, None] - lam_t[None, :]
+    K = torch.where(same, torch.zeros((), dtype=torch.complex128, device=dev), 1.0 / torch.where(same, 1.0, diff))
+    real_single = torch.as_tensor((lam.imag == 0) & (np.bincount(labels)[labels] == 1), device=dev)
+    lam_star = np.empty((R, d), dtype=np.complex128)
+    for r0, F in blocks():
+        Ft = F.transpose(1, 2)
+        val = lam_t[None, :] + F.diagonal(dim1=1, dim2=2) + (F * Ft * K[None]).sum(-1)
+        val = torch.where(real_single[None], val.real.to(torch.complex128), val)
+        for g in multi:
+            gi = torch.as_tensor(g, device=dev)
+            Fr = F[:, gi, :]  # (b, m, d)
+            Fc = F[:, :, gi]  # (b, d, m)
+            Kg = K[gi, :]  # (m, d): zero on the cluster's own columns
+            H = torch.diag_embed(lam_t[gi]).expand(F.shape[0], -1, -1) + Fr[:, :, gi]
+            H = H + 0.5 * ((Fr * Kg[None]) @ Fc + Fr @ (Kg.T[None] * Fc))
+            val[:, gi] = torch.linalg.eigvals(H)
+        lam_star[r0:r0 + F.shape[0]] = val.cpu().numpy()
+    nn2 = asym2 - 2.0 * np.sum(lam_star.imag**2, axis=1)
+    fro = np.sqrt(np.maximum(fro2, 0.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        h = np.where(fro > 0, np.minimum(1.0, np.sqrt(np.maximum(nn2, 0.0)) / fro), 0.0)
+    out.update(eigvals=lam_star, henrici=h)
+    return out
+
+
+def perturbative_rows(
+    X: np.ndarray, weights: np.ndarray, complex_tol: float, level: float, device: Any = None,
+    n_verify: int = VERIFY_REPLICATES,
+) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """Henrici and complex fraction of every replicate by :func:`perturbative_spectra`, checked
+    a posteriori against exact decompositions of ``n_verify`` replicates (those with the largest
+    ‖F_r‖_F, where perturbation theory is least accurate).
+
+    The check fails when a checked replicate's Henrici differs by more than
+    VERIFY_FRACTION × (width of the perturbative Henrici interval) + VERIFY_ATOL, or its complex
+    count (complex fraction × d) by more than VERIFY_FRACTION × (the count interval's width).
+    Checked replicates keep their exact values.
+
+    Returns:
+        (henrici (R,), complex_fraction (R,), note) — or (None, None, reason) when the
+        perturbative path does not apply (ill-conditioned eigenvectors, clusters as costly as
+        exact decompositions, or the check failed): the caller then decomposes every replicate.
+    """
+    if not np.isfinite(X).all():
+        return None, None, "non-finite per-sample Jacobians"
+    res = perturbative_spectra(X, weights, device)
+    if res["eigvals"] is None:
+        return None, None, res["reason"]
+    d = X.shape[1]
+    h = np.asarray(res["henrici"], dtype=np.float64).copy()
+    cf = np.array([spectral.complex_fraction(lam, complex_tol) for lam in res["eigvals"]])
+    width_h = float(np.subtract(*percentile_ci(h, level)[::-1]))
+    width_c = float(np.subtract(*percentile_ci(cf, level)[::-1])) * d
+    checked = np.argsort(-res["norm_F"], kind="stable")[: max(0, min(int(n_verify), len(h)))]
+    worst_h, worst_c = 0.0, 0.0
+    for r in checked:
+        lam, nn, fro = linalg.eigen_henrici(np.einsum("n,nij->ij", weights[r], X), device)
+        he = min(1.0, nn / fro) if fro > 0 else 0.0
+        ce = spectral.complex_fraction(lam, complex_tol)
+        worst_h = max(worst_h, abs(he - h[r]))
+        worst_c = max(worst_c, abs(ce - cf[r]) * d)
+        h[r], cf[r] = he, ce
+    if worst_h > VERIFY_FRACTION * width_h + VERIFY_ATOL or worst_c > VERIFY_FRACTION * width_c:
+        return None, None, (f"a-posteriori check failed on {len(checked)} exact replicates: |Δhenrici| "
+                            f"{worst_h:.2g} vs interval width {width_h:.2g}, |Δcomplex count| {worst_c:g} vs "
+                            f"{width_c:g} (allowed fraction {VERIFY_FRACTION:g})")
+    sizes = res["cluster_sizes"]
+    note = (f"perturbative (clusters {sizes[:3] if sizes else 'none'}; checked on {len(checked)} exact "
+            f"replicates: |Δhenrici| ≤ {worst_h:.2g}, |Δcomplex count| ≤ {worst_c:g})")
+    return h, cf, note
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,6 +485,8 @@ def jacobian_bootstrap(
     n_samples_total: int | None = None,
     memory_budget: int | None = None,
     device: Any = None,
+    method: str = "exact",
+    interval: str = "percentile",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bootstrap over samples of Henrici departure, complex fraction and the full-depth rank.
 
@@ -309,7 +501,14 @@ def jacobian_bootstrap(
             processed in further passes over the files (each pass reloads and decompresses
             every sublayer). Default :func:`resdyn.cost.bootstrap_memory_budget`: every row in
             one pass up to 16 GiB (one pass at d = 4096, R = 50), the size the job requests.
-        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.spectral.eigen_henrici`).
+        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.linalg.eigen_henrici`).
+        method: ``exact`` (every replicate decomposed) or ``perturbative`` (replicate spectra of
+            each sublayer from one decomposition of its n-sample mean, :func:`perturbative_rows`;
+            a sublayer where that does not apply or fails its a-posteriori check is decomposed
+            exactly, and its rows' ``method`` and ``note`` say why). The estimates (rows of the
+            two means) and ``cum_erank_full_depth`` are exact in both.
+        interval: ``percentile`` or ``studentized`` (:func:`replicate_ci`; the latter keeps its
+            level with few resamples, e.g. 6, at the price of a wider interval).
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
         ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
@@ -323,6 +522,12 @@ def jacobian_bootstrap(
     """
     R = _check_int(n_resamples, "n_resamples", 1)
     seed = _check_int(seed, "seed", 0)
+    if method not in METHODS:
+        raise ValueError(f"bootstrap.method must be one of {list(METHODS)}, got {method!r}")
+    if interval not in INTERVALS:
+        raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
+    if interval == "studentized" and R < 2:
+        raise ValueError(f"bootstrap.interval studentized needs n_resamples ≥ 2, got {R}")
     lvl = _check_level(level)
     tol = float(complex_tol)
     if not (math.isfinite(tol) and tol >= 0):
@@ -351,50 +556,60 @@ def jacobian_bootstrap(
     henrici = np.full((rows_total, S), np.nan)
     cfrac = np.full((rows_total, S), np.nan)
     erank = np.full(rows_total, np.nan)
+    exact_rows = np.full(S, method == "exact")  # sublayers whose replicates are decomposed one by one
+    how = [method] * S
+    why = [""] * S
     if memory_budget is None:
         from resdyn.cost import bootstrap_memory_budget
 
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
 
-    on_gpu = spectral._on_cuda(device)
+    on_gpu = linalg.on_cuda(device)
+    on_device_means = on_gpu and method == "perturbative"
     if on_gpu:
         import torch
     cache = first
     for start in range(0, rows_total, chunk):
         rows = np.arange(start, min(rows_total, start + chunk))
-        products: list[Any] = [None] * rows.size
+        products = [linalg.NormalisedProduct() for _ in rows]
         for s, key in enumerate(keys):
             X = cache if (s == 0 and cache is not None) else _load(per_sample[key])
             if X.shape != (n, d, d):
                 raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {keys[0]}")
-            mats = np.einsum("rn,nij->rij", weights[rows], X)
+            if on_device_means:  # the resampled means as one GEMM on the device, not streamed on the host
+                mats = torch.einsum("rn,nij->rij", torch.as_tensor(weights[rows], device=device),
+                                    torch.as_tensor(X, device=device))
+            else:
+                mats = np.einsum("rn,nij->rij", weights[rows], X)
             if rows[0] == 0:
-                mats[0] = _load(means[key]) if means is not None else np.nan
+                mats[0] = (torch.as_tensor(_load(means[key]), device=device) if on_device_means else _load(means[key])) \
+                    if means is not None else np.nan
+                if not exact_rows[s]:
+                    h_p, cf_p, why[s] = perturbative_rows(X, weights[2:], tol, lvl, device)
+                    if h_p is None:
+                        exact_rows[s], how[s] = True, "exact-fallback"
+                    else:
+                        henrici[2:, s], cfrac[2:, s] = h_p, cf_p
             for j, r in enumerate(rows):
                 J = mats[j]
-                if not np.isfinite(J).all():
+                if not (bool(torch.isfinite(J).all()) if on_device_means else np.isfinite(J).all()):
                     continue
-                lam, nn, fro = spectral.eigen_henrici(J, device)
-                henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
-                cfrac[r, s] = spectral.complex_fraction(lam, tol)
-                if on_gpu:  # the running products stay on the device (2 d³ fp64 GEMMs there)
-                    Jt = torch.as_tensor(J, device=device)
-                    P = Jt if products[j] is None else Jt @ products[j]
-                    nrm = float(torch.linalg.matrix_norm(P))
-                else:
-                    P = J.copy() if products[j] is None else J @ products[j]
-                    nrm = float(np.linalg.norm(P))
-                products[j] = P / nrm if nrm > 0 else P
+                if r < 2 or exact_rows[s]:
+                    lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if on_device_means else J, device)
+                    henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
+                    cfrac[r, s] = spectral.complex_fraction(lam, tol)
+                # the running products stay on the device when there is one (2 d³ fp64 GEMMs there)
+                products[j].push(torch.as_tensor(J, device=device) if on_gpu else J)
         for j, r in enumerate(rows):
-            P = products[j]
+            P = products[j].P
             if P is None:
                 continue
             if on_gpu:
                 if bool(torch.isfinite(P).all()):
-                    erank[r] = spectral.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+                    erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
             elif np.isfinite(P).all():
-                erank[r] = spectral.effective_rank(np.linalg.svd(P, compute_uv=False))
+                erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
         cache = None
 
     early, late = early_late(S) if S >= 2 else (np.arange(1), np.arange(1))
@@ -407,23 +622,28 @@ def jacobian_bootstrap(
               "bootstrapped": True}
     note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
 
-    def row(metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "") -> dict[str, Any]:
-        low, high = percentile_ci(values[2:], lvl)
+    def row(metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "",
+            used: str = "exact") -> dict[str, Any]:
+        low, high = replicate_ci(values[2:], values[1], lvl, interval)
         return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
                 "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
-                "note": "; ".join(x for x in (note, extra) if x), "reason": ""}
+                "note": "; ".join(x for x in (note, extra) if x), "reason": "", "method": used,
+                "interval": interval}
 
     out = []
     for s, (layer, kind) in enumerate(keys):
-        out.append(row("henrici", layer, kind, s, henrici[:, s]))
+        out.append(row("henrici", layer, kind, s, henrici[:, s], why[s], how[s]))
     for s, (layer, kind) in enumerate(keys):
-        out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], f"tol {tol:g}"))
+        out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], "; ".join(x for x in (f"tol {tol:g}", why[s]) if x),
+                       how[s]))
     last_layer, last_kind = keys[-1]
     out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, erank))
     span = f"sublayers {early[0]}-{early[-1]} minus {late[0]}-{late[-1]}"
+    n_fb = sum(h == "exact-fallback" for h in how)
+    mixed = method if method == "exact" else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
     out.append(row("complex_fraction_early_minus_late", None, "all", None,
-                   scalars["complex_fraction_early_minus_late"], f"tol {tol:g}; {span}"))
-    out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span))
+                   scalars["complex_fraction_early_minus_late"], f"tol {tol:g}; {span}", mixed))
+    out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span, mixed))
     table = pd.DataFrame(out, columns=BOOTSTRAP_COLUMNS)
     table["layer"] = table["layer"].astype("Int64")
     table["s"] = table["s"].astype("Int64")
@@ -439,7 +659,8 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
     rows = [{"metric": m, "layer": None, "kind": "all", "s": None, "estimate": float("nan"), "ci_low": float("nan"),
              "ci_high": float("nan"), "level": _check_level(level), "n_resamples": 0, "n_bootstrap_samples": 0,
              "n_samples_total": 0, "estimate_all_samples": float("nan"), "seed": None, "bootstrapped": False,
-             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE} for m in ("rss_profile", "b1", "b2")]
+             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE, "method": "",
+             "interval": ""} for m in ("rss_profile", "b1", "b2")]
     table = pd.DataFrame(rows, columns=BOOTSTRAP_COLUMNS)
     for c in ("layer", "s", "seed"):
         table[c] = table[c].astype("Int64")
@@ -448,14 +669,16 @@ def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
 
 def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: int = 200, seed: int = 0,
                              level: float = 0.95, complex_tol: float = 1e-6,
-                             device: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                             device: Any = None, method: str = "exact",
+                             interval: str = "percentile") -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :func:`read_per_sample` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
+    :func:`resdyn.jacobian.per_sample_jacobians` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
-    per, means, info = read_per_sample(folders)
+    per, means, info = jacobian.per_sample_jacobians(folders)
     table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
-                                     n_samples_total=info["n_samples_total"], device=device)
+                                     n_samples_total=info["n_samples_total"], device=device, method=method,
+                                     interval=interval)
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):
         both[c] = both[c].astype("Int64")

@@ -230,6 +230,10 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
         tol = config[section]["complex_tol"]
         if not any(abs(tol - t) <= 1e-12 * max(1.0, t) for t in tols):
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
+    boot = config["bootstrap"]
+    if boot["interval"] == "studentized" and boot["n_resamples"] < 2:
+        out.append(f"config key 'bootstrap.n_resamples': {boot['n_resamples']} — bootstrap.interval studentized "
+                   "needs ≥ 2 resamples (its standard error has n_resamples − 1 degrees of freedom)")
     n, length = config["samples"]["n"], config["samples"]["length"]
     first_n = config["jacobian"]["store_first_n"]
     if runs(config, "A") and first_n is not None and first_n < 2:
@@ -283,7 +287,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
         if k == "model_type":
             continue
         if k in m and m[k] != value:
-            field = "model_type" if k == "family" else hub.SHAPE_FIELDS[k]
+            field = {"family": "model_type", "parallel_residual": "use_parallel_residual"}.get(k) or hub.SHAPE_FIELDS[k]
             shown = found["model_type"] if k == "family" else value
             out.append(
                 f"config key '{key}.{k}': {m[k]!r} disagrees with config.json of {where} "

@@ -9,7 +9,11 @@ Each rule's job is priced by one function (:data:`RULES`) from the model shape
   ``calls``: Python-level steps (one optimiser step and layer, one continuation layer, one
   boundary) whose interpreter overhead dominates small shapes; ``graph``: edges × resolutions
   of the signed Leiden runs (igraph/leidenalg, single-threaded; random-like graphs are its slow
-  case, which is what the benchmark uses);
+  case, which is what the benchmark uses); ``kl64``: logit pairs compared by the float64
+  KL/flip readout of :func:`resdyn.causal.kl_and_flips` (per logit: two float64 casts, two
+  log-softmaxes, an exp, four element-wise passes and two argmaxes — about 3 transcendental
+  evaluations and 170 bytes of memory traffic, far more than the 12 bytes of a plain fp32
+  softmax; unmodelled it left the causal test 25-40 % under-predicted at small d);
 * ``host_bytes`` / ``device_bytes``: the peak resident memory of the job on the host and on the
   GPU; ``disk_bytes``: what it writes;
 * ``gpu``: whether the rule runs on a GPU on the cluster (``config["device"]`` = cuda/auto).
@@ -38,10 +42,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resdyn.linalg import k_from_fraction
+
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
     "gemm32", "gemm16", "gemm64", "jvp", "eig", "schur", "schurv", "svd", "svdvals", "stream", "gunzip", "calls",
-    "graph",
+    "graph", "kl64",
 )
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 GB = 1e9
@@ -61,24 +67,28 @@ class Device:
     note: str = ""
 
 
-# Calibrated 2026-11-30 11:16 UTC by `benchmarks/plan.py` on the project's 2-core CI-class
+# Calibrated 2026-11-30 13:46 UTC by `benchmarks/plan.py` on the project's 2-core CI-class
 # machine (Debian, Python 3.11, torch 2.13.0+cpu, numpy/scipy wheels' OpenBLAS, one thread,
-# load average 11-13 from other sessions: CPU time was fitted, not wall time): per-thread
-# rates. Rule cores at d = 384/640/1024 predicted within 0.69-1.30 of measured CPU time.
+# load average 7-10 from other sessions: CPU time was fitted, not wall time): per-thread
+# rates. Confirming run 13:47-13:50 UTC (load 8.4-9.4), with these stored rates: every rule
+# core at d = 384/640/1024 within 0.71-1.21 of measured CPU time (worst 0.71: rss at d = 384,
+# where LAPACK's small-size inefficiency still shows) and peak memory within 0.72-1.28
+# (bootstrap's inputs are built outside the measured process, see docs/cost.md).
 CPU_CALIBRATION: dict[str, float] = {
     "gemm32": 7.55e10,
     "gemm16": 7.55e10,  # not fitted: a CPU runs "bf16" models' matmuls no faster than fp32
-    "gemm64": 3.98e10,
+    "gemm64": 4.30e10,
     "jvp": 3.78e10,  # tied to gemm32 (× 0.5, benchmarks/plan.py JVP_PER_GEMM32), not fitted
     "eig": 1.19e10,
-    "schur": 1.29e10,
-    "schurv": 2.29e10,
-    "svd": 4.21e10,
+    "schur": 1.30e10,
+    "schurv": 2.37e10,
+    "svd": 4.37e10,
     "svdvals": 1.30e10,
-    "stream": 1.34e10,
+    "stream": 2.01e10,
     "gunzip": 1.5e8,  # not fitted (the cores get arrays): zlib inflate, ~150 MB/s one core
-    "calls": 385.0,
-    "graph": 6.39e4,
+    "calls": 253.0,
+    "graph": 6.44e4,
+    "kl64": 2.56e7,  # logit pairs/s of resdyn.causal.kl_and_flips (float64)
 }
 
 # H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
@@ -101,10 +111,15 @@ _GPU_COMMON = {
     "calls": CPU_CALIBRATION["calls"],  # Python-level steps run on the host
     "graph": CPU_CALIBRATION["graph"],  # Leiden runs on the host
 }
+#: bytes of memory traffic per logit pair of the float64 KL readout (``kl64``, module docstring):
+#: memory-bound on a GPU, so its rate there is the HBM streaming rate / this
+KL64_BYTES = 170.0
 DEVICES: dict[str, Device] = {
     "cpu": Device("cpu", "cpu", CPU_CALIBRATION, "measured here, per thread (benchmarks/plan.py)"),
-    "h100": Device("h100", "gpu", {**_GPU_COMMON, "stream": 2.5e12}, "assumed (H100 SXM class)"),
-    "h200": Device("h200", "gpu", {**_GPU_COMMON, "stream": 3.6e12}, "assumed (H200 class)"),
+    "h100": Device("h100", "gpu", {**_GPU_COMMON, "stream": 2.5e12, "kl64": 2.5e12 / KL64_BYTES},
+                   "assumed (H100 SXM class)"),
+    "h200": Device("h200", "gpu", {**_GPU_COMMON, "stream": 3.6e12, "kl64": 3.6e12 / KL64_BYTES},
+                   "assumed (H200 class)"),
 }
 #: Ops a GPU job still runs on its host CPU (no torch routine on cuda).
 HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
@@ -113,7 +128,7 @@ HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
 #: measure it): level-3 BLAS scales well, LAPACK's QR sweeps and zlib hardly.
 THREAD_EFFICIENCY = {"gemm32": 0.85, "gemm16": 0.85, "gemm64": 0.85, "jvp": 0.7, "svd": 0.6, "svdvals": 0.5,
                      "eig": 0.35, "schur": 0.35, "schurv": 0.45, "stream": 0.5, "gunzip": 0.0, "calls": 0.0,
-                     "graph": 0.0}
+                     "graph": 0.0, "kl64": 0.5}
 #: Threads of a CPU-heavy rule on the cluster (when its single-thread time exceeds
 #: :data:`THREADS_ABOVE_S`), and CPU cores that come with one GPU (profile: cpus_per_gpu).
 CPU_THREADS = 8
@@ -194,8 +209,7 @@ class Shape:
         return self.params * self.dtype_bytes
 
 
-#: families whose MLP is W_2 act(W_1 x) (two matrices); GPT-NeoX is priced as parallel residual
-#: (Pythia's use_parallel_residual, its default)
+#: families whose MLP is W_2 act(W_1 x) (two matrices)
 PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
 
 
@@ -208,6 +222,9 @@ def model_shape(config: dict, model: str) -> Shape:
     ``n_kv_heads``, ``d_ff``, ``vocab_size`` — for hub/local models filled from the model's
     ``config.json`` by config validation (:mod:`resdyn.hub`), for the zoo the tokenizer's
     vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
+    GPT-NeoX is parallel residual when ``parallel_residual`` (config.json's
+    ``use_parallel_residual``) is true or absent — transformers' default, as
+    :func:`resdyn.arch.residual_kind` decides — and sequential (two sublayers) otherwise.
     """
     m = config["models"][model]
     vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
@@ -227,7 +244,8 @@ def model_shape(config: dict, model: str) -> Shape:
     family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
                  int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
-                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3, parallel=family == "gpt_neox")
+                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3,
+                 parallel=family == "gpt_neox" and bool(m.get("parallel_residual", True)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +273,7 @@ class Cost:
     @property
     def flops(self) -> float:
         """Total FLOPs (the byte-counted classes excluded)."""
-        return sum(v for k, v in self.work.items() if k not in ("stream", "gunzip", "calls"))
+        return sum(v for k, v in self.work.items() if k not in ("stream", "gunzip", "calls", "graph", "kl64"))
 
 
 def decomposition_flops(kind: str, d: int) -> float:
@@ -292,8 +310,16 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
       summaries  σ_max by 64 power-iteration steps on a float64 d×d (two mat-vecs each: 128·8·d²
                  bytes streamed; exact singular values for d ≤ 512), ‖J−I‖_F and the float64 sum into the accumulator (3·8·d²).
     Host: one shard of the weights (device_map loading; all of them on a CPU), float64 sums 2·8·d² and the first
-    ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Device: the weights, fp32
-    copies of the block's layers, a 1 GiB tangent chunk, M and J temporaries. Disk per layer:
+    ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Working memory (host on a CPU,
+    device on a GPU): fp32 copies of the block's layers (only for non-fp32 weights,
+    :meth:`resdyn.arch.LayerSublayers.to_float32`), then the larger of the two stages — MLP:
+    the d_ff × d matrices diag(·)W_gate and diag(·)W_up (2·4·d·d_ff) and the two d × d
+    results; attention: the forward-mode tangents of one chunk of c input directions, about
+    three H × T score-sized fp32 arrays each (12·H·T·c bytes; c = the engine's chunk,
+    ≤ d) and J_attn — plus the float64 copy of each position's J for the summaries (8·d²·P).
+    The benchmark measured 41-46 MiB of working memory at d = 1024 (T = 64-256) against 44 by
+    this formula; the engine's own chunk budget (≈ 4·(8·H·(T+1) + 8·H·hd) per direction) is a
+    bound, not the resident size. Disk per layer:
     2 kinds × (mean d² in ``store_dtype`` + per-sample n·P·d²·4, gzip ≈ incompressible).
     """
     jc, N, T = config["jacobian"], config["samples"]["n"], config["samples"]["length"]
@@ -314,9 +340,11 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.jacobian.default_batch_size: one forward per batch
     c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
     acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
-    # tangent chunk: ≤ 1 GiB (resdyn.jacobian.TANGENT_BUDGET_BYTES), 4·(8·H·(T+1) + 8·H·hd) per direction
-    tangents = min(2.0**30, d * 4.0 * (8 * s.n_heads * (T + 1) + 8 * s.d_q))
-    work = 4.0 * s.layer_params * L + tangents + 3 * 4.0 * d * s.d_ff + 6 * 8.0 * d * d * P
+    # tangent chunk of resdyn.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
+    chunk = max(1, min(d, int(2**30 // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
+    copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
+    stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
+    work = copies + stage + 8.0 * d * d * P
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
     c.disk_bytes = L * s.jacobian_groups * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
@@ -344,7 +372,8 @@ def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
 def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     """Tuned-lens training (:func:`resdyn.lens.train_lens`), ``steps`` steps of B tokens, n layers.
 
-    Per step: the frozen forward 2·B·P_layers (model dtype); the final logits 2·B·d·V; the
+    Per step: the frozen forward 2·B·P_layers (model dtype; its MLP holds two B × d_ff
+    activations at a time, 2·4·B·d_ff bytes on a CPU); the final logits 2·B·d·V; the
     translators forward and weight gradient 2·2·B·n·d² (fp32: the translators are fp32); the
     readout of every layer through the frozen head, forward and input gradient 2·2·B·n·d·V in
     ``lens.readout_dtype`` (bfloat16: tensor-core GEMMs with fp32 accumulation, 13× the fp32
@@ -376,7 +405,7 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     # logits chunk (resdyn.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
     # logits, softmax and gradient in fp32
     chunk = min(B * n * V, 2**27 if gpu else 2**22)
-    dev = s.weight_bytes + 3 * 4.0 * n * d * d + 3 * 4.0 * chunk + 4.0 * B * (n + 1) * d
+    dev = s.weight_bytes + 3 * 4.0 * n * d * d + 3 * 4.0 * chunk + 4.0 * B * (n + 1) * d + 2 * 4.0 * B * s.d_ff
     c.device_bytes = dev if gpu else 0.0
     if not gpu:
         c.host_bytes += dev - s.weight_bytes
@@ -400,27 +429,41 @@ def cost_lens_metrics(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
-    """Causal test (:mod:`resdyn.causal`): for every stream L = 0..n−1 and both interventions,
-    the original and ``n_random`` + 1 modified continuations through layers L..n−1 and the head on
-    B = ``causal.n_samples`` sequences: Σ_L (n−L) = n(n+1)/2 layer passes per run,
-    runs = 1 + 2·(n_random + 1); each pass 2·B·T·P_layer (+ attention). Each of the 2·(n_random+1)
-    comparisons per layer reads out both final states through the head (2·B·T·d·V each, and
-    the softmax streams their logits); plus the readout subspace of every translator (n SVDs
-    with vectors, on the host)."""
+    """Causal test (:func:`resdyn.causal.causal_table`).
+
+    Runs: the :class:`~resdyn.causal.Continuation` forward once through all n layers (it keeps
+    the streams h_0..h_n); then for every stream L = 0..n−1 the reference continuation and, per
+    intervention (project, patch), the observed and ``n_random`` random subspaces' modified
+    continuations through layers L..n−1: Σ_L (n−L) = n(n+1)/2 layer passes per run,
+    runs = 1 + 2·(n_random + 1); each layer pass 2·B·T·P_layer (+ attention) on B =
+    ``causal.n_samples`` sequences of T tokens, in the model dtype.
+    Comparisons: 2·(n_random + 1) per layer, each reading out both final states through the
+    head (2·B·T·d·V FLOPs each) and comparing the B·T·V logit pairs in float64
+    (:func:`resdyn.causal.kl_and_flips`, op class ``kl64``); plus the readout subspace of every
+    translator (n SVDs with vectors) and the Haar draws, on the host.
+    Host memory: the n float64 translators, the n+1 streams (4·B·T·d each) and the larger of
+    one comparison chunk of c = min(B·T, ⌊2^24/V⌋)·V logits held as two fp32 logits and five
+    float64 arrays (the two log-softmaxes, exp, difference, product: 48 bytes per logit) and
+    one readout-subspace SVD in flight (6·8·d², as :func:`cost_readout`) — on a CPU; on a GPU
+    the streams and the chunk live on the device."""
     cc, T, n = config["causal"], config["samples"]["length"], s.n_layers
     B = min(cc["n_samples"], config["samples"]["n"])
     runs = 1 + 2 * (cc["n_random"] + 1)
+    comparisons = 2 * (cc["n_random"] + 1)
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
-    heads = 4 * (cc["n_random"] + 1)  # each comparison reads out the reference and the modified state
-    c.add(head, runs * _forward_flops(s, B * T, n * (n + 1) / 2, T) + heads * n * 2.0 * B * T * s.d * s.vocab)
-    k = max(1, round(config["causal"]["k_fraction"] * s.d))
+    c.add(head, _forward_flops(s, B * T, runs * n * (n + 1) / 2 + n, T)
+          + 2 * comparisons * n * 2.0 * B * T * s.d * s.vocab)
+    c.add("kl64", comparisons * n * B * T * s.vocab)
+    k = k_from_fraction(s.d, config["causal"]["k_fraction"])
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
-    c.add("stream", heads * n * 12.0 * B * T * s.vocab)
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
-    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * n * s.d * s.d
-    c.device_bytes = s.weight_bytes + 4.0 * B * T * (s.d * 4 + s.vocab * 3) if gpu else 0.0
+    chunk = min(B * T, max(1, 2**24 // s.vocab)) * s.vocab  # resdyn.causal.DEFAULT_CHUNK_ELEMENTS
+    work = 4.0 * (n + 1) * B * T * s.d + 48.0 * chunk
+    svd = 6 * 8.0 * s.d * s.d
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * n * s.d * s.d + (svd if gpu else max(work, svd))
+    c.device_bytes = s.weight_bytes + work if gpu else 0.0
     return c
 
 
@@ -479,26 +522,66 @@ def cost_schur(config: dict, s: Shape) -> Cost:
 
 
 def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
-    """``bootstrap`` (:func:`resdyn.bootstrap.jacobian_bootstrap`): R = ``n_resamples`` + 2 rows
-    (the all-N mean, the n-sample mean, R replicates) × S sublayers, each one eigen-analysis of a
-    d×d mean: on the host one real Schur factor T (eigenvalues and Henrici together), on a GPU
-    torch eigvals (Henrici by subtraction, guarded). Per row and sublayer also the resampled mean
-    (2·n·d² FLOPs, streamed) and the running product (2 d³ fp64), per row one svdvals at the
-    end. The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the
-    files; a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
+    """``bootstrap`` (:func:`resdyn.bootstrap.jacobian_bootstrap`), R = ``n_resamples`` + 2 rows
+    (the all-N mean, the n-sample mean, R − 2 replicates) × S sublayers, d×d, n stored samples.
+
+    ``method: exact``: each row and sublayer one eigen-analysis of the resampled mean: on the
+    host one real Schur factor T (eigenvalues and Henrici together), on a GPU torch eigvals
+    (Henrici by subtraction, guarded): R·S eigvals (10 d³ nominal each).
+
+    ``method: perturbative`` (:func:`resdyn.bootstrap.perturbative_spectra`), per sublayer:
+      * the two means exactly: 2 eigvals (20 d³);
+      * one eigendecomposition with vectors of the n-sample mean: 25 d³ nominal (GVL: Hessenberg
+        + QR with the accumulated basis and back-substitution), i.e. 2.5 eigvals-equivalents,
+        priced at the eig rate;
+      * V⁻¹ (complex LU inverse, ≈ 8 d³ real FLOPs) and E_i = V⁻¹ D_i V for the n samples:
+        2 complex GEMMs each, 8 d³ real FLOPs per complex GEMM → 16·n·d³ (gemm64);
+      * the Gram matrices of (J_0, J_i − J_0) and of their antisymmetric parts: 4·n²·d² (gemm64);
+      * two passes over the replicates forming F_r = Σ_i (w_ri − 1/n) E_i (a complex GEMM
+        (R × n)·(n × d²)) and the O(d²) second-order sums, gaps and couplings: ≈ 2·R·(n + 10)·8·d²
+        real FLOPs, priced as gemm64 on the job's device (memory-bound there, but ≪ one eig);
+      * clusters: their small eigenproblems cost at most CLUSTER_FRACTION = 1/32 of R eigvals
+        (beyond that the sublayer falls back), priced at that bound: R/32 eigvals;
+      * the a-posteriori check: VERIFY_REPLICATES = 2 eigvals.
+      In all ≈ (2 + 2.5 + 2 + R/32) eigvals-equivalents per sublayer instead of R (R = 52:
+      8.1 instead of 52, 6.4× fewer). The worst case — every sublayer fails the check and falls
+      back — is the exact price plus these 6.5 + R/32 decompositions; that is what a second
+      attempt (runtime × attempt) covers, and what the zoo's transformer Jacobians need today
+      (docs/bootstrap.md), which is why the default is ``exact``.
+
+    Both: per row and sublayer the resampled mean (2·n·d² FLOPs, streamed on the host; for
+    ``perturbative`` on a GPU one device GEMM, gemm64) and the running
+    product (2 d³ fp64), per row one svdvals at the end (``cum_erank_full_depth`` stays exact).
+    The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the files;
+    a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
     n = config["jacobian"]["store_first_n"]
     R = config["bootstrap"]["n_resamples"] + 2
     S, d = _n_sublayers(s), s.d
     c = Cost(gpu=gpu, host_ops=("stream",))  # the resampled means are formed on the host
-    c.add("eig" if gpu else "schur", R * S * decomposition_flops("eig", d))
+    eig_op = "eig" if gpu else "schur"
+    perturbative = config["bootstrap"].get("method", "exact") == "perturbative"
+    if perturbative:
+        c.add(eig_op, S * (2 + 2) * decomposition_flops("eig", d))  # the two means + the check
+        c.add("eig", S * (2.5 + R / 32.0) * decomposition_flops("eig", d))  # with vectors; clusters
+        c.add("gemm64", S * ((8.0 + 16.0 * n) * d**3 + 4.0 * n * n * d * d + 2.0 * R * (n + 10) * 8.0 * d * d))
+    else:
+        c.add(eig_op, R * S * decomposition_flops("eig", d))
     c.add("gemm64", R * S * 2.0 * d**3)
-    c.add("stream", R * S * n * 8.0 * d * d)
+    if perturbative and gpu:  # the resampled means as a GEMM on the device (weights · X)
+        c.add("gemm64", R * S * n * 2.0 * d * d)
+    else:
+        c.add("stream", R * S * n * 8.0 * d * d)
     c.add("svdvals", R * decomposition_flops("svdvals", d))
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)
-    c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d
-    c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d if gpu else 0.0
+    # perturbative: E (n complex d²), the samples and their deviations (3 n real d²), a chunk of
+    # F_r (≤ 2 GiB, resdyn.bootstrap.perturbative_spectra) and as much in temporaries, and six
+    # complex d² arrays (V, V⁻¹, K, gaps, couplings, mask)
+    chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
+    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + 2 * chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
+    c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
+    c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
 
 
@@ -511,7 +594,10 @@ def cost_communities(config: dict, s: Shape) -> Cost:
     """``communities``: per boundary (2n), the N·(T−skip) × d states as float32, a float64
     copy chunk by chunk and the correlation by ``dsyrk`` (M·d² FLOPs, fp64), top-k
     sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
-    per resolution (``graph``). Memory: the states in float32 + their fp16 read + R (8 d²)."""
+    per resolution (``graph``). Memory: the larger of the read (fp16 states and their float32
+    upcast, 6·M·d, :func:`resdyn.activations.read_boundary`) and the analysis (the float32 states,
+    two float64 token chunks of ``resdyn.topology._CHUNK_BYTES`` = 32 MiB: the chunk and its
+    shifted copy), plus R and its sparsified copy (2·8·d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, S = N * Tk, s.d, _n_sublayers(s)
     c = Cost()
@@ -519,7 +605,7 @@ def cost_communities(config: dict, s: Shape) -> Cost:
     c.add("stream", S * (M * d * (2 + 4 + 8) + 3 * 8.0 * d * d))
     c.add("calls", S)
     c.add("graph", S * 2.0 * d * config["topology"]["top_k"] * len(_as_list(config["topology"]["resolution"])))
-    c.host_bytes = BASE_HOST_BYTES + M * d * 6.0 + 2 * 8.0 * d * d
+    c.host_bytes = BASE_HOST_BYTES + max(6.0 * M * d, 4.0 * M * d + 2 * 32.0 * MiB) + 2 * 8.0 * d * d
     c.disk_bytes = S * d * 40.0
     return c
 
@@ -540,7 +626,7 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
     two translators (SVD with vectors, each once: n SVDs), and for the observed and ``n_random``
     Haar subspaces J·V (2 d²k) and Vᵀ(JV) (2 d k²) plus a QR per draw (4 d k²)."""
     n, d, R = s.n_layers, s.d, config["bridge"]["n_random"]
-    k = max(1, round(config["bridge"]["k_fraction"] * d))
+    k = k_from_fraction(d, config["bridge"]["k_fraction"])
     c = Cost()
     c.add("gemm64", n * (2.0 * d**3 + (R + 1) * (2.0 * d * d * k + 6.0 * d * k * k)))
     c.add("svd", n * decomposition_flops("svd", d))
@@ -552,14 +638,15 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
 def cost_readout(config: dict, s: Shape) -> Cost:
     """``rss`` and ``resolution`` (:mod:`resdyn.readout`): one SVD with vectors per translator
     (n), then per k and consecutive pair the k×k overlap V_Lᵀ V_{L+1} (2 d k²) and its singular
-    values (8/3 k³ ≪). Memory: the n translators' V (n·8·d²) at once."""
+    values (8/3 k³ ≪). Memory: the n float64 translators and their V (2n·8·d²) at once, plus
+    one SVD in flight (gesdd: the copy it overwrites, U, Vᵀ and a ≈ 4 d² workspace, 6·8·d²)."""
     n, d = s.n_layers, s.d
-    ks = [max(1, round(f * d)) for f in config["readout"]["k_fractions"]]
+    ks = [k_from_fraction(d, f) for f in config["readout"]["k_fractions"]]
     c = Cost()
     c.add("svd", n * decomposition_flops("svd", d))
     c.add("gemm64", n * sum(2.0 * d * k * k + 4.0 * k**3 for k in ks))
     c.add("gunzip", n * 4.0 * d * d)
-    c.host_bytes = BASE_HOST_BYTES + (n + 4) * 8.0 * d * d
+    c.host_bytes = BASE_HOST_BYTES + (2 * n + 6) * 8.0 * d * d
     return c
 
 
@@ -609,6 +696,10 @@ GPU_LINALG_RULES = ("spectra", "bootstrap")
 LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint")
 RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling", "bridge", "rss",
          "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
+#: The workflow's other rules: tables and figures from tables, run as localrules on the submit
+#: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
+LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "figure_ckpt", "figure_model",
+                        "figure_scaling", "all")
 
 
 def uses_gpu(config: dict, rule: str) -> bool:

@@ -16,7 +16,7 @@ SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
 # Known model types we refuse, with the reason (the residual is not one d-vector, or the two
 # halves run in parallel without an adapter that treats the layer as one operator, as
 # GPT-NeoX's does).
-_REFUSED: dict[str, str] = {
+REFUSED_FAMILIES: dict[str, str] = {
     "gptj": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
     "phi": "parallel residual: attention and MLP both read h_L, there is no pre-MLP boundary",
     "falcon": "parallel attention/MLP: there is no pre-MLP boundary",

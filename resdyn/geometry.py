@@ -555,15 +555,20 @@ def with_lens_hits(
 
 
 def phase_table(
-    per_layer: pd.DataFrame, cuts: dict[str, Any], metrics: Sequence[str] | None = None
+    per_layer: pd.DataFrame, cuts: Any, metrics: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """:func:`phase_metrics` with the cut points of a :func:`resdyn.phases.cutpoints` result.
+    """:func:`phase_metrics` with the cut points of a :func:`resdyn.phases.cutpoints` result
+    (a :class:`resdyn.phases.Cutpoints`, or a mapping with keys ``b1`` and ``b2``).
 
     ``metrics`` defaults to the columns of :data:`PHASE_METRICS` present in ``per_layer``. The
     ``output`` row of :func:`layer_geometry` (``state == "output"``, not a layer) is left out;
     the last layer ``n−1``, which has no RSS point, falls into phase 3.
     """
-    if not isinstance(cuts, dict) or "b1" not in cuts or "b2" not in cuts:
+    if isinstance(cuts, dict):
+        b1, b2 = cuts.get("b1"), cuts.get("b2")
+    else:
+        b1, b2 = getattr(cuts, "b1", None), getattr(cuts, "b2", None)
+    if b1 is None or b2 is None:
         raise ValueError(f"cuts must be a cutpoints() result with keys 'b1' and 'b2', got {cuts!r:.200}")
     if not isinstance(per_layer, pd.DataFrame):
         raise ValueError(f"per_layer must be a pandas DataFrame, got {type(per_layer).__name__}")
@@ -572,7 +577,7 @@ def phase_table(
     table = per_layer
     if "state" in table.columns:
         table = table[table["state"] != "output"]
-    out = phase_metrics(table, int(cuts["b1"]), int(cuts["b2"]), metrics)
+    out = phase_metrics(table, int(b1), int(b2), metrics)
     # why a statistic is empty: a phase with no (finite) layer, or one layer (no sd)
     out["reason"] = np.select([out["n_layers"] == 0, out["n_layers"] == 1],
                               ["no layer with a finite value in this phase", "one layer: sd undefined"], "")

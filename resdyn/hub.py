@@ -131,12 +131,12 @@ def family_of(model_type: str | None, outer_type: str | None = None) -> str:
 
     Raises HubError naming the type, why it is refused when known, and the supported families.
     """
-    from resdyn.families import _REFUSED, SUPPORTED_FAMILIES
+    from resdyn.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
 
     supported = ", ".join(SUPPORTED_FAMILIES)
     for mt in (model_type, outer_type):
-        if mt in _REFUSED:
-            raise HubError(f"model_type {mt!r} is not supported ({_REFUSED[mt]}); supported families: {supported}")
+        if mt in REFUSED_FAMILIES:
+            raise HubError(f"model_type {mt!r} is not supported ({REFUSED_FAMILIES[mt]}); supported families: {supported}")
     for fam, (types, _) in SUPPORTED_FAMILIES.items():
         if model_type in types or outer_type in types:
             return fam
@@ -149,6 +149,7 @@ def architecture(cfg: dict) -> dict:
     Multimodal wrappers keep the decoder in ``text_config``. ``n_kv_heads`` defaults to
     ``n_heads`` (multi-head attention) when the file has no ``num_key_value_heads``; a field
     that is absent or not a single integer (e.g. per-layer ``intermediate_size`` lists) is left out.
+    GPT-NeoX also gets ``parallel_residual`` (``use_parallel_residual``, default true).
     """
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     out: dict = {"model_type": text.get("model_type") or cfg.get("model_type")}
@@ -163,6 +164,8 @@ def architecture(cfg: dict) -> dict:
         out["d_ff"] = 4 * out["d_model"]  # n_inner: null means 4·n_embd
     if "n_kv_heads" not in out and "n_heads" in out:
         out["n_kv_heads"] = out["n_heads"]
+    if out["family"] == "gpt_neox":  # transformers' GPTNeoXConfig default: parallel (Pythia)
+        out["parallel_residual"] = bool(text.get("use_parallel_residual", True))
     return out
 
 

@@ -95,26 +95,47 @@ def sha256_array(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _jsonable(obj: Any) -> Any:
+def _jsonable(obj: Any, where: str, nan_as_null: bool) -> Any:
+    """Plain-JSON copy of ``obj`` (numpy scalars/arrays → Python, Path → str).
+
+    A non-finite float (Python or numpy, also inside arrays) becomes ``null`` only where
+    ``nan_as_null``; otherwise ValueError naming its place ``where`` (e.g. ``stages.rise.y[3]``).
+    """
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): _jsonable(v, f"{where}.{k}" if where else str(k), nan_as_null) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
+        return [_jsonable(v, f"{where}[{i}]", nan_as_null) for i, v in enumerate(obj)]
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
+        return _jsonable(obj.tolist(), where, nan_as_null)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, float) and not np.isfinite(obj):
-        return None
+        if nan_as_null:
+            return None
+        raise ValueError(f"{obj} at {where or 'the top level'}")
     return obj
 
 
-def write_json(obj: Any, path: PathLike) -> None:
-    """Write ``obj`` as indented JSON, atomically; numpy scalars/arrays become plain JSON."""
+def write_json(obj: Any, path: PathLike, *, nan_as_null: tuple[str, ...] = ()) -> None:
+    """Write ``obj`` as indented JSON, atomically; numpy scalars/arrays become plain JSON.
+
+    JSON has no NaN or infinity. A non-finite float is refused (ValueError naming the file and
+    the value's place) unless it sits under a top-level key listed in ``nan_as_null``: there
+    ``null`` is the declared meaning "not a number" and is written instead.
+    """
+    if nan_as_null and not isinstance(obj, dict):
+        raise ValueError(f"{path}: nan_as_null names top-level keys, but the object is a {type(obj).__name__}")
+    try:
+        if isinstance(obj, dict):
+            plain = {str(k): _jsonable(v, str(k), str(k) in nan_as_null) for k, v in obj.items()}
+        else:
+            plain = _jsonable(obj, "", False)
+    except ValueError as err:
+        raise ValueError(f"{path}: refusing to write a non-finite number ({err}); JSON has no NaN/Inf") from None
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(plain, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def read_json(path: PathLike) -> Any:

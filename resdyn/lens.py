@@ -482,7 +482,8 @@ class TunedLensReadout(nn.Module):
         return arch.unembed_logits(self.model, h)
 
 
-def _model_info(model: nn.Module) -> dict[str, Any]:
+def model_info(model: nn.Module) -> dict[str, Any]:
+    """The shapes a lens is fitted against: ``d_model``, ``vocab_size`` (of the unembedding), ``n_layers``."""
     head = model.get_output_embeddings()
     return {
         "d_model": int(head.weight.shape[1]),
@@ -586,7 +587,7 @@ class _TokenStream:
         self.next_batch = 0
         self.buffer: tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None = None
         self.offset = 0  # tokens of the current buffer's batch already served
-        info = _model_info(model)
+        info = model_info(model)
         per_token = (info["n_layers"] + 1) * info["d_model"] * _dtype_of(model).itemsize + (info["d_model"] + 1) * 4
         total = sum(b.numel() for b in batches) * per_token
         self.cache: dict[int, Any] | None = {} if total <= cache_bytes else None
@@ -741,7 +742,7 @@ def _train_step_kl(
 
 
 @torch.no_grad()
-def _layer_kl(model: nn.Module, weight: torch.Tensor | None, bias: torch.Tensor | None, states: torch.Tensor, budget: int) -> np.ndarray:
+def layer_kl(model: nn.Module, weight: torch.Tensor | None, bias: torch.Tensor | None, states: torch.Tensor, budget: int) -> np.ndarray:
     """Mean KL(p_final ‖ p_lens) per translator layer over the tokens of ``states``; (n,) float64.
 
     ``weight = bias = None`` evaluates the logit lens.
@@ -839,7 +840,7 @@ class Lens:
         convergence: pd.DataFrame | None = None,
         meta: dict[str, Any] | None = None,
     ):
-        info = _model_info(model)
+        info = model_info(model)
         n, d = info["n_layers"], info["d_model"]
         if tuple(weight.shape) != (n, d, d) or tuple(bias.shape) != (n, d):
             raise ValueError(f"translator shapes {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the model: expected ({n}, {d}, {d}), ({n}, {d})")
@@ -931,7 +932,7 @@ class Lens:
         cfg = io.read_json(cfg_path)
         if cfg.get("format") != FORMAT:
             raise ValueError(f"{cfg_path}: format={cfg.get('format')!r}; allowed: {FORMAT!r}")
-        info = _model_info(model)
+        info = model_info(model)
         for key in ("n_layers", "d_model", "vocab_size"):
             if cfg[key] != info[key]:
                 raise ValueError(f"{cfg_path}: lens has {key}={cfg[key]} but the model has {key}={info[key]}")
@@ -1033,7 +1034,7 @@ def train_lens(
     opt = LensOptions.from_kwargs(options)
     batches = _as_batches(token_batches, "token_batches")
     heldout = None if heldout_batches is None else _as_batches(heldout_batches, "heldout_batches")
-    info = _model_info(model)
+    info = model_info(model)
     n, d = info["n_layers"], info["d_model"]
     device = model_device(model)
 
@@ -1149,7 +1150,7 @@ def _fit(
             train_kl = None
         if heldout_states is None:
             return
-        kl = _layer_kl(model, weight.detach(), bias.detach(), heldout_states, opt.chunk_elements)
+        kl = layer_kl(model, weight.detach(), bias.detach(), heldout_states, opt.chunk_elements)
         history.append(kl)
         rows.extend((step, L, "heldout", float(v)) for L, v in enumerate(kl))
 
@@ -1247,7 +1248,7 @@ def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[to
     """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
     ``model_hash``) every model parameter: what a resumed trajectory must share with the first."""
     options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
-    h = hashlib.sha256(json.dumps({"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": _model_info(model)}, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps({"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": model_info(model)}, sort_keys=True, default=str).encode())
     h.update(unembed_hash(model).encode())
     if meta.get("model_hash") is None:
         for name, t in model.state_dict().items():

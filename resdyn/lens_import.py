@@ -141,7 +141,7 @@ def import_tuned_lens(
     """
     folder = Path(folder)
     cfg, weight, bias = read_tuned_lens(folder)
-    info = lens_mod._model_info(model)
+    info = lens_mod.model_info(model)
     n, d = weight.shape[0], weight.shape[-1]
     if (n, d) != (info["n_layers"], info["d_model"]):
         raise ValueError(

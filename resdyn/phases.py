@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["SMOOTHING_METHODS", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at"]
+__all__ = ["SMOOTHING_METHODS", "Cutpoints", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at"]
 
 SMOOTHING_METHODS = ("none", "moving_average", "savgol")
 _SAVGOL_POLYORDER = 2
@@ -262,6 +264,143 @@ def _kneedle_stage(
     return out
 
 
+@dataclass(frozen=True)
+class Cutpoints:
+    """The phase cut of one RSS profile (:func:`cutpoints`); :meth:`to_json` is ``phases.json``.
+
+    Attributes (``phases.json`` keys, in file order):
+
+    - ``b1``, ``b2``, ``peak``: int, ``0 ≤ b1 ≤ peak ≤ b2 ≤ n−1`` (never None: fallbacks apply);
+    - ``b1_found``, ``b2_found``: bool, False where the fallback was used;
+    - ``reason``: ``""`` if both knees were found, else the causes joined by ``"; "``;
+    - ``spans``: ``((start, stop), …)`` per phase (:func:`phase_spans`), ``widths``: their sizes
+      (sum ``n``);
+    - ``n`` (profile points), ``window`` (None for method ``"none"``), ``method``,
+      ``sensitivity``, ``notes`` (e.g. a reduced window);
+    - ``profile`` and ``smoothed``: the input and the smoothed curve (finite floats);
+    - ``stages``: per stage (``"rise"``, ``"descent"``) the audit record of the Kneedle run —
+      segment ``x``/``y``, kneed's normalized curves, difference curve, thresholds ``Tmx``,
+      local-maxima indices (None when kneed was not run), the local ``knee`` and ``reason``;
+    - ``k``, ``k_fraction_requested``: the readout dimension the profile was taken at and the
+      configured fraction (:func:`profile_at`; None until set with :meth:`at_k`, and then left
+      out of the JSON).
+    """
+
+    b1: int
+    b2: int
+    peak: int
+    b1_found: bool
+    b2_found: bool
+    reason: str
+    spans: tuple[tuple[int, int], ...]
+    widths: tuple[int, ...]
+    n: int
+    window: int | None
+    method: str
+    sensitivity: float
+    notes: tuple[str, ...]
+    profile: tuple[float, ...]
+    smoothed: tuple[float, ...]
+    stages: Mapping[str, Mapping[str, Any]] = field(repr=False)
+    k: int | None = None
+    k_fraction_requested: float | None = None
+
+    def at_k(self, k: int, k_fraction_requested: float) -> Cutpoints:
+        """The same cut, labelled with the readout dimension k of its profile."""
+        return replace(self, k=int(k), k_fraction_requested=float(k_fraction_requested))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``phases.json`` object: plain ints, floats, strings, lists, None, in field order."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("k", "k_fraction_requested") and v is None:
+                continue
+            if f.name == "spans":
+                v = [list(span) for span in v]
+            elif f.name == "stages":
+                v = {name: dict(stage) for name, stage in v.items()}
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "phases.json") -> Cutpoints:
+        """Validate a ``phases.json`` object (:meth:`to_json`'s layout) into a :class:`Cutpoints`.
+
+        Raises ValueError naming ``source`` and what is wrong: not an object, a missing key, a
+        value of the wrong type, non-finite numbers, or cut points that break
+        ``0 ≤ b1 ≤ peak ≤ b2 ≤ n−1`` or disagree with ``spans``/``widths``.
+        """
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"{source}: expected a JSON object of phase cut points, got {type(obj).__name__}")
+        required = [f.name for f in fields(cls) if f.name not in ("k", "k_fraction_requested")]
+        missing = [name for name in required if name not in obj]
+        if missing:
+            raise ValueError(f"{source}: lacks keys {missing} (a phases.json written by resdyn.phases has {required})")
+
+        def integer(name: str, v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{source}: {name} must be an integer, got {v!r}")
+            return v
+
+        def flag(name: str) -> bool:
+            if not isinstance(obj[name], bool):
+                raise ValueError(f"{source}: {name} must be true or false, got {obj[name]!r}")
+            return obj[name]
+
+        def numbers(name: str) -> tuple[float, ...]:
+            v = obj[name]
+            if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"{source}: {name} must be a list of numbers, got {v!r:.120}")
+            if not all(math.isfinite(x) for x in v):
+                raise ValueError(f"{source}: {name} has non-finite values (null/NaN); the profile must be finite")
+            return tuple(float(x) for x in v)
+
+        n = integer("n", obj["n"])
+        b1, peak, b2 = (integer(name, obj[name]) for name in ("b1", "peak", "b2"))
+        if not (n >= 1 and 0 <= b1 <= peak <= b2 <= n - 1):
+            raise ValueError(f"{source}: cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, "
+                             f"got b1={b1}, peak={peak}, b2={b2}, n={n}")
+        spans = tuple(tuple(span) for span in obj["spans"]) if isinstance(obj["spans"], list) else None
+        if spans != tuple(phase_spans(n, b1, b2)):
+            raise ValueError(f"{source}: spans {obj['spans']!r} do not match b1={b1}, b2={b2}, n={n}")
+        widths = obj["widths"]
+        if widths != [stop - start for start, stop in spans]:
+            raise ValueError(f"{source}: widths {widths!r} do not match spans {obj['spans']!r}")
+        profile, smoothed = numbers("profile"), numbers("smoothed")
+        if len(profile) != n or len(smoothed) != n:
+            raise ValueError(f"{source}: profile and smoothed must have n = {n} points, "
+                             f"got {len(profile)} and {len(smoothed)}")
+        window = obj["window"]
+        if window is not None:
+            integer("window", window)
+        sens = obj["sensitivity"]
+        if isinstance(sens, bool) or not isinstance(sens, (int, float)) or not (math.isfinite(sens) and sens > 0):
+            raise ValueError(f"{source}: sensitivity must be a positive number, got {sens!r}")
+        if obj["method"] not in SMOOTHING_METHODS:
+            raise ValueError(f"{source}: method must be one of {SMOOTHING_METHODS}, got {obj['method']!r}")
+        if not isinstance(obj["reason"], str) or not isinstance(obj["notes"], list):
+            raise ValueError(f"{source}: reason must be a string and notes a list")
+        stages = obj["stages"]
+        if not isinstance(stages, Mapping) or set(stages) != {"rise", "descent"}:
+            raise ValueError(f"{source}: stages must hold 'rise' and 'descent', got {stages!r:.120}")
+        k = obj.get("k")
+        if k is not None:
+            integer("k", k)
+        kf = obj.get("k_fraction_requested")
+        if kf is not None and (isinstance(kf, bool) or not isinstance(kf, (int, float)) or not 0 < kf <= 1):
+            raise ValueError(f"{source}: k_fraction_requested must be in (0, 1], got {kf!r}")
+        return cls(
+            b1=b1, b2=b2, peak=peak, b1_found=flag("b1_found"), b2_found=flag("b2_found"), reason=obj["reason"],
+            spans=spans, widths=tuple(widths), n=n, window=window, method=obj["method"], sensitivity=sens,
+            notes=tuple(obj["notes"]), profile=profile, smoothed=smoothed,
+            stages={name: dict(stage) for name, stage in stages.items()}, k=k,
+            k_fraction_requested=None if kf is None else float(kf),
+        )
+
+
 def cutpoints(
     profile: np.ndarray,
     window: int = 3,
@@ -296,17 +435,8 @@ def cutpoints(
 
     Returns
     -------
-    dict (JSON-serialisable: plain ints, floats, strings, lists, None) with
-
-    - ``b1``, ``b2``, ``peak``: int, ``0 ≤ b1 ≤ peak ≤ b2 ≤ n−1`` (never None: fallbacks apply);
-    - ``b1_found``, ``b2_found``: bool, False where the fallback was used;
-    - ``reason``: ``""`` if both knees were found, else the causes joined by ``"; "``;
-    - ``spans``: ``[[start, stop), …]`` per phase (:func:`phase_spans`), ``widths``: their sizes;
-    - ``n``, ``window``, ``method``, ``sensitivity``, ``notes``;
-    - ``profile`` and ``smoothed``: the input and the smoothed curve;
-    - ``stages``: per stage (``"rise"``, ``"descent"``) the segment ``x``/``y``, kneed's
-      normalized curves, difference curve, thresholds ``Tmx``, local-maxima indices (None when
-      kneed was not run), the local knee and the stage's reason.
+    :class:`Cutpoints` (``k`` unset; :meth:`Cutpoints.at_k` labels it, :meth:`Cutpoints.to_json`
+    gives the ``phases.json`` object).
 
     Raises
     ------
@@ -318,10 +448,10 @@ def cutpoints(
     --------
     >>> y = [0.2, 0.5, 0.8, 0.9, 0.92, 0.93, 0.92, 0.9, 0.8, 0.5, 0.2]
     >>> c = cutpoints(y, method="none")
-    >>> c["b1"], c["peak"], c["b2"], c["reason"]
+    >>> c.b1, c.peak, c.b2, c.reason
     (2, 5, 8, '')
     >>> c = cutpoints([0.1, 0.2, 0.3, 0.4, 0.5])  # monotone ramp: both stages fall back
-    >>> c["b1"], c["peak"], c["b2"], c["b1_found"], c["b2_found"]
+    >>> c.b1, c.peak, c.b2, c.b1_found, c.b2_found
     (4, 4, 4, False, False)
     """
     if method not in SMOOTHING_METHODS:
@@ -366,30 +496,30 @@ def cutpoints(
         b2 = int(min(max(desc["knee"], p), n - 1))
 
     spans = phase_spans(n, b1, b2)
-    return {
-        "b1": b1,
-        "b2": b2,
-        "peak": p,
-        "b1_found": rise["knee"] is not None,
-        "b2_found": desc["knee"] is not None,
-        "reason": "; ".join(reasons),
-        "spans": [[a, b] for a, b in spans],
-        "widths": [b - a for a, b in spans],
-        "n": n,
-        "window": int(w) if method != "none" else None,
-        "method": method,
-        "sensitivity": sens,
-        "notes": notes,
-        "profile": [float(v) for v in y],
-        "smoothed": [float(v) for v in s],
-        "stages": {"rise": rise, "descent": desc},
-    }
+    return Cutpoints(
+        b1=b1,
+        b2=b2,
+        peak=p,
+        b1_found=rise["knee"] is not None,
+        b2_found=desc["knee"] is not None,
+        reason="; ".join(reasons),
+        spans=tuple((a, b) for a, b in spans),
+        widths=tuple(b - a for a, b in spans),
+        n=n,
+        window=int(w) if method != "none" else None,
+        method=method,
+        sensitivity=sens,
+        notes=tuple(notes),
+        profile=tuple(float(v) for v in y),
+        smoothed=tuple(float(v) for v in s),
+        stages={"rise": rise, "descent": desc},
+    )
 
 
 def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
     """The RSS profile at one readout dimension, from a :func:`resdyn.readout.rss_profile` table.
 
-    The hidden size is recovered as ``d = round(k / k_fraction)``; the target is
+    The hidden size d is the table's ``d`` column (one value); the target is
     ``k* = k_from_fraction(d, k_fraction)``. If the table has ``k*`` that is used, otherwise
     the tabulated k whose ``k_fraction`` is nearest to the request (the smaller k on ties).
 
@@ -401,28 +531,32 @@ def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
     Raises
     ------
     ValueError
-        Missing columns, an empty table, or layers that are not exactly 0 … m−1 at that k.
+        Missing columns, an empty table, a ``d`` that is not one positive integer ≥ every k,
+        or layers that are not exactly 0 … m−1 at that k.
 
     Examples
     --------
     >>> t = pd.DataFrame({"layer": [1, 0, 0, 1], "k": [2, 2, 4, 4], "k_fraction": [0.25, 0.25, 0.5, 0.5],
-    ...                   "rss": [0.7, 0.6, 0.9, 0.95]})
+    ...                   "d": 8, "rss": [0.7, 0.6, 0.9, 0.95]})
     >>> profile_at(t, 0.25), profile_at(t, 0.4)
     (([0.6, 0.7], 2), ([0.9, 0.95], 4))
     """
-    from resdyn.readout import k_from_fraction
+    from resdyn.linalg import k_from_fraction
 
     if not isinstance(rss, pd.DataFrame):
         raise ValueError(f"rss must be a pandas DataFrame (an rss.tsv table), got {type(rss).__name__}")
-    need = ["layer", "k", "k_fraction", "rss"]
+    need = ["layer", "k", "k_fraction", "d", "rss"]
     missing = [c for c in need if c not in rss.columns]
     if missing:
         raise ValueError(f"rss table lacks columns {missing}; needs {need}, has {list(rss.columns)}")
     if len(rss) == 0:
         raise ValueError("rss table is empty")
+    ds = pd.unique(rss["d"])
+    if len(ds) != 1 or not float(ds[0]).is_integer() or int(ds[0]) < int(rss["k"].max()):
+        raise ValueError(f"rss table: column d must hold one hidden size, an integer >= every k "
+                         f"(max k = {rss['k'].max()}), got {sorted(ds.tolist())}")
+    d = int(ds[0])
     ks = rss[["k", "k_fraction"]].drop_duplicates().sort_values("k")
-    first = ks.iloc[0]
-    d = int(round(float(first["k"]) / float(first["k_fraction"])))
     target = k_from_fraction(d, k_fraction)
     if target in set(ks["k"].astype(int)):
         k = target

@@ -24,13 +24,16 @@ and perturbation estimates", SIAM J. Sci. Comput. 23(6):2008–2040, 2002.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
+# The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
+from resdyn.linalg import k_from_fraction
+
 __all__ = [
+    "RSS_COLUMNS",
     "readout_subspace",
     "principal_angles",
     "rss",
@@ -41,6 +44,9 @@ __all__ = [
     "resolution_table",
     "pareto_front",
 ]
+
+#: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
+RSS_COLUMNS = ["layer", "k", "k_fraction", "d", "rss", "grassmann_distance", "energy"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,37 +288,6 @@ def energy_share(A: np.ndarray, k: int) -> float:
     return _energy_from_sigma(np.linalg.svd(M, compute_uv=False), k)
 
 
-def k_from_fraction(d: int, fraction: float) -> int:
-    """Subspace dimension for a fraction of the width: ``clip(round_half_up(fraction·d), 1, d)``.
-
-    Parameters
-    ----------
-    d : int ≥ 1
-        Hidden size.
-    fraction : float in (0, 1]
-        E.g. 0.01 … 0.5 in the resolution sweep.
-
-    Examples
-    --------
-    >>> k_from_fraction(64, 0.01), k_from_fraction(64, 0.1), k_from_fraction(64, 0.5)
-    (1, 6, 32)
-    >>> k_from_fraction(10, 0.25)  # 2.5 rounds half up
-    3
-    """
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise ValueError(f"d must be a positive integer, got {d!r}")
-    if isinstance(fraction, (str, bytes, bool)):
-        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
-    try:
-        f = float(fraction)
-    except (TypeError, ValueError):
-        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}") from None
-    if not (math.isfinite(f) and 0.0 < f <= 1.0):
-        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-    k = math.floor(f * int(d) + 0.5)
-    return int(min(max(k, 1), int(d)))
-
-
 def _check_translators(translators: Sequence[np.ndarray], min_n: int) -> list[np.ndarray]:
     if isinstance(translators, np.ndarray) and translators.ndim == 3:
         translators = list(translators)
@@ -356,9 +331,10 @@ def rss_profile(translators: Sequence[np.ndarray], ks: Sequence[int]) -> pd.Data
 
     Returns
     -------
-    DataFrame with columns ``layer`` (int), ``k`` (int), ``k_fraction`` (= k/d), ``rss``
-    (in [0, 1]), ``grassmann_distance`` (in [0, sqrt(k)π/2]), ``energy`` (in [0, 1]); sorted by
-    k, then layer; ``(n − 1)·len(ks)`` rows.
+    DataFrame with columns :data:`RSS_COLUMNS`: ``layer`` (int), ``k`` (int), ``k_fraction``
+    (= k/d), ``d`` (int, the hidden size: readers need not reconstruct it), ``rss`` (in
+    [0, 1]), ``grassmann_distance`` (in [0, sqrt(k)π/2]), ``energy`` (in [0, 1]); sorted by k,
+    then layer; ``(n − 1)·len(ks)`` rows.
 
     Examples
     --------
@@ -381,12 +357,13 @@ def rss_profile(translators: Sequence[np.ndarray], ks: Sequence[int]) -> pd.Data
                     "layer": L,
                     "k": k,
                     "k_fraction": k / d,
+                    "d": d,
                     "rss": float(cos.mean()),
                     "grassmann_distance": float(np.sqrt(np.sum(theta * theta))),
                     "energy": _energy_from_sigma(s_L, k),
                 }
             )
-    return pd.DataFrame(rows, columns=["layer", "k", "k_fraction", "rss", "grassmann_distance", "energy"])
+    return pd.DataFrame(rows, columns=RSS_COLUMNS)
 
 
 def _check_ks(ks: Sequence[int], d: int) -> list[int]:

@@ -54,19 +54,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn.spectral import (
-    check_chain,
-    _as_square,
-    _as_values,
-    _Cumulative,
-    _nonnormal_norm_from_schur,
-    _ordered,
-    _real_schur_blocks,
-    _schur,
-    _schur_eigenvalues,
+from resdyn.linalg import (
+    NormalisedProduct,
+    as_square,
+    as_values,
     effective_rank,
+    nonnormal_norm_from_schur,
     participation_ratio,
+    real_schur_blocks,
+    schur_eigenvalues,
+    schur_factor,
+    svd,
 )
+from resdyn.spectral import check_chain, ordered_sublayers
 
 __all__ = ["SchurSplit", "schur_split", "scale_nonnormal", "schur_bottleneck", "FORMS"]
 
@@ -138,7 +138,7 @@ class SchurSplit:
         Ta = a * T
         idx = np.arange(self.d)
         Ta[idx, idx] = np.diagonal(T)  # 1×1 blocks unchanged (2×2 diagonals rewritten below)
-        i = _real_schur_blocks(T)
+        i = real_schur_blocks(T)
         if i.size:
             p, q, r, s = T[i, i], T[i, i + 1], T[i + 1, i], T[i + 1, i + 1]
             mean = 0.5 * (p + s)
@@ -173,16 +173,16 @@ def schur_split(J: Any, form: str = "auto") -> SchurSplit:
         >>> round(sp.nonnormal_fro, 12), round(sp.normal_fro ** 2, 12)
         (3.0, 5.0)
     """
-    a = _as_square(J)
+    a = as_square(J)
     f = _resolve_form(form, a)
-    T, Q = _schur(a, f, vectors=True)
-    lam = _schur_eigenvalues(T)
+    T, Q = schur_factor(a, f, vectors=True)
+    lam = schur_eigenvalues(T)
     return SchurSplit(
         Q=Q,
         T=T,
         form=f,
         eigenvalues=lam,
-        nonnormal_fro=_nonnormal_norm_from_schur(T),
+        nonnormal_fro=nonnormal_norm_from_schur(T),
         normal_fro=float(np.sqrt(np.sum(np.abs(lam) ** 2))),
     )
 
@@ -213,7 +213,7 @@ def scale_nonnormal(J: Any, alpha: float, form: str = "auto") -> np.ndarray:
 
 
 def _check_alphas(alphas: Any) -> np.ndarray:
-    al = _as_values(alphas, "alphas", allow_complex=False)
+    al = as_values(alphas, "alphas", allow_complex=False)
     if len(np.unique(al)) != al.size:
         raise ValueError(f"alphas must be distinct, got {al.tolist()}")
     return al
@@ -247,24 +247,25 @@ def schur_bottleneck(
     """
     al = _check_alphas(alphas)
     if isinstance(jacobians, Mapping):
-        ordered = _ordered(jacobians)
+        ordered = ordered_sublayers(jacobians)
         check_chain([(r[1], r[2]) for r in ordered], "schur_bottleneck: jacobians")
         items = [(s, {"layer": layer, "kind": kind}, J) for s, layer, kind, J in ordered]
     else:
         items = ((s, {}, J) for s, J in enumerate(jacobians))
-    cums = [_Cumulative() for _ in al]
+    cums = [NormalisedProduct() for _ in al]
     rows: list[dict] = []
     d0 = None
     n = 0
     for s, keys, J in items:
-        a = _as_square(J() if callable(J) else J, name=f"jacobians[{s}]")
+        a = as_square(J() if callable(J) else J, name=f"jacobians[{s}]")
         if d0 is None:
             d0 = a.shape[0]
         elif a.shape[0] != d0:
             raise ValueError(f"jacobians[{s}] has shape {a.shape}, but jacobians[0] is {d0}×{d0}")
         split = schur_split(a, form)
         for alpha, cum in zip(al, cums):
-            sv = cum.push(split.at(alpha))
+            P = cum.push(split.at(alpha))
+            sv = np.zeros(d0) if cum.vanished else svd(P, vectors=False)
             rows.append(
                 {
                     "alpha": float(alpha),

@@ -196,7 +196,8 @@ def paired_difference_ci(
     boot_b: pd.DataFrame | None, reps_b: pd.DataFrame | None,
     metric: str, level: float,
 ) -> tuple[tuple[float, float] | None, str, int]:
-    """Percentile interval of (b − a) from replicate-wise differences of two checkpoints.
+    """Interval of (b − a) from replicate-wise differences of two checkpoints: percentile, or
+    studentized around the difference of the estimates when the bootstraps say so (``interval``).
 
     Valid because :func:`resdyn.bootstrap.bootstrap_indices` depends only on (n, R, seed):
     replicate r of both checkpoints resamples the same samples. Returns (None, reason) when the
@@ -221,9 +222,12 @@ def paired_difference_ci(
     b = reps_b[reps_b["metric"] == metric].set_index("replicate")["value"]
     if a.empty or not a.index.equals(b.index):
         return None, "replicate ids do not match", 0
-    lo, hi = bs.percentile_ci((b - a).to_numpy(dtype=np.float64), level)
     n = int(ra["n_bootstrap_samples"])
     diff = float(rb["estimate"]) - float(ra["estimate"]) if "estimate" in ra and "estimate" in rb else math.nan
+    # the interval kind of the bootstraps (bootstrap.interval; percentile when not recorded)
+    kind = ra.get("interval")
+    kind = kind if isinstance(kind, str) and kind else "percentile"
+    lo, hi = bs.replicate_ci((b - a).to_numpy(dtype=np.float64), diff, level, kind)
     return (lo, hi), (f"paired bootstrap ({int(ra['n_resamples'])} resamples of {n} samples; "
                       f"their estimate {_fmt(diff)}), level {level:g}"), n
 

@@ -37,9 +37,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import scipy.linalg
-from scipy.linalg import lapack
 
 from resdyn.io import PathLike, atomic_path
+from resdyn.linalg import (
+    NormalisedProduct,
+    as_square,
+    as_values,
+    eigen_henrici,
+    effective_rank,
+    k_from_fraction,
+    nonnormal_norm_from_schur,
+    participation_ratio,
+    round_half_up,
+    schur_factor,
+    sort_eigenvalues,
+    svd,
+    svd_on,
+)
 
 __all__ = [
     "KINDS",
@@ -69,6 +83,7 @@ __all__ = [
     "sublayer_index",
     "group_name",
     "check_chain",
+    "ordered_sublayers",
     "LAYER_KIND",
     "OPERATOR_KINDS",
 ]
@@ -96,52 +111,6 @@ JacobianSource = Mapping[tuple[int, str], MatrixLike]
 # validation
 
 
-def _as_square(J: Any, name: str = "J") -> np.ndarray:
-    """``J`` as a finite, non-empty, square float64 (or complex128) 2-D array, else ValueError."""
-    try:
-        a = np.asarray(J)
-    except Exception as err:  # pragma: no cover - exotic inputs
-        raise ValueError(f"{name} must be a square 2-D numeric array, got {type(J).__name__}") from err
-    if a.ndim != 2 or a.shape[0] != a.shape[1]:
-        raise ValueError(f"{name} must be a square 2-D matrix (d×d), got shape {a.shape}")
-    if a.shape[0] == 0:
-        raise ValueError(f"{name} must be a non-empty square matrix, got shape {a.shape}")
-    if a.dtype == bool or not (np.issubdtype(a.dtype, np.number)):
-        raise ValueError(f"{name} must be numeric (float or complex), got dtype {a.dtype} with shape {a.shape}")
-    a = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64, copy=False)
-    bad = ~np.isfinite(a)
-    if bad.any():
-        raise ValueError(
-            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite entries (NaN/Inf); only finite values are allowed"
-        )
-    return a
-
-
-def _as_values(x: Any, name: str, *, nonnegative: bool = False, allow_complex: bool = True) -> np.ndarray:
-    """``x`` as a finite, non-empty 1-D float64/complex128 array, else ValueError."""
-    a = np.asarray(x)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of values, got shape {a.shape}")
-    if a.size == 0:
-        raise ValueError(f"{name} must be non-empty, got shape {a.shape}")
-    if a.dtype == bool or not np.issubdtype(a.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {a.dtype}")
-    if np.iscomplexobj(a):
-        if not allow_complex:
-            raise ValueError(f"{name} must be real, got complex dtype {a.dtype} (shape {a.shape})")
-        a = a.astype(np.complex128, copy=False)
-    else:
-        a = a.astype(np.float64, copy=False)
-    bad = ~np.isfinite(a)
-    if bad.any():
-        raise ValueError(
-            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite values (NaN/Inf); only finite values are allowed"
-        )
-    if nonnegative and (a < 0).any():
-        raise ValueError(f"{name} must be ≥ 0 (singular values), got minimum {a.min():.6g} (shape {a.shape})")
-    return a
-
-
 def _check_tol(tol: Any) -> float:
     try:
         t = float(tol)
@@ -158,147 +127,6 @@ def _check_k(k: Any, d: int) -> int:
     if not 1 <= int(k) <= d:
         raise ValueError(f"k must be in [1, {d}] for a {d}×{d} matrix, got k = {k}")
     return int(k)
-
-
-def _round_half_up(x: float) -> int:
-    return int(math.floor(x + 0.5))
-
-
-# --------------------------------------------------------------------------------------------
-# decompositions (shared with resdyn.schur)
-
-
-def _svd(a: np.ndarray, vectors: bool):
-    """SVD by divide and conquer (gesdd), falling back to gesvd if it does not converge."""
-    try:
-        if vectors:
-            return scipy.linalg.svd(a, full_matrices=False, check_finite=False, lapack_driver="gesdd")
-        return scipy.linalg.svd(a, compute_uv=False, check_finite=False, lapack_driver="gesdd")
-    except np.linalg.LinAlgError:
-        if vectors:
-            return scipy.linalg.svd(a, full_matrices=False, check_finite=False, lapack_driver="gesvd")
-        return scipy.linalg.svd(a, compute_uv=False, check_finite=False, lapack_driver="gesvd")
-
-
-def _schur(a: np.ndarray, output: str, vectors: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Schur factor T (and basis Q if ``vectors``) of a validated square matrix.
-
-    ``output='real'`` (real ``a`` only): real Schur, T quasi-upper-triangular with 1×1 blocks
-    for real eigenvalues and standardised 2×2 blocks for complex pairs, a = Q T Q^T.
-    ``output='complex'``: complex Schur, T upper triangular, a = Q T Q^H.
-    LAPACK ?gees with an optimal workspace; ``vectors=False`` skips accumulating Q (faster).
-    """
-    if output == "complex":
-        a = a.astype(np.complex128, copy=False)
-        gees = lapack.zgees
-    elif output == "real":
-        if np.iscomplexobj(a):
-            raise ValueError(f"the real Schur form needs a real matrix, got dtype {a.dtype} (shape {a.shape})")
-        gees = lapack.dgees
-    else:
-        raise ValueError(f"output must be 'real' or 'complex', got {output!r}")
-    compute_v = 1 if vectors else 0
-    query = gees(lambda *x: None, a, compute_v=compute_v, lwork=-1)
-    lwork = max(int(query[-2][0].real), 1)
-    res = gees(lambda *x: None, a, compute_v=compute_v, lwork=lwork, sort_t=0, overwrite_a=0)
-    info = res[-1]
-    if info != 0:
-        raise np.linalg.LinAlgError(f"Schur decomposition failed (LAPACK ?gees info = {info}) for shape {a.shape}")
-    return res[0], (res[-3] if vectors else None)
-
-
-def _real_schur_blocks(T: np.ndarray) -> np.ndarray:
-    """Start indices i of the 2×2 diagonal blocks T[i:i+2, i:i+2] of a real Schur factor."""
-    sub = np.diagonal(T, -1)
-    return np.flatnonzero(sub != 0)
-
-
-def _schur_eigenvalues(T: np.ndarray) -> np.ndarray:
-    """Eigenvalues (complex128, in Schur order) read off a real or complex Schur factor."""
-    lam = np.diagonal(T).astype(np.complex128)
-    if not np.iscomplexobj(T):
-        for i in _real_schur_blocks(T):
-            p, q, r, s = T[i, i], T[i, i + 1], T[i + 1, i], T[i + 1, i + 1]
-            a = 0.5 * (p + s)
-            disc = (0.5 * (p - s)) ** 2 + q * r  # < 0 for a complex pair
-            w = math.sqrt(max(-disc, 0.0))
-            lam[i], lam[i + 1] = complex(a, w), complex(a, -w)
-    return lam
-
-
-def _nonnormal_norm_from_schur(T: np.ndarray) -> float:
-    """‖N‖_F, the non-normal part of a Schur factor, summed without cancellation.
-
-    Complex Schur: N = strictly upper triangle of T. Real Schur: the strictly block-upper part
-    plus, for each 2×2 block [[p, q], [r, s]] (complex pair), the within-block part with
-    ‖·‖_F² = ‖B‖_F² − 2|λ|² = (p − s)² + (q + r)². Equal to ‖J‖_F² − Σ|λ_i|² in exact arithmetic.
-    """
-    U = np.triu(T, 1)
-    if np.iscomplexobj(T):
-        return float(np.linalg.norm(U))
-    starts = _real_schur_blocks(T)
-    if starts.size:
-        U = U.copy()
-        U[starts, starts + 1] = 0.0
-        p, q = T[starts, starts], T[starts, starts + 1]
-        r, s = T[starts + 1, starts], T[starts + 1, starts + 1]
-        within = float(np.sum((p - s) ** 2 + (q + r) ** 2))
-    else:
-        within = 0.0
-    return math.sqrt(float(np.sum(U * U)) + within)
-
-
-def _sort_eigenvalues(lam: np.ndarray) -> np.ndarray:
-    """Eigenvalues sorted by descending modulus, ties by ascending angle (stable, reproducible)."""
-    return lam[np.lexsort((np.angle(lam), -np.abs(lam)))]
-
-
-#: Below this Henrici departure the GPU path's subtraction ‖J‖_F² − Σ|λ|² is not trusted (its
-#: absolute error is O(d·ε·‖J‖_F²), i.e. a relative error ≈ d·ε/h² ≤ 5e-7 at d = 4096 above it);
-#: the value is then recomputed from the host's Schur factor.
-GPU_HENRICI_MIN = 1e-3
-
-
-def _on_cuda(device: Any) -> bool:
-    return device is not None and str(device).startswith("cuda")
-
-
-def eigen_henrici(a: np.ndarray, device: Any = None) -> tuple[np.ndarray, float, float]:
-    """(eigenvalues, ‖N‖_F, ‖J‖_F) of a validated real/complex square matrix, one decomposition.
-
-    Host (``device`` None or cpu): one Schur factor T without vectors (LAPACK ?gees): the
-    eigenvalues are T's diagonal (blocks) and ‖N‖_F its non-normal part — the Schur form serves
-    both, where eigvals + Schur would cost two decompositions (10 d³ + 10 d³ nominal → 10 d³).
-    CUDA: ``torch.linalg.eigvals`` on the device (float64; cuSOLVER) and
-    ``‖N‖_F = sqrt(max(0, ‖J‖_F² − Σ|λ|²))``; when that gives ‖N‖_F/‖J‖_F < :data:`GPU_HENRICI_MIN`
-    (where the subtraction cancels) ‖N‖_F is recomputed from the host Schur factor.
-    """
-    fro = float(np.linalg.norm(a))
-    if _on_cuda(device):
-        import torch
-
-        lam = torch.linalg.eigvals(torch.as_tensor(a, device=device)).cpu().numpy().astype(np.complex128)
-        nn2 = fro * fro - float(np.sum(np.abs(lam) ** 2))
-        nn = math.sqrt(max(0.0, nn2))
-        if fro == 0.0 or nn / fro >= GPU_HENRICI_MIN:
-            return lam, nn, fro
-        T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-        return lam, _nonnormal_norm_from_schur(T), fro
-    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-    return _schur_eigenvalues(T), _nonnormal_norm_from_schur(T), fro
-
-
-def _svd_on(a: np.ndarray, vectors: bool, device: Any):
-    """:func:`_svd` on the host, ``torch.linalg.svd``/``svdvals`` (float64) on a CUDA device."""
-    if not _on_cuda(device):
-        return _svd(a, vectors)
-    import torch
-
-    t = torch.as_tensor(a, device=device)
-    if vectors:
-        U, sv, Vh = torch.linalg.svd(t, full_matrices=False)
-        return U.cpu().numpy(), sv.cpu().numpy(), Vh.cpu().numpy()
-    return torch.linalg.svdvals(t).cpu().numpy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,9 +147,9 @@ def nonnormal_norm(J: Any) -> float:
         >>> nonnormal_norm(np.array([[1.0, 3.0], [0.0, 2.0]]))
         3.0
     """
-    a = _as_square(J)
-    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-    return _nonnormal_norm_from_schur(T)
+    a = as_square(J)
+    T, _ = schur_factor(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return nonnormal_norm_from_schur(T)
 
 
 def henrici_departure(J: Any) -> float:
@@ -342,12 +170,12 @@ def henrici_departure(J: Any) -> float:
         >>> round(henrici_departure(np.array([[1.0, 3.0], [0.0, 1.0]])), 6)  # 3/sqrt(11)
         0.904534
     """
-    a = _as_square(J)
+    a = as_square(J)
     fro = float(np.linalg.norm(a))
     if fro == 0.0:
         return 0.0
-    T, _ = _schur(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
-    return min(1.0, _nonnormal_norm_from_schur(T) / fro)
+    T, _ = schur_factor(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
+    return min(1.0, nonnormal_norm_from_schur(T) / fro)
 
 
 def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
@@ -365,7 +193,7 @@ def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
         >>> complex_fraction(np.array([1j, -1j, 2.0, 3.0]))
         0.5
     """
-    lam = _as_values(eigvals, "eigvals")
+    lam = as_values(eigvals, "eigvals")
     t = _check_tol(tol)
     if not np.iscomplexobj(lam):
         return 0.0
@@ -398,7 +226,7 @@ def shifted_complex_fraction(eigvals: Any, shift: float = 1.0, tol: float = 1e-6
         >>> shifted_complex_fraction(np.array([1 + 1e-8 + 1e-8j, 1 + 1e-8 - 1e-8j, 1.5, 0.5]), 1.0, 1e-6)
         0.5
     """
-    lam = _as_values(eigvals, "eigvals")
+    lam = as_values(eigvals, "eigvals")
     t = _check_tol(tol)
     if not np.iscomplexobj(lam):
         return 0.0
@@ -422,7 +250,7 @@ def expansive_fraction(values: Any, threshold: float = 1.0) -> float:
         >>> expansive_fraction(np.array([0.5, 1.0, 2.0, -3.0]))
         0.5
     """
-    x = _as_values(values, "values")
+    x = as_values(values, "values")
     thr = float(threshold)
     if not math.isfinite(thr):
         raise ValueError(f"threshold must be finite, got {threshold!r}")
@@ -441,10 +269,10 @@ def spectral_radius(x: Any) -> float:
         2.0
     """
     if np.ndim(x) == 2:
-        a = _as_square(x)
+        a = as_square(x)
         lam = scipy.linalg.eigvals(a, check_finite=False)
     else:
-        lam = _as_values(x, "eigenvalues")
+        lam = as_values(x, "eigenvalues")
     return float(np.max(np.abs(lam)))
 
 
@@ -460,9 +288,9 @@ def condition_number(x: Any) -> float:
         8.0
     """
     if np.ndim(x) == 2:
-        sv = _svd(_as_square(x), vectors=False)
+        sv = svd(as_square(x), vectors=False)
     else:
-        sv = _as_values(x, "singular_values", nonnegative=True, allow_complex=False)
+        sv = as_values(x, "singular_values", nonnegative=True, allow_complex=False)
     smax, smin = float(np.max(sv)), float(np.min(sv))
     if smax == 0.0:
         return float("nan")
@@ -496,95 +324,27 @@ def self_alignment(J: Any, k: int) -> float:
         >>> self_alignment(np.array([[0.0, 0.0], [2.0, 0.0]]), 1)  # e_0 -> 2 e_1
         0.0
     """
-    a = _as_square(J)
+    a = as_square(J)
     k = _check_k(k, a.shape[0])
-    U, _, Vh = _svd(a, vectors=True)
+    U, _, Vh = svd(a, vectors=True)
     return _self_alignment_from_svd(U, Vh, k)
-
-
-def effective_rank(singular_values: Any) -> float:
-    """Roy–Vetterli effective rank: exp(−Σ_i p_i log p_i), p_i = σ_i / Σ_j σ_j (0·log 0 = 0).
-
-    Scale-invariant. The zero matrix (all σ = 0) has rank 0 and gives 0.
-
-    Args:
-        singular_values: (d,) array of σ ≥ 0.
-    Returns:
-        float in [1, d] (0 for all zeros); d iff all σ are equal; r for r equal non-zero σ.
-    Example:
-        >>> round(effective_rank(np.ones(5)), 12)
-        5.0
-        >>> round(effective_rank(np.array([1.0, 1.0, 0.0])), 12)
-        2.0
-    """
-    s = _as_values(singular_values, "singular_values", nonnegative=True, allow_complex=False)
-    total = float(np.sum(s))
-    if total == 0.0:
-        return 0.0
-    p = s[s > 0] / total
-    return float(np.exp(-np.sum(p * np.log(p))))
-
-
-def participation_ratio(singular_values: Any) -> float:
-    """Participation ratio of the squared singular values: (Σ_i σ_i²)² / Σ_i σ_i⁴.
-
-    Scale-invariant (evaluated on σ / σ_max, so it neither overflows nor underflows). The zero
-    matrix gives 0.
-
-    Args:
-        singular_values: (d,) array of σ ≥ 0.
-    Returns:
-        float in [1, d] (0 for all zeros); r for r equal non-zero σ.
-    Example:
-        >>> participation_ratio(np.array([1.0, 1.0, 1.0, 0.0]))
-        3.0
-    """
-    s = _as_values(singular_values, "singular_values", nonnegative=True, allow_complex=False)
-    smax = float(np.max(s))
-    if smax == 0.0:
-        return 0.0
-    q = (s / smax) ** 2
-    return float(np.sum(q) ** 2 / np.sum(q * q))
 
 
 # --------------------------------------------------------------------------------------------
 # cumulative products along depth
 
 
-class _Cumulative:
-    """Running product P_s = J_s P_{s−1}, renormalised to ‖P_s‖_F = 1 after every step.
-
-    ``log10_fro`` accumulates log10 of the factor removed, i.e. log10 ‖J_s ⋯ J_0‖_F of the
-    unrescaled product. A product that becomes exactly 0 stays 0 (log10_fro = −inf).
-    """
-
-    def __init__(self) -> None:
-        self.P: np.ndarray | None = None
-        self.log10_fro = 0.0
-
-    def push(self, J: np.ndarray) -> np.ndarray:
-        if self.P is None:
-            P = J.copy()
-        elif self.log10_fro == -math.inf:
-            return np.zeros(J.shape[0])
-        else:
-            P = J @ self.P
-        nrm = float(np.linalg.norm(P))
-        if nrm == 0.0 or not math.isfinite(nrm):
-            if not math.isfinite(nrm):  # pragma: no cover - needs ‖J‖ near the float64 limit
-                raise FloatingPointError("cumulative product overflowed despite rescaling; ‖J‖_F is near 1e308")
-            self.P, self.log10_fro = P, -math.inf
-            return np.zeros(J.shape[0])
-        self.P = P / nrm
-        self.log10_fro += math.log10(nrm)
-        return _svd(self.P, vectors=False)
+def _push_singular_values(cum: NormalisedProduct, a: np.ndarray) -> np.ndarray:
+    """Push J onto the running product; singular values of the normalised P_s (zeros once it vanished)."""
+    P = cum.push(a)
+    return np.zeros(a.shape[0]) if cum.vanished else svd(P, vectors=False)
 
 
 def _iter_matrices(jacobians: Iterable[Any], what: str = "jacobians") -> Iterable[np.ndarray]:
     d = None
     n = 0
     for s, J in enumerate(jacobians):
-        a = _as_square(J() if callable(J) else J, name=f"{what}[{s}]")
+        a = as_square(J() if callable(J) else J, name=f"{what}[{s}]")
         if d is None:
             d = a.shape[0]
         elif a.shape[0] != d:
@@ -614,10 +374,10 @@ def cumulative_spectrum(jacobians: Iterable[Any]) -> tuple[np.ndarray, np.ndarra
         >>> sv[-1].round(6).tolist(), lg.round(6).tolist()
         ([0.707107, 0.707107], [0.451545, 0.752575, 1.053605])
     """
-    cum = _Cumulative()
+    cum = NormalisedProduct()
     rows, logs = [], []
     for a in _iter_matrices(jacobians):
-        rows.append(cum.push(a))
+        rows.append(_push_singular_values(cum, a))
         logs.append(cum.log10_fro)
     return np.vstack(rows), np.asarray(logs, dtype=np.float64)
 
@@ -700,12 +460,12 @@ def spectrum(J: Any) -> dict[str, np.ndarray]:
         >>> sp["eigenvalues"].tolist(), sp["singular_values"].tolist(), sp["singular_values_JmI"].tolist()
         ([(2+0j), (-1+0j)], [2.0, 1.0], [2.0, 1.0])
     """
-    a = _as_square(J)
+    a = as_square(J)
     lam = scipy.linalg.eigvals(a, check_finite=False)
     return {
-        "eigenvalues": _sort_eigenvalues(lam.astype(np.complex128)),
-        "singular_values": _svd(a, vectors=False),
-        "singular_values_JmI": _svd(a - np.eye(a.shape[0]), vectors=False),
+        "eigenvalues": sort_eigenvalues(lam.astype(np.complex128)),
+        "singular_values": svd(a, vectors=False),
+        "singular_values_JmI": svd(a - np.eye(a.shape[0]), vectors=False),
     }
 
 
@@ -716,14 +476,14 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: 
     d = a.shape[0]
     eye = np.eye(d)
     lam, nn, fro = eigen_henrici(a, device)
-    U, sv, Vh = _svd_on(a, True, device)
+    U, sv, Vh = svd_on(a, True, device)
     JmI = a - eye
-    sv_m = _svd_on(JmI, False, device)
+    sv_m = svd_on(JmI, False, device)
     fro_m = float(np.linalg.norm(JmI))
 
     erank = effective_rank(sv)
-    k_frac = min(d, max(1, _round_half_up(k_fraction * d)))
-    k_erank = min(d, max(1, _round_half_up(erank)))
+    k_frac = k_from_fraction(d, k_fraction)
+    k_erank = min(d, max(1, round_half_up(erank)))
     m: dict[str, Any] = {
         "d": d,
         "spectral_radius": float(np.max(np.abs(lam))),
@@ -757,7 +517,7 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: 
         }
     )
     arrays = {
-        "eigenvalues": _sort_eigenvalues(lam),
+        "eigenvalues": sort_eigenvalues(lam),
         "singular_values": np.asarray(sv, dtype=np.float64),
         "singular_values_JmI": np.asarray(sv_m, dtype=np.float64),
     }
@@ -777,7 +537,7 @@ def sublayer_metrics(
     (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
-    ``k_frac`` = max(1, round(k_fraction·d)) and ``self_alignment_kfrac``;
+    ``k_frac`` = :func:`resdyn.linalg.k_from_fraction` (d, k_fraction) and ``self_alignment_kfrac``;
     ``self_alignment_k1``; ``k_erank`` = max(1, round(erank_J)) and ``self_alignment_kerank``;
     ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
     Rounding is half-up.
@@ -796,7 +556,7 @@ def sublayer_metrics(
         >>> m["henrici"], m["erank_J"], m["pr_J"], m["erank_JmI"], m["self_alignment_k1"]
         (0.0, 4.0, 4.0, 0.0, 1.0)
     """
-    a = _as_square(J)
+    a = as_square(J)
     return _analyse(a, _check_k_fraction(k_fraction), _check_tolerances(tolerances))[0]
 
 
@@ -857,7 +617,7 @@ def group_name(layer: int, kind: str) -> str:
     return f"L{int(layer):03d}_{kind}"
 
 
-def _ordered(jacobians: JacobianSource, what: str = "jacobians") -> list[tuple[int, int, str, Any]]:
+def ordered_sublayers(jacobians: JacobianSource, what: str = "jacobians") -> list[tuple[int, int, str, Any]]:
     """(s, layer, kind, matrix-or-loader) sorted by depth; validates keys."""
     if not isinstance(jacobians, Mapping):
         raise ValueError(f"{what} must be a mapping {{(layer, kind): d×d matrix}}, got {type(jacobians).__name__}")
@@ -904,8 +664,8 @@ def spectra_table(
     kf = _check_k_fraction(k_fraction)
     tols = _check_tolerances(tolerances)
     rows, arrays = [], {}
-    for s, layer, kind, J in _ordered(jacobians):
-        a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
+    for s, layer, kind, J in ordered_sublayers(jacobians):
+        a = as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
         m, arr = _analyse(a, kf, tols, device)
         rows.append({"layer": layer, "kind": kind, "s": s, **m})
         arrays[group_name(layer, kind)] = arr
@@ -938,18 +698,18 @@ def bottleneck_table(
         >>> bottleneck_table(J)[["s", "erank", "pr_single"]].round(4).values.tolist()
         [[0.0, 2.8717, 2.4545], [1.0, 2.0, 2.0]]
     """
-    ordered = _ordered(jacobians)
+    ordered = ordered_sublayers(jacobians)
     check_chain([(r[1], r[2]) for r in ordered], "bottleneck: jacobians")
-    cum = _Cumulative()
+    cum = NormalisedProduct()
     rows = []
     d0 = None
     for s, layer, kind, J in ordered:
-        a = _as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
+        a = as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
         if d0 is None:
             d0 = a.shape[0]
         elif a.shape[0] != d0:
             raise ValueError(f"jacobians[({layer}, {kind!r})] has shape {a.shape}, but the first sublayer is {d0}×{d0}")
-        sv = cum.push(a)
+        sv = _push_singular_values(cum, a)
         row = {
             "s": s,
             "layer": layer,
@@ -961,7 +721,7 @@ def bottleneck_table(
         }
         if reference:
             known = (spectra or {}).get(group_name(layer, kind))
-            sv1 = np.asarray(known["singular_values"]) if known is not None else _svd(a, vectors=False)
+            sv1 = np.asarray(known["singular_values"]) if known is not None else svd(a, vectors=False)
             row["erank_single"] = effective_rank(sv1)
             row["pr_single"] = participation_ratio(sv1)
         rows.append(row)

@@ -240,4 +240,268 @@ def test_missing_per_sample_names_the_config_key(tmp_path):
             g.create_dataset("count", data=np.int64(4))
             g.create_dataset("sample_ids", data=np.arange(4))
     with pytest.raises(ValueError, match="store_first_n"):
-        bs.read_per_sample([folder])
+        jacobian.per_sample_jacobians([folder])
+
+
+# ---------------------------------------------------------------- method "perturbative" (oracle: method "exact")
+
+
+def _weights(n: int, R: int, seed: int) -> np.ndarray:
+    return np.stack([np.bincount(r, minlength=n) for r in bs.bootstrap_indices(n, R, seed)]) / n
+
+
+def _sort_eig(z: np.ndarray) -> np.ndarray:
+    """Row-wise sort by (real part to 1e-9, imaginary part): stable for conjugate pairs."""
+    z = np.atleast_2d(z)
+    return np.stack([row[np.lexsort((row.imag, np.round(row.real, 9)))] for row in z])
+
+
+def _chain(mats: np.ndarray) -> dict:
+    """Two sublayers (0, attn), (0, mlp) with the same per-sample matrices."""
+    return {(0, "attn"): mats, (0, "mlp"): mats.copy()}
+
+
+def test_perturbative_identical_samples_give_zero_width_intervals():
+    rng = np.random.default_rng(0)
+    J = np.eye(6) + 0.3 * rng.standard_normal((6, 6))
+    table, _ = bs.jacobian_bootstrap(_chain(np.repeat(J[None], 5, axis=0)), n_resamples=40, seed=1,
+                                     method="perturbative")
+    rows = table[table["metric"].isin(["henrici", "complex_fraction"])]
+    assert (rows["method"] == "perturbative").all()
+    cf = rows[rows["metric"] == "complex_fraction"]
+    assert (cf["ci_low"] == cf["estimate"]).all() and (cf["ci_high"] == cf["estimate"]).all()
+    he = rows[rows["metric"] == "henrici"]
+    # F_r = 0 exactly; Henrici from the Gram form equals the Schur-based estimate to rounding
+    np.testing.assert_allclose(he["ci_low"], he["estimate"], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(he["ci_high"], he["estimate"], rtol=0, atol=1e-13)
+
+
+def test_perturbative_commuting_samples_are_exact_at_first_order():
+    """J_i = S B_i S⁻¹ with B_i block-diagonal a_k I + b_k [[0, −1], [1, 0]] (a fixed non-normal S):
+    the samples commute, so a replicate's eigenvalues are Σ_i w_ri (a_ik ± i b_ik) in closed form."""
+    rng = np.random.default_rng(1)
+    n, k = 8, 4
+    S = np.eye(2 * k) + 0.5 * np.triu(rng.standard_normal((2 * k, 2 * k)), 1)
+    a = rng.uniform(-1, 1, size=(n, k)) + np.arange(k)[None]
+    b = rng.uniform(0.2, 0.6, size=(n, k))
+    X = np.stack([S @ _blockdiag(*[ai * np.eye(2) + bi * np.array([[0, -1.0], [1, 0]]) for ai, bi in zip(a[i], b[i])])
+                  @ np.linalg.inv(S) for i in range(n)])
+    W = _weights(n, 60, seed=2)
+    res = bs.perturbative_spectra(X, W)
+    assert res["reason"] == "" and res["cluster_sizes"] == []
+    truth = np.concatenate([W @ a + 1j * (W @ b), W @ a - 1j * (W @ b)], axis=1)
+    np.testing.assert_allclose(_sort_eig(res["eigvals"]), _sort_eig(truth), atol=1e-11)
+    exact = [spectral.henrici_departure(np.einsum("n,nij->ij", w, X)) for w in W]
+    np.testing.assert_allclose(res["henrici"], exact, atol=1e-11)
+
+
+def test_perturbative_lets_a_real_pair_become_complex():
+    """J_i = [[0, 1], [c_i, 0]]: a replicate's eigenvalues are ±sqrt(c*) with c* = Σ w_i c_i, a real
+    pair when c* > 0 and a complex pair when c* < 0. First-order theory keeps the pair real; the
+    2×2 cluster gets it right, replicate by replicate."""
+    c = np.array([-1.0, -0.5, 0.2, 0.5, 0.8, 1.0, -0.8, 0.6])
+    rest = np.diag([2.0, 3.0, -2.0, 4.0, -3.0, 5.0])  # fixed, far from the pair (d = 8)
+    X = np.stack([_blockdiag(np.array([[0.0, 1.0], [ci, 0.0]]), rest) for ci in c])
+    W = _weights(len(c), 200, seed=3)
+    res = bs.perturbative_spectra(X, W)
+    assert res["cluster_sizes"] == [2]
+    cstar = W @ c
+    pair = np.where(cstar[:, None] >= 0, np.sqrt(np.abs(cstar))[:, None] * [1, -1],
+                    1j * np.sqrt(np.abs(cstar))[:, None] * [1, -1])
+    truth = np.hstack([pair, np.tile(np.diag(rest), (len(W), 1))])
+    # at c* = 0 (to rounding) the pair sits on the exceptional point, where any rounding ε moves
+    # it by sqrt(ε); those replicates are compared by their (real) classification below
+    away = np.abs(cstar) > 1e-12
+    assert away.sum() >= 190
+    np.testing.assert_allclose(_sort_eig(res["eigvals"][away]), _sort_eig(truth[away]), atol=1e-12)
+    np.testing.assert_allclose(res["eigvals"][~away], truth[~away], atol=1e-7)
+    per = _chain(X)
+    pert, _ = bs.jacobian_bootstrap(per, n_resamples=200, seed=3, method="perturbative")
+    exact, _ = bs.jacobian_bootstrap(per, n_resamples=200, seed=3, method="exact")
+    cf = pert[pert["metric"] == "complex_fraction"]
+    assert (cf["method"] == "perturbative").all()
+    assert (cf["ci_low"] == 0.0).all() and (cf["ci_high"] == 0.25).all()  # not falsely zero-width
+    np.testing.assert_array_equal(cf[["ci_low", "ci_high"]], exact[exact["metric"] == "complex_fraction"][["ci_low", "ci_high"]])
+    np.testing.assert_allclose(pert[["ci_low", "ci_high"]].to_numpy(float), exact[["ci_low", "ci_high"]].to_numpy(float),
+                               atol=1e-12)
+
+
+def test_perturbative_agrees_with_exact_on_random_non_normal_matrices():
+    """d = 64, n = 12 non-normal samples spread 5 % around their mean: every interval endpoint
+    within 10 % of the exact interval's width (Henrici) and the same complex counts."""
+    rng = np.random.default_rng(4)
+    d, n = 64, 12
+    M = rng.standard_normal((d, d)) / np.sqrt(d) + 0.5 * np.triu(rng.standard_normal((d, d)), 1) / np.sqrt(d)
+    X = M[None] + 0.05 * rng.standard_normal((n, d, d)) / np.sqrt(d)
+    per = _chain(X)
+    pert, _ = bs.jacobian_bootstrap(per, n_resamples=50, seed=5, method="perturbative")
+    exact, _ = bs.jacobian_bootstrap(per, n_resamples=50, seed=5, method="exact")
+    assert (pert["method"].iloc[:4] == "perturbative").all()
+    for metric in ("henrici", "complex_fraction"):
+        p, e = pert[pert["metric"] == metric], exact[exact["metric"] == metric]
+        width = (e["ci_high"] - e["ci_low"]).to_numpy()
+        assert (width > 0).all()
+        assert (np.abs(p["ci_low"].to_numpy() - e["ci_low"].to_numpy()) <= 0.1 * width).all()
+        assert (np.abs(p["ci_high"].to_numpy() - e["ci_high"].to_numpy()) <= 0.1 * width).all()
+    np.testing.assert_array_equal(pert["estimate"], exact["estimate"])  # estimates are exact in both
+
+
+def test_perturbative_falls_back_where_perturbation_is_not_small():
+    """Samples that differ as much as their mean (the regime of transformer Jacobians): one
+    cluster spans the spectrum, the sublayer is decomposed exactly and the table says why."""
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((8, 24, 24))
+    pert, _ = bs.jacobian_bootstrap(_chain(X), n_resamples=30, seed=0, method="perturbative")
+    exact, _ = bs.jacobian_bootstrap(_chain(X), n_resamples=30, seed=0, method="exact")
+    rows = pert[pert["metric"].isin(["henrici", "complex_fraction"])]
+    assert (rows["method"] == "exact-fallback").all() and rows["note"].str.contains("clusters").all()
+    pd.testing.assert_frame_equal(pert.drop(columns=["method", "note"]), exact.drop(columns=["method", "note"]))
+    assert "2 of 2 sublayers exact-fallback" in pert["method"].iloc[-1]
+
+
+def test_perturbative_ill_conditioned_eigenvectors_fall_back():
+    """A mean close to a Jordan block: eigenvector condition far above COND_MAX."""
+    J = np.array([[1.0, 1.0], [1e-20, 1.0]])
+    X = np.stack([J + 1e-3 * np.array([[0, 0], [0, s]]) for s in (1.0, -1.0, 0.5, -0.5)])
+    h, cf, why = bs.perturbative_rows(X - X.mean(0) + J, _weights(4, 10, 0), 1e-6, 0.95)
+    assert h is None and "ill-conditioned" in why
+
+
+def test_perturbative_coverage_matches_exact():
+    """Known-answer simulation: J_i = M + noise_i (d = 8, n = 16), truth = the statistics of M.
+    Over 120 datasets the 90 % intervals of both methods cover the Henrici departure of M at
+    rates that agree within Monte-Carlo error (they may disagree on at most a few datasets).
+    Measured: 92/120 for both, 0 datasets differ; that both sit below 0.9 is the percentile
+    interval's (n = 16, a nonlinear statistic), not the perturbative method's."""
+    rng = np.random.default_rng(7)
+    d, n, reps = 8, 16, 120
+    M = np.diag([2.0, 1.4, 0.8, 0.3, -0.2, -0.7, -1.3, -2.0]) + 0.4 * np.triu(rng.standard_normal((d, d)), 1)
+    truth = spectral.henrici_departure(M)
+    W = _weights(n, 200, seed=8)
+    cover = {"exact": 0, "perturbative": 0}
+    differ = 0
+    for _ in range(reps):
+        X = M[None] + 0.02 * rng.standard_normal((n, d, d))
+        h_p, _, why = bs.perturbative_rows(X, W, 1e-6, 0.9)
+        assert h_p is not None, why
+        h_e = np.array([spectral.henrici_departure(np.einsum("n,nij->ij", w, X)) for w in W])
+        ok = {}
+        for name, h in (("perturbative", h_p), ("exact", h_e)):
+            low, high = bs.percentile_ci(h, 0.9)
+            ok[name] = low <= truth <= high
+            cover[name] += ok[name]
+        differ += ok["exact"] != ok["perturbative"]
+    # paired on the same data: ≤ 3 of 120 datasets differ (binomial sd of a rate: ≈ 0.04)
+    assert differ <= 3, (cover, differ)
+    assert abs(cover["exact"] - cover["perturbative"]) / reps <= 0.025
+
+
+def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
+    """The CUDA code path (resampled means and running products as torch tensors, eigen-analyses
+    via torch) run on the CPU's torch gives the host path's table."""
+    from resdyn import linalg
+
+    rng = np.random.default_rng(9)
+    d, n = 16, 8
+    M = np.diag(np.linspace(-2, 2, d)) + 0.3 * np.triu(rng.standard_normal((d, d)), 1)
+    per = _chain(M[None] + 0.01 * rng.standard_normal((n, d, d)))
+    host, host_reps = bs.jacobian_bootstrap(per, n_resamples=30, seed=2, method="perturbative")
+    calls: list = []
+    monkeypatch.setattr(linalg, "on_cuda", lambda device: calls.append(device) or device is not None)
+    dev, dev_reps = bs.jacobian_bootstrap(per, n_resamples=30, seed=2, method="perturbative", device="cpu")
+    assert calls and (host["method"].iloc[:4] == "perturbative").all()
+    num = ["estimate", "ci_low", "ci_high", "estimate_all_samples"]
+    np.testing.assert_allclose(dev[num].to_numpy(float), host[num].to_numpy(float), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dev_reps["value"], host_reps["value"], rtol=1e-9, atol=1e-9)
+
+
+def test_cost_of_the_perturbative_method():
+    """cost_bootstrap: (2 + 2 + 2.5 + R/32) eigvals-equivalents per sublayer instead of R."""
+    from resdyn import cost
+
+    s = cost.Shape(n_layers=4, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
+    cfg = {"jacobian": {"store_first_n": 16}, "bootstrap": {"n_resamples": 50, "method": "exact"}}
+    exact = cost.cost_bootstrap(cfg, s, gpu=True)
+    cfg["bootstrap"]["method"] = "perturbative"
+    pert = cost.cost_bootstrap(cfg, s, gpu=True)
+    R, S = 52, 8
+    one = cost.decomposition_flops("eig", 4096)
+    assert exact.work["eig"] == pytest.approx(R * S * one)
+    assert pert.work["eig"] == pytest.approx((4 + 2.5 + R / 32) * S * one)
+    assert cost.seconds(pert, "h100") < 0.25 * cost.seconds(exact, "h100")
+
+
+# ---------------------------------------------------------------- interval "studentized" (few resamples)
+
+
+def test_studentized_ci_matches_scipy_t_interval():
+    from scipy import stats
+
+    v = np.random.default_rng(0).standard_normal(6)
+    lo, hi = bs.studentized_ci(v, 0.3, 0.9)
+    ref = stats.t.interval(0.9, df=5, loc=0.3, scale=np.std(v, ddof=1))
+    assert (lo, hi) == pytest.approx(ref, rel=1e-12)
+    assert bs.studentized_ci(np.full(6, 2.0), 2.0) == (2.0, 2.0)
+    assert np.isnan(bs.studentized_ci([1.0, np.nan, 2.0], 1.0)[0])
+    with pytest.raises(ValueError, match="≥ 2 replicates"):
+        bs.studentized_ci([1.0], 1.0)
+    with pytest.raises(ValueError, match="bootstrap.interval"):
+        bs.replicate_ci([1.0, 2.0], 1.5, 0.9, "bca")
+
+
+def test_studentized_with_6_resamples_covers_at_nominal_rate():
+    """Calibration of the cheap scheme: 95 % studentized intervals from R = 6 replicates of the
+    mean of 50 N(0, 1) draws, 400 datasets. A normal statistic with the bootstrap's standard
+    error has coverage exactly 0.95 (t with R − 1 df); measured 0.955, the percentile interval
+    from R = 50 gives 0.93 on the same data. Binomial sd at 400 datasets: 0.011, so
+    [0.92, 0.98] is ±3 sd."""
+    rng = np.random.default_rng(123)
+    n, reps = 50, 400
+    covered = 0
+    for rep in range(reps):
+        x = rng.standard_normal(n)
+        idx = bs.bootstrap_indices(n, 6, seed=rep)
+        low, high = bs.studentized_ci(x[idx].mean(axis=1), x.mean(), 0.95)
+        covered += low <= 0.0 <= high
+    assert 0.92 <= covered / reps <= 0.98
+
+
+def test_studentized_jacobian_bootstrap_rows_and_henrici_coverage():
+    """The table's rows use the chosen interval; on the known-answer Henrici simulation (d = 8,
+    n = 16, 120 datasets) R = 6 studentized intervals cover at least as often as R = 50
+    percentile ones (measured 112/120 vs 97/120: the percentile interval is narrow there)."""
+    rng = np.random.default_rng(7)
+    d, n, reps = 8, 16, 120
+    M = np.diag([2.0, 1.4, 0.8, 0.3, -0.2, -0.7, -1.3, -2.0]) + 0.4 * np.triu(rng.standard_normal((d, d)), 1)
+    truth = spectral.henrici_departure(M)
+    X = M[None] + 0.05 * rng.standard_normal((n, d, d))
+    table, _ = bs.jacobian_bootstrap(_chain(X), n_resamples=6, seed=0, interval="studentized")
+    row = table[(table["metric"] == "henrici")].iloc[0]
+    reps6 = [spectral.henrici_departure(np.einsum("n,nij->ij", w, X)) for w in _weights(n, 6, 0)]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(bs.studentized_ci(reps6, row["estimate"], 0.95), rel=1e-12)
+    assert (table.loc[table["bootstrapped"], "interval"] == "studentized").all()
+    cover = {"t6": 0, "pct50": 0}
+    for rep in range(reps):
+        X = M[None] + 0.05 * rng.standard_normal((n, d, d))
+        est = spectral.henrici_departure(X.mean(0))
+        for name, R, kind in (("t6", 6, "studentized"), ("pct50", 50, "percentile")):
+            v = [spectral.henrici_departure(np.einsum("n,nij->ij", w, X)) for w in _weights(n, R, rep)]
+            low, high = bs.replicate_ci(v, est, 0.95, kind)
+            cover[name] += low <= truth <= high
+    assert cover["t6"] >= cover["pct50"] - 4, cover  # 4 datasets ≈ 1 binomial sd of the difference
+    assert cover["t6"] / reps >= 0.88, cover
+
+
+def test_scorecard_paired_difference_uses_the_studentized_interval():
+    from resdyn import scorecard
+
+    row = pd.DataFrame({"metric": ["m"], "bootstrapped": [True], "n_resamples": [4], "n_bootstrap_samples": [9],
+                        "seed": [0], "estimate": [1.0], "interval": ["studentized"]})
+    ra = pd.DataFrame({"replicate": [0, 1, 2, 3], "metric": "m", "value": [1.0, 2.0, 3.0, 4.0]})
+    rb = ra.assign(value=[2.0, 4.0, 5.0, 9.0])
+    ci, source, n = scorecard.paired_difference_ci(row, ra, row.assign(estimate=3.0), rb, "m", 0.9)
+    assert ci == pytest.approx(bs.studentized_ci([1.0, 2.0, 2.0, 5.0], 2.0, 0.9), rel=1e-12) and n == 9
+    # without the column (tables written before the option): percentile, as before
+    ci, _, _ = scorecard.paired_difference_ci(row.drop(columns="interval"), ra, row.drop(columns="interval"), rb,
+                                              "m", 0.9)
+    assert ci == bs.percentile_ci(np.array([1.0, 2.0, 2.0, 5.0]), 0.9)

@@ -181,7 +181,7 @@ def test_bridge_tables_end_to_end():
     bottle = spectral.bottleneck_table(jac)
     rss = readout.rss_profile(translators, [2, 3])
     profile, k_phase = phases.profile_at(rss, 0.5)
-    cuts = {**phases.cutpoints(profile, method="none"), "k": k_phase}
+    cuts = phases.cutpoints(profile, method="none").at_k(k_phase, 0.5).to_json()
     table, align = bridge.bridge_tables(jac, translators, spectra, bottle, rss, cuts, k=k, n_random=7, seed=3)
 
     assert table["layer"].tolist() == list(range(n))
@@ -209,7 +209,7 @@ def test_bridge_tables_refuses_mismatched_inputs():
     spectra, _ = spectral.spectra_table(jac)
     bottle = spectral.bottleneck_table(jac)
     rss = readout.rss_profile(translators, [2])
-    cuts = {**phases.cutpoints(phases.profile_at(rss, 0.3)[0], method="none"), "k": 2}
+    cuts = phases.cutpoints(phases.profile_at(rss, 0.3)[0], method="none").at_k(2, 0.3).to_json()
     with pytest.raises(ValueError, match="translators 3 layers"):
         bridge.bridge_tables(jac, translators[:3], spectra, bottle, rss, cuts, k=2)
     with pytest.raises(ValueError, match="phase dimension k = 5"):

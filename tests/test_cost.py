@@ -176,8 +176,14 @@ def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
     else:
         assert t.gpu_hours <= 60, t
     text = plan.render(cfg, "h100", 1, 64)
-    for word in ("GPU-hours", "CPU-hours", "critical path", "wall time"):
+    for word in ("GPU-hours", "CPU-hours", "critical path", "wall time", "host_gb", "device_gb", "disk_gb", "jobs"):
         assert word in text
+    # every rule of the DAG is in the table or named as not priced
+    named = set(table.rule) | {r for r in cost.LOCAL_UNPRICED_RULES if r in text}
+    assert named >= set(_rule_blocks()) - {"zoo_train", "tokenizer"} - ({"bridge"} if not rc.runs(cfg, "A", "B") else set()) \
+        - (set() if rc.runs(cfg, "A") else {"jacobians", "spectra", "schur", "bootstrap", "communities", "coupling"}) \
+        - (set() if rc.runs(cfg, "B") else {"lens", "lens_metrics", "rss", "resolution", "causal", "phase_metrics",
+                                            "lens_tokens"})
 
 
 def test_cli_plan_runs(hub_env):
@@ -199,13 +205,29 @@ def test_eigen_henrici_reuses_one_schur_factor():
     assert nn**2 == pytest.approx(fro**2 - np.sum(np.abs(ref) ** 2), rel=1e-8)
 
 
+def _force_device_path(monkeypatch) -> list:
+    """Make the CUDA switch (resdyn.linalg.on_cuda, which bootstrap.py reads too)
+    treat any device as CUDA, so the torch code paths run on the CPU; returns the call log."""
+    from resdyn import linalg
+
+    calls: list = []
+
+    def fake(device):
+        calls.append(device)
+        return device is not None
+
+    monkeypatch.setattr(linalg, "on_cuda", fake)
+    return calls
+
+
 def test_spectra_table_device_path_agrees_on_cpu_torch(monkeypatch):
     """The torch path (used on cuda) run on the CPU's torch equals the scipy reference."""
     rng = np.random.default_rng(1)
     mats = {(0, "attn"): np.eye(40) + rng.standard_normal((40, 40)) / 6, (0, "mlp"): rng.standard_normal((40, 40))}
     ref, ref_arr = spectral.spectra_table(mats)
-    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    calls = _force_device_path(monkeypatch)
     got, got_arr = spectral.spectra_table(mats, device="cpu")
+    assert calls, "the torch path was not taken"
     num = [c for c in ref.columns if c not in ("kind",)]
     np.testing.assert_allclose(got[num].to_numpy(float), ref[num].to_numpy(float), rtol=1e-9, atol=1e-9)
     for key in ref_arr:
@@ -267,8 +289,89 @@ def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
     base = {(L, k): np.eye(24) + rng.standard_normal((24, 24)) / 4 for L in range(2) for k in ("attn", "mlp")}
     per = {key: m[None] + 0.1 * rng.standard_normal((5, 24, 24)) for key, m in base.items()}
     ref, ref_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1)
-    monkeypatch.setattr(spectral, "_on_cuda", lambda device: device is not None)
+    calls = _force_device_path(monkeypatch)
     got, got_reps = bs.jacobian_bootstrap(per, n_resamples=20, seed=1, device="cpu")
+    assert calls, "the torch path was not taken"
     for col in ("estimate", "ci_low", "ci_high"):
         np.testing.assert_allclose(got[col].to_numpy(float), ref[col].to_numpy(float), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(got_reps.value.to_numpy(), ref_reps.value.to_numpy(), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("parallel", [True, False, None])
+def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
+    """config.json's use_parallel_residual (absent = transformers' default, true) reaches the
+    shape through config validation: parallel NeoX layers are one operator (3 Jacobian groups,
+    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.arch decides."""
+    import transformers
+
+    from resdyn import arch, hub
+
+    kw = {} if parallel is None else {"use_parallel_residual": parallel}
+    hf = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_attention_heads=4,
+                                    num_hidden_layers=6, **kw)
+    data = hf.to_dict()
+    if parallel is None:
+        data.pop("use_parallel_residual")
+    want = parallel is not False
+    assert hub.architecture(data)["parallel_residual"] is want
+    assert (arch.residual_kind(transformers.GPTNeoXForCausalLM(hf)) == "parallel") is want  # the code agrees
+    entry = {"source": "local", "dataset": "d", "family": "gpt_neox", "path": "m", "dtype": "float32"}
+    assert rc._shape_errors("models.neox", entry, [("m", data)]) == []
+    config = {"models": {"neox": entry}, "tokenizer": {}}
+    s = cost.model_shape(config, "neox")
+    assert (s.parallel, s.jacobian_groups, s.mlp_mats) == (want, 3 if want else 2, 2)
+    cfg = {"schur": {"alphas": [0.0, 1.0]}}
+    assert cost.cost_schur(cfg, s).work["schurv"] == (6 if want else 12) * cost.decomposition_flops("schurv", 64)
+    wrong = {**entry, "parallel_residual": not want}
+    err = rc._shape_errors("models.neox", wrong, [("m", data)])
+    assert len(err) == 1 and "use_parallel_residual" in err[0], err
+
+
+def _rule_blocks() -> dict[str, str]:
+    text = "\n".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk")))
+    parts = re.split(r"^(?:local)?rule (\w+):\n", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_other():
+    """Static check of workflow/rules: a rule's mem_mb/runtime are cost("<that rule>", ...), no
+    hand-written number; every priced rule has them; every rule without a cost function is a
+    localrule (it runs on the submit host: nothing is requested for it)."""
+    blocks = _rule_blocks()
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    local = set(re.findall(r"^\s+(\w+),$", common.split("localrules:")[1].split("\n\n")[0], flags=re.M))
+    priced = set(cost.RULES)
+    for rule, body in blocks.items():
+        res = re.search(r"^    resources:\n((?:        .*\n)+)", body + "\n", flags=re.M)
+        if rule not in priced:
+            assert res is None and rule in local, (rule, "has no cost function: must be a localrule without resources")
+            assert rule in cost.LOCAL_UNPRICED_RULES, (rule, "`resdyn plan` must name it")
+            continue
+        assert res is not None, (rule, "priced by resdyn.cost but requests nothing")
+        items = dict(line.strip().rstrip(",").split("=", 1) for line in res.group(1).splitlines())
+        assert set(items) >= {"mem_mb", "runtime"}, (rule, items)
+        for key, value in items.items():
+            assert value == f'cost("{rule}", "{key}")', (rule, key, value)
+        threads = re.search(r"^    threads: (.*)$", body, flags=re.M)
+        if threads and "cost(" in threads.group(1):
+            assert threads.group(1) == f'cost("{rule}", "threads")', (rule, threads.group(1))
+    assert priced <= set(blocks), priced - set(blocks)
+    # GPU jobs' host cores: the profile's default cpus_per_gpu is the one the plan bills
+    profile = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    assert f'env("RESDYN_SLURM_CPUS_PER_GPU", "{cost.GPU_HOST_THREADS}")' in profile
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_prints_its_table_and_the_rates_for_cost_py(hub_env):
+    """benchmarks/gpu_check.sh --dry (the CPU fallback at d = 256, seconds): the Jacobians of both
+    engines agree, the eigen-analyses agree with the host, and it ends with MEASURED_RATES."""
+    res = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry"], capture_output=True, text=True,
+                         env={**hub_env, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    table = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    for what in ("jacobians: max |Δ| attn", "jacobians: max |Δ| mlp", "eigvals: max |Δλ|", "eig with vectors: max"):
+        line = next(v for k, v in table.items() if k.startswith(what))
+        assert float(re.split(r"\s{2,}", line)[1]) < 1e-5, line  # the measured column
+    rates = out[out.index("MEASURED_RATES = {"):]
+    assert all(f'"{op}"' in rates for op in ("gemm32", "gemm64", "eig", "svd", "svdvals", "stream"))

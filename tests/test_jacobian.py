@@ -462,3 +462,126 @@ def test_write_layer_block_batched_equals_unbatched(tmp_path):
             out[batch] = {k: f["mlp"][k][()] for k in ("mean", "trace", "spectral_norm", "per_sample")}
     for key in out[1]:
         np.testing.assert_allclose(out[4][key], out[1][key], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the one reader of the files
+
+
+@pytest.fixture(scope="module")
+def written_run(tmp_path_factory):
+    """Two block folders (layers 0 and 1) of 4 samples, 2 positions, the first 3 kept whole."""
+    root = tmp_path_factory.mktemp("jac")
+    model = make_model("llama")
+    for layer in (0, 1):
+        folder = root / f"layers{layer:03d}-{layer:03d}"
+        folder.mkdir()
+        path = folder / f"layer{layer:03d}.h5"
+        jacobian.write_layer_block(model, _samples(4), np.arange(4) * 10, [layer], {layer: path},
+                                   positions=[-1, -2], store_first_n=3, attrs=ATTRS, progress=False)
+    return sorted(root.iterdir())
+
+
+@pytest.fixture
+def run_copy(written_run, tmp_path):
+    import shutil
+
+    return [Path(shutil.copytree(f, tmp_path / f.name)) for f in written_run]
+
+
+def test_read_jacobians_loads_what_the_files_hold(written_run):
+    jf = jacobian.read_jacobians(written_run)
+    keys = [(L, k) for L in (0, 1) for k in ("attn", "mlp")]
+    assert sorted(jf.means) == sorted(jf.per_sample) == keys and jf.branches == {}
+    assert (jf.d, jf.n_samples_total, jf.n_stored, jf.sample_ids.tolist()) == (32, 4, 3, [0, 10, 20])
+    assert jf.attrs["layer"] == 0 and jf.attrs["model_id"] == "tiny-llama"
+    for L, kind in keys:
+        with h5py.File(written_run[L] / f"layer{L:03d}.h5") as f:  # oracle: the datasets read directly
+            mean, per = f[kind]["mean"][()], f[kind]["per_sample"][()]
+        got = jf.means[(L, kind)]()
+        assert got.dtype == np.float64 and np.array_equal(got, mean.astype(np.float64))
+        assert np.array_equal(jf.per_sample[(L, kind)](), per.astype(np.float64).mean(axis=1))
+    means, attrs = jacobian.mean_jacobians(written_run)
+    assert sorted(means) == keys and attrs == jf.attrs
+    per, means, info = jacobian.per_sample_jacobians(written_run)
+    assert info["n_bootstrap_samples"] == 3 and info["n_samples_total"] == 4 and per[(1, "mlp")]().shape == (3, 32, 32)
+
+
+def _edit(path: Path, fn) -> None:
+    with h5py.File(path, "r+") as f:
+        fn(f)
+
+
+def _set(name: str, value):
+    def fn(f):
+        del f[name]
+        f.create_dataset(name, data=value)
+
+    return fn
+
+
+def _other_model(f):
+    for kind in ("attn", "mlp"):
+        _set(f"{kind}/mean", np.eye(33))(f)
+        del f[kind]["per_sample"]
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda f: f.__delitem__("mlp"), r"layer001.h5: not a readable Jacobian file \(no group 'mlp'\)"),
+        (lambda f: f["attn"].__delitem__("count"), r"layer001.h5: group 'attn' lacks dataset 'count'"),
+        (_other_model, r"layer001.h5: attn/mean is 33×33, but .*layer000.h5: attn/mean is 32×32"),
+        (_set("mlp/mean", np.zeros((32, 31))), r"layer001.h5: mlp/mean has shape \(32, 31\); expected a square"),
+        (_set("attn/per_sample", np.zeros((3, 2, 32, 31), np.float32)),
+         r"layer001.h5: attn/per_sample has shape \(3, 2, 32, 31\); expected \(n, P, 32, 32\)"),
+        (_set("attn/per_sample", np.zeros((2, 2, 32, 32), np.float32)),
+         r"layer001.h5: attn holds 2 whole Jacobians of 4 samples, but .*layer000.h5: attn holds 3 of 4"),
+        (lambda f: f["attn"].__delitem__("per_sample"), r"layer001.h5: attn holds 0 whole Jacobians"),
+        (_set("mlp/sample_ids", np.arange(4) * 7), r"layer001.h5: mlp holds 3 .* \(or other sample ids\)"),
+        (_set("mlp/sample_ids", np.arange(3)), r"layer001.h5: mlp/sample_ids has shape \(3,\), but count = 4"),
+        (lambda f: f.attrs.__setitem__("layer", 0), r"layer001.h5: attn: sublayer \(0, 'attn'\) appears in two files"),
+        (lambda f: f.attrs.__setitem__("layer", 2), r"cover layers \[0, 2\]; expected 0..1 without gaps"),
+        (lambda f: f.attrs.__delitem__("layer"), r"layer001.h5: not a readable Jacobian file"),
+    ],
+)
+def test_read_jacobians_names_the_file_and_what_is_wrong(run_copy, edit, match):
+    _edit(run_copy[1] / "layer001.h5", edit)
+    with pytest.raises(ValueError, match=match):
+        jacobian.read_jacobians(run_copy)
+
+
+def test_non_finite_values_are_refused_when_loaded(run_copy):
+    path = run_copy[1] / "layer001.h5"
+
+    def poison(f):
+        mean = f["mlp/mean"][()]
+        mean[3, 4] = np.nan
+        f["mlp/mean"][...] = mean
+        per = f["attn/per_sample"][()]
+        per[1, 0, 0, :2] = np.inf
+        f["attn/per_sample"][...] = per
+
+    _edit(path, poison)
+    jf = jacobian.read_jacobians(run_copy)  # the index is fine: values are checked when read
+    with pytest.raises(FloatingPointError, match=rf"{path}: mlp/mean has 1 non-finite entries"):
+        jf.means[(1, "mlp")]()
+    with pytest.raises(FloatingPointError, match=rf"{path}: attn/per_sample has 2 non-finite entries"):
+        jf.per_sample[(1, "attn")]()
+    jf.means[(1, "attn")]()  # the other groups still load
+
+
+def test_not_hdf5_and_no_files(run_copy, tmp_path):
+    (run_copy[1] / "layer001.h5").write_bytes(b"not hdf5")
+    with pytest.raises(ValueError, match=r"layer001.h5: not a readable Jacobian file"):
+        jacobian.read_jacobians(run_copy)
+    with pytest.raises(FileNotFoundError, match="no layer.*.h5 Jacobian files"):
+        jacobian.read_jacobians([tmp_path / "empty"])
+
+
+def test_per_sample_jacobians_needs_stored_samples(tmp_path):
+    model = make_model("llama")
+    jacobian.write_layer_block(model, _samples(2), [1, 2], [0], {0: tmp_path / "layer000.h5"}, attrs=ATTRS,
+                               progress=False)
+    assert jacobian.read_jacobians([tmp_path]).n_stored == 0
+    with pytest.raises(ValueError, match=r"layer000.h5: no per_sample dataset .* jacobian.store_first_n ≥ 2"):
+        jacobian.per_sample_jacobians([tmp_path])

@@ -61,10 +61,8 @@ def test_chain_validation_names_what_is_missing():
 
 
 def test_bootstrap_reads_parallel_files(parallel_files):
-    from resdyn import bootstrap
-
     _, folder, _ = parallel_files
-    per, means, info = bootstrap.read_per_sample([folder])
+    per, means, info = jacobian.per_sample_jacobians([folder])
     assert sorted(per) == [(L, "layer") for L in range(N_LAYERS)] and info["n_bootstrap_samples"] == 3
 
 

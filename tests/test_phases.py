@@ -87,11 +87,11 @@ def test_recovers_planted_knees(method, window, m, seed):
     c = cutpoints(y, window=window, method=method)
     # (with savgol-5 on short profiles the rounded corner can put the peak right after b1, so
     # stage 1 has too short a tail for Kneedle's threshold and falls back to b1 = peak: still ±1)
-    assert c["b1_found"] or c["b1"] == c["peak"]
-    assert abs(c["b1"] - b1) <= 1, (c["b1"], b1)
-    assert abs(c["b2"] - b2) <= 1, (c["b2"], b2)
-    assert 0 <= c["b1"] <= c["peak"] <= c["b2"] <= m - 1
-    assert b1 <= c["peak"] <= b2 + 1
+    assert c.b1_found or c.b1 == c.peak
+    assert abs(c.b1 - b1) <= 1, (c.b1, b1)
+    assert abs(c.b2 - b2) <= 1, (c.b2, b2)
+    assert 0 <= c.b1 <= c.peak <= c.b2 <= m - 1
+    assert b1 <= c.peak <= b2 + 1
 
 
 @pytest.mark.parametrize("m", [20, 30, 40])
@@ -99,26 +99,26 @@ def test_knees_found_without_fallback_on_longer_profiles(m):
     for method, window in METHODS:
         for seed in range(3):
             c = cutpoints(rise_plateau_descent(m, seed)[0], window=window, method=method)
-            assert c["b1_found"] and c["b2_found"] and c["reason"] == ""
+            assert c.b1_found and c.b2_found and c.reason == ""
 
 
 def test_noise_free_knees_are_exact():
     y, b1, b2 = rise_plateau_descent(20, 0, noise=0.0)
     c = cutpoints(y, method="none")
-    assert (c["b1"], c["b2"]) == (b1, b2)
+    assert (c.b1, c.b2) == (b1, b2)
 
 
 def test_result_layout_and_audit_is_json_serialisable():
     y, _, _ = rise_plateau_descent(16, 0)
     c = cutpoints(y)
-    json.dumps(c, allow_nan=False)
-    assert c["spans"] == [list(s) for s in phase_spans(16, c["b1"], c["b2"])]
-    assert sum(c["widths"]) == 16
-    assert len(c["smoothed"]) == 16 and c["profile"] == pytest.approx(list(y))
-    rise = c["stages"]["rise"]
-    assert rise["x"] == list(range(c["peak"] + 1)) and rise["knee"] == c["b1"]
-    assert len(rise["y_difference"]) == c["peak"] + 1 and rise["thresholds"]
-    assert c["stages"]["descent"]["x"] == list(range(c["peak"], 16))
+    json.dumps(c.to_json(), allow_nan=False)
+    assert c.spans == tuple(phase_spans(16, c.b1, c.b2))
+    assert sum(c.widths) == 16
+    assert len(c.smoothed) == 16 and list(c.profile) == pytest.approx(list(y))
+    rise = c.stages["rise"]
+    assert rise["x"] == list(range(c.peak + 1)) and rise["knee"] == c.b1
+    assert len(rise["y_difference"]) == c.peak + 1 and rise["thresholds"]
+    assert c.stages["descent"]["x"] == list(range(c.peak, 16))
 
 
 # ---------------------------------------------------------------- fallbacks (never raise)
@@ -128,34 +128,34 @@ def test_result_layout_and_audit_is_json_serialisable():
 def test_monotone_increasing(method, window):
     x = np.arange(15.0)
     c = cutpoints(1 - np.exp(-x / 3), window=window, method=method)  # saturating rise
-    assert c["peak"] == 14 and c["b2"] == 14 and not c["b2_found"]
-    assert c["b1_found"] and 3 <= c["b1"] <= 7
-    assert "descent (b2)" in c["reason"] and "fallback b2 = peak = 14" in c["reason"]
-    assert c["widths"][2] == 0
+    assert c.peak == 14 and c.b2 == 14 and not c.b2_found
+    assert c.b1_found and 3 <= c.b1 <= 7
+    assert "descent (b2)" in c.reason and "fallback b2 = peak = 14" in c.reason
+    assert c.widths[2] == 0
     c = cutpoints(x, window=window, method=method)  # straight ramp: no knee anywhere
-    assert (c["b1"], c["peak"], c["b2"]) == (14, 14, 14)
-    assert not c["b1_found"] and "rise (b1): Kneedle found no knee" in c["reason"]
+    assert (c.b1, c.peak, c.b2) == (14, 14, 14)
+    assert not c.b1_found and "rise (b1): Kneedle found no knee" in c.reason
 
 
 @pytest.mark.parametrize("method,window", METHODS)
 def test_monotone_decreasing(method, window):
     x = np.arange(15.0)
     c = cutpoints(1 - (x / 14) ** 2, window=window, method=method)  # plateau-then-fall
-    assert c["peak"] == 0 and c["b1"] == 0 and not c["b1_found"]
-    assert "fallback b1 = peak = 0" in c["reason"]
-    assert c["b2_found"] and 4 <= c["b2"] <= 10
+    assert c.peak == 0 and c.b1 == 0 and not c.b1_found
+    assert "fallback b1 = peak = 0" in c.reason
+    assert c.b2_found and 4 <= c.b2 <= 10
     c = cutpoints(np.exp(-x / 3), window=window, method=method)  # convex decay: no concave knee
-    assert (c["b1"], c["peak"], c["b2"]) == (0, 0, 0)
-    assert not c["b2_found"] and "descent (b2)" in c["reason"]
+    assert (c.b1, c.peak, c.b2) == (0, 0, 0)
+    assert not c.b2_found and "descent (b2)" in c.reason
 
 
 @pytest.mark.parametrize("method,window", METHODS)
 def test_flat_profile(method, window):
     c = cutpoints(np.full(12, 0.7), window=window, method=method)
-    assert (c["b1"], c["peak"], c["b2"]) == (0, 0, 0)
-    assert not c["b1_found"] and not c["b2_found"]
-    assert "flat" in c["reason"]
-    assert c["widths"] == [1, 0, 11]
+    assert (c.b1, c.peak, c.b2) == (0, 0, 0)
+    assert not c.b1_found and not c.b2_found
+    assert "flat" in c.reason
+    assert c.widths == (1, 0, 11)
 
 
 @pytest.mark.parametrize("method,window", METHODS)
@@ -164,18 +164,18 @@ def test_flat_profile(method, window):
 )
 def test_four_point_profiles(method, window, y):
     c = cutpoints(y, window=window, method=method)
-    assert 0 <= c["b1"] <= c["peak"] <= c["b2"] <= 3
-    assert sum(c["widths"]) == 4
+    assert 0 <= c.b1 <= c.peak <= c.b2 <= 3
+    assert sum(c.widths) == 4
     # a 4-point profile cannot give both knees (a stage needs >= 3 points on each side)
-    assert c["reason"] != ""
+    assert c.reason != ""
     if method == "savgol":
-        assert c["notes"] == ["window 5 > profile length 4: reduced to 3"] and c["window"] == 3
+        assert c.notes == ("window 5 > profile length 4: reduced to 3",) and c.window == 3
 
 
 def test_three_point_profile():
     c = cutpoints([0.2, 0.9, 0.3])
-    assert (c["b1"], c["peak"], c["b2"]) == (1, 1, 1)
-    assert "2 point(s)" in c["reason"]
+    assert (c.b1, c.peak, c.b2) == (1, 1, 1)
+    assert "2 point(s)" in c.reason
 
 
 @pytest.mark.parametrize(
@@ -240,15 +240,97 @@ def test_profile_at_picks_k_and_orders_layers():
     assert prof == expected
     assert profile_at(table, 0.3)[1] == 4  # k_from_fraction(16, 0.3) = 5 absent: nearest fraction
     assert profile_at(table, 0.5)[1] == 8
-    c = cutpoints(prof, window=3)
-    json.dumps({**c, "k": k}, allow_nan=False)
+    c = cutpoints(prof, window=3).at_k(k, 0.25)
+    assert json.loads(json.dumps(c.to_json(), allow_nan=False))["k"] == 4
 
 
 def test_profile_at_validation():
     import pandas as pd
 
     with pytest.raises(ValueError, match=r"lacks columns \['rss'\]"):
-        profile_at(pd.DataFrame({"layer": [0], "k": [1], "k_fraction": [0.5]}), 0.5)
-    bad = pd.DataFrame({"layer": [0, 2], "k": [1, 1], "k_fraction": [0.5, 0.5], "rss": [0.1, 0.2]})
+        profile_at(pd.DataFrame({"layer": [0], "k": [1], "k_fraction": [0.5], "d": [2]}), 0.5)
+    bad = pd.DataFrame({"layer": [0, 2], "k": [1, 1], "k_fraction": [0.5, 0.5], "d": 2, "rss": [0.1, 0.2]})
     with pytest.raises(ValueError, match=r"layers must be exactly 0..1, got \[0, 2\]"):
         profile_at(bad, 0.5)
+
+
+# ---------------------------------------------------------------- Cutpoints and phases.json
+
+PHASES_JSON_KEYS = ["b1", "b2", "peak", "b1_found", "b2_found", "reason", "spans", "widths", "n", "window", "method",
+                    "sensitivity", "notes", "profile", "smoothed", "stages"]  # fmt: skip
+
+
+def test_cutpoints_is_a_frozen_dataclass_whose_json_keeps_the_phases_json_layout():
+    import dataclasses
+
+    y, _, _ = rise_plateau_descent(16, 0)
+    c = cutpoints(y)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.b1 = 0
+    assert list(c.to_json()) == PHASES_JSON_KEYS and c.k is None
+    labelled = c.at_k(4, 0.25)
+    js = labelled.to_json()
+    assert list(js) == PHASES_JSON_KEYS + ["k", "k_fraction_requested"]
+    assert (js["k"], js["k_fraction_requested"]) == (4, 0.25) and c.k is None  # at_k returns a copy
+    assert js["spans"] == [list(s) for s in phase_spans(16, c.b1, c.b2)] and js["widths"] == list(c.widths)
+    assert js["profile"] == [float(v) for v in y] and isinstance(js["notes"], list)
+    assert js["stages"]["rise"]["knee"] == c.b1
+    # the file round trip gives the same object back
+    back = type(c).from_json(json.loads(json.dumps(js, allow_nan=False)))
+    assert back == labelled
+
+
+def _phases_json(**change):
+    y, _, _ = rise_plateau_descent(16, 0)
+    js = cutpoints(y).at_k(4, 0.25).to_json()
+    js.update(change)
+    return js
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"b1": 9, "peak": 5}, r"cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, got b1=9"),
+        ({"widths": [1, 1, 14]}, "widths .* do not match spans"),
+        ({"spans": [[0, 2], [2, 9], [9, 16]]}, "spans .* do not match"),
+        ({"profile": [0.5] * 15 + [None]}, "profile must be a list of numbers"),
+        ({"smoothed": [0.5] * 15 + [float("nan")]}, "smoothed has non-finite values"),
+        ({"b1_found": "yes"}, "b1_found must be true or false"),
+        ({"n": 16.0}, "n must be an integer"),
+        ({"method": "spline"}, "method must be one of"),
+        ({"k_fraction_requested": 2.0}, r"k_fraction_requested must be in \(0, 1\]"),
+    ],
+)
+def test_cutpoints_from_json_names_the_file_and_the_problem(change, match):
+    from resdyn.phases import Cutpoints
+
+    with pytest.raises(ValueError, match="^results/m/c/phases.json: " + match):
+        Cutpoints.from_json(_phases_json(**change), source="results/m/c/phases.json")
+
+
+def test_cutpoints_from_json_refuses_missing_keys_and_non_objects():
+    from resdyn.phases import Cutpoints
+
+    js = _phases_json()
+    del js["smoothed"], js["b2"]
+    with pytest.raises(ValueError, match=r"phases.json: lacks keys \['b2', 'smoothed'\]"):
+        Cutpoints.from_json(js)
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        Cutpoints.from_json([1, 2, 3])
+
+
+def test_profile_at_reads_d_from_the_table():
+    """d comes from the d column, not from k / k_fraction: change d, and the target k follows."""
+    from resdyn.readout import rss_profile
+
+    rng = np.random.default_rng(1)
+    table = rss_profile([np.eye(16) + 0.4 * rng.standard_normal((16, 16)) for _ in range(5)], [2, 4, 8])
+    assert profile_at(table, 0.25)[1] == 4  # k_from_fraction(16, 0.25)
+    assert profile_at(table.assign(d=32), 0.25)[1] == 8  # k_from_fraction(32, 0.25): a tabulated k
+    with pytest.raises(ValueError, match=r"lacks columns \['d'\]"):
+        profile_at(table.drop(columns="d"), 0.25)
+    mixed = table.assign(d=np.where(table["layer"] == 0, 16, 17))
+    with pytest.raises(ValueError, match=r"column d must hold one hidden size.*got \[16, 17\]"):
+        profile_at(mixed, 0.25)
+    with pytest.raises(ValueError, match=r"an integer >= every k \(max k = 8\), got \[4\]"):
+        profile_at(table.assign(d=4), 0.25)

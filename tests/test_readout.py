@@ -253,7 +253,8 @@ def test_rss_profile_layout_and_values():
     d, n = 8, 5
     As = [np.eye(d) + 0.3 * rng.standard_normal((d, d)) for _ in range(n)]
     prof = rss_profile(As, [1, 3, 8])
-    assert list(prof.columns) == ["layer", "k", "k_fraction", "rss", "grassmann_distance", "energy"]
+    assert list(prof.columns) == ["layer", "k", "k_fraction", "d", "rss", "grassmann_distance", "energy"]
+    assert (prof["d"] == 8).all()
     assert len(prof) == (n - 1) * 3
     assert prof["layer"].tolist() == list(range(n - 1)) * 3
     row = prof[(prof.layer == 2) & (prof.k == 3)].iloc[0]

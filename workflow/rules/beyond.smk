@@ -103,6 +103,8 @@ rule bootstrap:
         seed=config["bootstrap"]["seed"],
         ci=config["bootstrap"]["ci"],
         complex_tol=config["bootstrap"]["complex_tol"],
+        method=config["bootstrap"]["method"],
+        interval=config["bootstrap"]["interval"],
         device=config["device"],
         code=code("bootstrap"),
     script:

@@ -6,5 +6,5 @@ with provenance.step(snakemake) as step:
     p = snakemake.params
     rss = io.read_tsv(snakemake.input[0])
     profile, k = phases.profile_at(rss, p.k_fraction)
-    result = phases.cutpoints(profile, window=p.window, method=p.smoothing)
-    io.write_json({**result, "k": k, "k_fraction_requested": p.k_fraction, "profile": profile}, snakemake.output[0])
+    cuts = phases.cutpoints(profile, window=p.window, method=p.smoothing).at_k(k, p.k_fraction)
+    io.write_json(cuts.to_json(), snakemake.output[0])

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from resdyn import geometry, io, provenance
+from resdyn import geometry, io, phases, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -10,8 +10,8 @@ with provenance.step(snakemake) as step:
     rows = []
     for path in snakemake.input.phases:
         model = path.split("/")[1]
-        cuts = io.read_json(path)
-        for phase, width in enumerate(cuts["widths"], start=1):
+        cuts = phases.Cutpoints.from_json(io.read_json(path), source=path)
+        for phase, width in enumerate(cuts.widths, start=1):
             rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
                          "phase": phase, "width": width})
     widths = pd.DataFrame(rows, columns=["group", "model", "n_layers", "phase", "width"])
