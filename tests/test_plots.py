@@ -655,7 +655,7 @@ def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
     # the sidecar a rule writes with resdyn.io holds the same record
     from resdyn import io as rio
 
-    rio.write_json(PROV, rio.prov_path(png))
+    rio.write_json(PROV, rio.prov_path(png), nan_as_null=("bad",))  # io refuses NaN unless declared
     assert provenance.read(png) == PROV_JSON
     rio.prov_path(png).unlink()
     raw = pdf.read_bytes()
