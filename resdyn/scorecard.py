@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.signal import find_peaks
 
 from resdyn import artifacts
 from resdyn import bootstrap as bs
@@ -364,6 +363,8 @@ def _claim_phases(phases: Mapping[str, Any] | None, lens_ckpt: str) -> dict:
     b1, peak, b2 = int(phases["b1"]), int(phases["peak"]), int(phases["b2"])
     span = float(np.ptp(smoothed)) if smoothed.size else 0.0
     padded = np.concatenate([[-np.inf], smoothed, [-np.inf]])  # count a maximum at either end too
+    from scipy.signal import find_peaks  # 1-2 s of import: only this function needs it
+
     n_peaks = len(find_peaks(padded, prominence=max(PEAK_PROMINENCE * span, 1e-300))[0]) if smoothed.size else 0
     detail = (f"n = {n} points, b1 = {b1}, peak = {peak}, b2 = {b2}, knees found: b1 {phases.get('b1_found')}, "
               f"b2 {phases.get('b2_found')}, k = {phases.get('k')}")
