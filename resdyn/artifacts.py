@@ -20,7 +20,6 @@ numeric cell may be NaN/Inf only in a column listed in ``allow_nan`` or in a row
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
