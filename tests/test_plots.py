@@ -845,5 +845,10 @@ def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_
     # one figure's code changed: only it is drawn; the cache keeps one entry per file
     assert _figure_job(work, cache, {"funnel": "0" * 16}) == {"funnel": True, "schur": False}
     assert (work / "schur.png").read_bytes() == second["schur.png"]
-    assert sorted(p.name.split(".")[0] for p in cache.rglob("*.p*")) == ["funnel", "funnel", "schur", "schur"]
+    assert sorted(p.name.split(".")[0] for p in cache.rglob("*.p[nd][gf]")) == ["funnel", "funnel", "schur", "schur"]
     assert [p.parent for p in cache.rglob("*.png")] == [cache] * 2  # entries mirror the folders under results/figures
+    # a cache entry changed after it was stored is not restored: the figure is drawn again
+    entry = next(cache.glob("schur.*.png"))
+    entry.write_bytes(entry.read_bytes() + b"tampered")
+    assert _figure_job(work, cache, {"funnel": "0" * 16}) == {"funnel": False, "schur": True}
+    assert not (work / "schur.png").read_bytes().endswith(b"tampered")

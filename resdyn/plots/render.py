@@ -10,7 +10,8 @@ again, each drawn figure is also stored under a key
 and a figure whose key is in the cache is copied back byte for byte instead of being drawn.
 The figure's code version (:func:`resdyn.plots.catalogue.figure_code_version`) leaves out the
 module's other figure functions, so editing one plot function re-renders that figure only. The
-cache keeps one entry per figure file (older keys are removed when a new one is stored).
+cache keeps one entry per figure file (older keys are removed when a new one is stored); an
+entry whose bytes no longer match the SHA-256 recorded beside it is not restored but redrawn.
 """
 
 from __future__ import annotations
@@ -64,24 +65,34 @@ def _copy(src: Path, dst: str | Path) -> None:
         shutil.copyfile(src, tmp)
 
 
+def _digest_file(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".sha256")
+
+
 def restore(cache: Path, outputs: Sequence[str], key: str) -> bool:
-    """Copy the cached files of ``key`` onto ``outputs``; False (nothing written) if any is missing."""
+    """Copy the cached files of ``key`` onto ``outputs``; False (nothing written) if any is
+    missing or no longer has the SHA-256 recorded when it was stored (then it is drawn again)."""
     entries = [_entry(cache, o, key) for o in outputs]
-    if not all(e.is_file() for e in entries):
-        return False
+    for e in entries:
+        digest = _digest_file(e)
+        if not (e.is_file() and digest.is_file() and digest.read_text().strip() == io.sha256_file(e)):
+            return False
     for e, o in zip(entries, outputs):
         _copy(e, o)
     return True
 
 
 def store(cache: Path, outputs: Sequence[str], key: str) -> None:
-    """Put ``outputs`` into the cache under ``key``, dropping the file's entries of other keys."""
+    """Put ``outputs`` into the cache under ``key`` (with their SHA-256), dropping the file's
+    entries of other keys."""
     for o in outputs:
         e = _entry(cache, o, key)
-        for old in e.parent.glob(f"{Path(o).stem}.*{Path(o).suffix}"):
-            if old != e and old.name.count(".") == 2:
+        for old in e.parent.glob(f"{Path(o).stem}.*{Path(o).suffix}*"):
+            if not old.name.startswith(e.name) and old.name.split(".")[0] == Path(o).stem:
                 old.unlink(missing_ok=True)
         _copy(Path(o), e)
+        with io.atomic_path(_digest_file(e)) as tmp:
+            tmp.write_text(io.sha256_file(e) + "\n")
 
 
 def plot_function(plot: str):
