@@ -69,6 +69,7 @@ __all__ = [
     "Samples",
     "CheckpointRecord",
     "Activations",
+    "BoundaryView",
     "JacobianBlocks",
 ]
 
@@ -781,19 +782,105 @@ class Activations(Artifact):
     """``results/{model}/{ckpt}/activations/layer{L:03d}.h5``: residual states at every boundary.
 
     Schema ``resdyn.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
-    (N, T', d) = m_L (the last layer's file also ``output``), ``sample_ids`` (N,), ``positions``
-    (T',); attrs ``schema``, ``layer``, ``skip_positions``, ``residual`` and the checkpoint and
-    samples provenance. Writer and readers (``boundaries``, ``read_boundary``, ``BoundaryView``)
-    are still in :mod:`resdyn.activations` (they stream from the model and need torch, which
-    this module must not import); :meth:`layer_files` lists a folder.
+    (N, T', d) = m_L (the last layer's file also ``output``, its raw output before the final
+    norm), ``sample_ids`` (N,), ``positions`` (T',); attrs ``schema``, ``layer``,
+    ``skip_positions``, ``residual`` (sequential | parallel; for a parallel layer ``pre_mlp`` is
+    not a boundary) and the checkpoint and samples provenance. The writer streams states from the
+    model and stays in :mod:`resdyn.activations` (it needs torch, which this module must not
+    import); the readers are here.
     """
 
     relpath = _CKPT + "activations"
+    SCHEMA = "resdyn.activations/1"
 
     @staticmethod
     def layer_files(folder: PathLike) -> list[Path]:
         """The layer files of the folder, in layer order."""
         return sorted(Path(folder).glob("layer*.h5"))
+
+    @staticmethod
+    def boundaries(path: PathLike) -> tuple[str, ...]:
+        """The residual boundaries of a layer file: ("pre_attn", "pre_mlp"), or ("pre_attn",) for a
+        parallel-residual layer (its one boundary h_L; attr ``residual``, absent = sequential)."""
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                residual = f.attrs.get("residual", "sequential")
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read activations ({err})") from err
+        return ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
+
+    @staticmethod
+    def read_boundary(path: PathLike, boundary: str) -> np.ndarray:
+        """One boundary's states of a layer file, (N, T', d) as float32; names file and key on error."""
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                return f[boundary][()].astype(np.float32)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: cannot read activations '{boundary}' ({err})") from err
+
+    @classmethod
+    def read_all_boundaries(cls, folder: PathLike) -> np.ndarray:
+        """Reassemble (N, 2·n_layers + 1, T', d) boundary states from a folder of layer files."""
+        files = cls.layer_files(folder)
+        if not files:
+            raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
+        parts = []
+        for path in files:
+            parts += [cls.read_boundary(path, "pre_attn"), cls.read_boundary(path, "pre_mlp")]
+        parts.append(cls.read_boundary(files[-1], "output"))
+        return np.stack(parts, axis=1)
+
+    @staticmethod
+    def view(folder: PathLike) -> BoundaryView:
+        """Every state of the folder, read lazily (:class:`BoundaryView`)."""
+        return BoundaryView(folder)
+
+
+class BoundaryView:
+    """:meth:`Activations.read_all_boundaries` without reading: a lazy (N, 2·n_layers + 1, T', d)
+    float32 view of a folder of layer files for :func:`resdyn.geometry.layer_geometry`, which
+    indexes it as ``view[samples, state, positions, units]`` (an int state, slices elsewhere) one
+    state and one chunk of samples at a time — host memory is a chunk, not N·(2n+1)·T'·d·4 bytes
+    (140 GB at Llama-3.1-8B shapes with N = 1000, T = 128)."""
+
+    def __init__(self, folder: PathLike):
+        import h5py
+
+        self.files = Activations.layer_files(folder)
+        if not self.files:
+            raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
+        try:
+            with h5py.File(self.files[0], "r") as f:
+                n, t, d = f["pre_attn"].shape
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{self.files[0]}: cannot read activations 'pre_attn' ({err})") from err
+        self.shape = (int(n), 2 * len(self.files) + 1, int(t), int(d))
+
+    def _where(self, state: int) -> tuple[Path, str]:
+        n_states = self.shape[1]
+        if not -n_states <= state < n_states:
+            raise IndexError(f"state {state} outside 0..{n_states - 1}")
+        state %= n_states
+        if state == n_states - 1:
+            return self.files[-1], "output"
+        return self.files[state // 2], ("pre_attn", "pre_mlp")[state % 2]
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        import h5py
+
+        if not (isinstance(key, tuple) and len(key) == 4 and isinstance(key[1], (int, np.integer))):
+            raise TypeError(f"index as view[samples, state, positions, units] with an int state, got {key!r}")
+        samples, state, positions, units = key
+        path, name = self._where(int(state))
+        try:
+            with h5py.File(path, "r") as f:
+                return f[name][samples, positions, units].astype(np.float32)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: cannot read activations '{name}' ({err})") from err
 
 
 class JacobianBlocks(Artifact):

@@ -269,6 +269,37 @@ def test_checkpoint_record_round_trip_and_validation(tmp_path):
         A.CheckpointRecord.read(p)
 
 
+def _activation_folder(tmp_path, n_layers=2, residual="sequential"):
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((3, 2 * n_layers + 1, 4, 5)).astype(np.float32)
+    for layer in range(n_layers):
+        with h5py.File(tmp_path / f"layer{layer:03d}.h5", "w") as f:
+            f["pre_attn"], f["pre_mlp"] = states[:, 2 * layer], states[:, 2 * layer + 1]
+            if layer == n_layers - 1:
+                f["output"] = states[:, -1]
+            f.attrs["residual"] = residual
+    return states
+
+
+def test_activation_readers(tmp_path):
+    from resdyn import activations
+
+    states = _activation_folder(tmp_path)
+    assert activations.read_boundary is A.Activations.read_boundary  # one reader, re-exported
+    assert A.Activations.boundaries(tmp_path / "layer000.h5") == ("pre_attn", "pre_mlp")
+    np.testing.assert_array_equal(A.Activations.read_all_boundaries(tmp_path), states)
+    view = A.Activations.view(tmp_path)
+    assert view.shape == states.shape
+    np.testing.assert_array_equal(view[1:3, 4, :, 2:4], states[1:3, 4, :, 2:4])
+    np.testing.assert_array_equal(view[:, -1, :, :], states[:, -1])
+    with pytest.raises(IndexError, match="state 5 outside 0..4"):
+        view[:, 5, :, :]
+    with pytest.raises(ValueError, match=r"layer000.h5: cannot read activations 'output'"):
+        A.Activations.read_boundary(tmp_path / "layer000.h5", "output")
+    with pytest.raises(FileNotFoundError, match="no layer"):
+        A.Activations.view(tmp_path / "missing")
+
+
 def test_folder_artifacts_paths(tmp_path):
     assert A.JacobianBlocks.path(tmp_path, model="m", ckpt="c", block="layers000-003") == \
         tmp_path / "results/m/c/jacobians/layers000-003"
