@@ -1,11 +1,11 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import bridge, io, jacobian, lens, provenance, readout
+from resdyn import bridge, io, jacobian, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
-    translators = lens.read_translator_matrices(snakemake.input.lens)
+    translators = readout.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
         jacobians, translators, io.read_tsv(snakemake.input.spectra), io.read_tsv(snakemake.input.bottleneck),
         io.read_tsv(snakemake.input.rss), io.read_json(snakemake.input.phases),

@@ -6,7 +6,7 @@ with provenance.step(snakemake) as step:
     p = snakemake.params
     jacobians, attrs = jacobian.mean_jacobians(snakemake.input.blocks)
     table, arrays = spectral.spectra_table(
-        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.pick_device(p.device)
+        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.device_name(p.device)
     )
     spectral.write_spectra_h5(arrays, snakemake.output.arrays, attrs)
     io.write_tsv(table, snakemake.output.table)
