@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from resdyn import artifacts
 from resdyn import phases as ph
 from resdyn.readout import readout_subspace
 
@@ -64,10 +65,7 @@ __all__ = [
 ]
 
 TRANSPORT_COLUMNS = ["layer", "k", "d", "transport", "random_mean", "random_sd", "random_p", "n_random", "chance"]
-ALIGNMENT_COLUMNS = [
-    "profile", "change_layer", "delta", "b1", "b2", "b1_found", "b2_found",
-    "dist_b1", "dist_b2", "dist_nearest", "chance_dist_nearest", "n_positions",
-]
+ALIGNMENT_COLUMNS = artifacts.ALIGNMENT_COLUMNS  # defined by resdyn.artifacts.BridgeAlignment
 _ORTHO_TOL = 1e-8
 
 

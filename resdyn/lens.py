@@ -71,7 +71,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, io
+from resdyn import arch, artifacts, io
 from resdyn.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
 
 log = logging.getLogger(__name__)
@@ -1252,7 +1252,7 @@ def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[to
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
+METRIC_COLUMNS = artifacts.LENS_METRIC_COLUMNS  # defined by resdyn.artifacts.LensMetrics
 
 
 @torch.no_grad()

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from resdyn import artifacts
+
 # The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
 from resdyn.linalg import k_from_fraction
 
@@ -51,7 +53,7 @@ __all__ = [
 TRANSLATORS_FILE = "translators.safetensors"
 
 #: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
-RSS_COLUMNS = ["layer", "k", "k_fraction", "d", "rss", "grassmann_distance", "energy"]
+RSS_COLUMNS = artifacts.RSS_COLUMNS  # defined by resdyn.artifacts.RssProfile
 
 
 # --------------------------------------------------------------------------------------------

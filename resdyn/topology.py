@@ -43,7 +43,7 @@ __all__ = [
     "correlation_matrix",
     "coupling_stats",
     "coupling_table",
-    "coupling_from_files",
+    "coupling_from_tables",
     "coupling_test",
     "participation_coefficient",
     "sign_dependence",
@@ -845,22 +845,8 @@ def analyse_boundary(
     return units, summary
 
 
-def _read_communities(communities: Any) -> pd.DataFrame:
-    if isinstance(communities, pd.DataFrame):
-        return communities
-    from pathlib import Path
-
-    from resdyn import io as rio
-
-    folder = Path(communities)
-    files = sorted(folder.glob("layer*.tsv"))
-    if not files:
-        raise FileNotFoundError(f"no layer*.tsv community tables in {folder}")
-    return pd.concat([rio.read_tsv(f) for f in files], ignore_index=True)
-
-
-def coupling_from_files(
-    communities: Any,
+def coupling_from_tables(
+    communities: pd.DataFrame,
     jacobians: Mapping[tuple[int, str], Any],
     spectra: pd.DataFrame,
     gain: str = "J",
@@ -868,8 +854,8 @@ def coupling_from_files(
 ) -> pd.DataFrame:
     """``coupling.tsv`` of one checkpoint: boundary-vs-interior gain per residual boundary.
 
-    ``communities``: the communities folder (``layer*.tsv``, columns ``layer, boundary, unit,
-    is_boundary`` …) or that table. ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
+    ``communities``: the partitions of all layers (columns ``layer, boundary, unit,
+    is_boundary`` …; :meth:`resdyn.artifacts.CommunityPartitions.read_folder`). ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
     zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'), ``pre_mlp``
     uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn`` (h_L, its
     only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
@@ -882,7 +868,7 @@ def coupling_from_files(
     """
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}, got {gain!r}")
-    table = _read_communities(communities)
+    table = communities
     need = {"layer", "boundary", "unit", "is_boundary"}
     if not need <= set(table.columns):
         raise ValueError(f"community table lacks columns {sorted(need - set(table.columns))}")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from resdyn import activations, io, provenance, topology
+from resdyn import activations, artifacts, provenance, topology
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -20,5 +20,6 @@ with provenance.step(snakemake) as step:
             )
             tables.append(units.assign(layer=layer, boundary=boundary))
             summaries.append({"layer": layer, "boundary": boundary, **summary})
-        io.write_tsv(pd.concat(tables, ignore_index=True), out / f"layer{layer:03d}.tsv")
-    io.write_tsv(pd.DataFrame(summaries), snakemake.output.summary)
+        artifacts.CommunityPartitions.write(pd.concat(tables, ignore_index=True),
+                                            artifacts.CommunityPartitions.layer_file(out, layer))
+    artifacts.CommunitiesSummary.write(pd.DataFrame(summaries), snakemake.output.summary)
