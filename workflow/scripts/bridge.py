@@ -1,10 +1,10 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import artifacts, bridge, jacobian, phases, provenance, readout
+from resdyn import artifacts, bridge, phases, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
+    jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
     translators = readout.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
