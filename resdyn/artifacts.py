@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -883,20 +884,218 @@ class BoundaryView:
             raise ValueError(f"{path}: cannot read activations '{name}' ({err})") from err
 
 
+# Jacobian layer files: the validated reader (h5py inside the functions, like every HDF5 method here)
+
+#: (layer, kind) → a zero-argument callable returning one matrix (or stack) as float64.
+Loaders = dict[tuple[int, str], Any]
+
+
+@dataclass(frozen=True)
+class JacobianFiles:
+    """The validated index of a run's ``layer*.h5`` files (schema: :class:`JacobianBlocks`), with lazy loaders.
+
+    Attributes:
+        files: the files, sorted by name.
+        attrs: file attributes of the first file (numpy arrays as lists).
+        d: the hidden size (every ``mean`` is d × d).
+        n_samples_total: N, the samples every mean averages (``count``; equal in every group).
+        n_stored: n, the samples whose whole Jacobians are stored (``per_sample``; 0 if none).
+        sample_ids: (n,) ids of the stored samples (the first n of ``sample_ids``).
+        means: {(layer, kind): loader → (d, d) float64 mean Jacobian} for the operators of the
+            sublayer chain: 'attn' and 'mlp' per sequential layer, 'layer' (I + J_A + J_F) per
+            parallel-residual layer; layers 0 … L−1 without gaps.
+        per_sample: {(layer, kind): loader → (n, d, d) float64}, each stored sample's Jacobian
+            averaged over its P positions, same keys as ``means``; empty when n = 0.
+        branches: {(layer, 'attn_branch' | 'mlp_branch'): loader → (d, d) float64} of
+            parallel-residual layers; empty for sequential models.
+
+    Loaders read one dataset when called (a model's matrices are never all in memory) and
+    raise FloatingPointError naming the file and dataset if it holds NaN/Inf, ValueError if its
+    shape is no longer the indexed one.
+    """
+
+    files: tuple[Path, ...]
+    attrs: dict[str, Any]
+    d: int
+    n_samples_total: int
+    n_stored: int
+    sample_ids: np.ndarray
+    means: Loaders
+    per_sample: Loaders
+    branches: Loaders
+
+
+def _jacobian_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], average_positions: bool = False):
+    def load() -> np.ndarray:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            x = f[kind][name][()]
+        if x.shape != shape:
+            raise ValueError(f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} "
+                             "(the file changed after it was indexed)")
+        x = x.astype(np.float64)
+        if average_positions:
+            x = x.mean(axis=1)  # (n, P, d, d) -> per-sample mean over positions
+        bad = ~np.isfinite(x)
+        if bad.any():
+            raise FloatingPointError(f"{path}: {kind}/{name} has {int(bad.sum())} non-finite entries (NaN/Inf)")
+        return x
+
+    return load
+
+
+def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
+    """Shapes and sample bookkeeping of one group, validated (ValueError naming file and group)."""
+    import h5py
+
+    if kind not in f or not isinstance(f[kind], h5py.Group):
+        raise ValueError(f"{path}: not a readable Jacobian file (no group {kind!r})")
+    g = f[kind]
+    missing = [name for name in ("mean", "count", "sample_ids") if name not in g]
+    if missing:
+        raise ValueError(f"{path}: group {kind!r} lacks dataset {missing[0]!r}")
+    mean_shape = tuple(g["mean"].shape)
+    if len(mean_shape) != 2 or mean_shape[0] != mean_shape[1] or mean_shape[0] == 0:
+        raise ValueError(f"{path}: {kind}/mean has shape {mean_shape}; expected a square (d, d) matrix")
+    d = mean_shape[0]
+    count = int(g["count"][()])
+    ids = np.asarray(g["sample_ids"][()])
+    if ids.shape != (count,):
+        raise ValueError(f"{path}: {kind}/sample_ids has shape {ids.shape}, but count = {count}")
+    per_shape = tuple(g["per_sample"].shape) if "per_sample" in g else None
+    if per_shape is not None and (len(per_shape) != 4 or per_shape[2:] != (d, d) or not 1 <= per_shape[0] <= count):
+        raise ValueError(f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) "
+                         f"with 1 <= n <= count = {count}")
+    return {"d": d, "count": count, "ids": ids, "per_shape": per_shape}
+
+
 class JacobianBlocks(Artifact):
     """``results/{model}/{ckpt}/jacobians/{block}/layer{L:03d}.h5``: per-layer mean and per-sample Jacobians.
 
     Schema ``resdyn.jacobian/1``, in full in the :mod:`resdyn.jacobian` docstring: per file the
     groups ``attn``/``mlp`` (or ``layer``/``attn_branch``/``mlp_branch``), each with ``mean``
     (d, d), ``count``, ``sample_ids`` (N,), per-sample ``fro_minus_identity``, ``trace``,
-    ``spectral_norm`` (N, P) and optional ``per_sample`` (n, P, d, d). The one reader,
-    :func:`resdyn.jacobian.read_jacobians` (validating schema, shapes and, on load, finiteness;
-    :func:`resdyn.jacobian.mean_jacobians` and ``per_sample_jacobians`` build on it), stays in
-    :mod:`resdyn.jacobian` beside the resumable writer: both need torch, which this module must
-    not import.
+    ``spectral_norm`` (N, P) and optional ``per_sample`` (n, P, d, d). The one reader is here,
+    :meth:`read` (validating schema, shapes and, on load, finiteness; :meth:`read_means`,
+    :meth:`read_branches` and :meth:`read_per_sample` build on it): it needs h5py and numpy only,
+    so the jobs that analyse the files start without torch. The resumable writer stays in
+    :mod:`resdyn.jacobian` beside the engine (it needs torch), which re-exports these readers
+    under their old names (``read_jacobians``, ``mean_jacobians``, …).
     """
 
     relpath = _CKPT + "jacobians/{block}"
+    KINDS: ClassVar[tuple[str, str]] = ("attn", "mlp")
+    #: Groups of a parallel-residual layer's file: the operator ``layer`` = I + J_A + J_F first,
+    #: then the two branch Jacobians J_A, J_F (without the identity) stored beside it.
+    PARALLEL_KINDS: ClassVar[tuple[str, str, str]] = ("layer", "attn_branch", "mlp_branch")
+    #: The kinds that are operators of the sublayer chain (what :meth:`read_means` returns).
+    OPERATOR_KINDS: ClassVar[tuple[str, str, str]] = ("attn", "mlp", "layer")
+
+    @classmethod
+    def read(cls, folders: Sequence[PathLike]) -> JacobianFiles:
+        """Index and validate the ``layer*.h5`` files of block folders: the single Jacobian reader.
+
+        Checks, before any matrix is loaded, naming the file and what is wrong: every file opens
+        and has a ``layer`` attribute; it has the groups of its residual type ('attn' and 'mlp',
+        or 'layer'); each group has ``mean`` (d × d, the same d everywhere), ``count`` and
+        ``sample_ids`` (count of them), and if present ``per_sample`` of shape (n, P, d, d); every
+        group agrees on N (``count``), on whether ``per_sample`` is stored, its n and the stored
+        samples' ids; no (layer, kind) appears twice; layers are 0 … L−1 without gaps. Values are
+        checked for NaN/Inf when a loader reads them (:class:`JacobianFiles`).
+
+        Raises:
+            FileNotFoundError: no ``layer*.h5`` in the folders.
+            ValueError: any of the problems above, naming the file (and group).
+        """
+        import h5py
+
+        files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
+        if not files:
+            raise FileNotFoundError(f"no layer*.h5 Jacobian files in {list(map(str, folders))}")
+        means: Loaders = {}
+        per: Loaders = {}
+        branches: Loaders = {}
+        attrs: dict[str, Any] = {}
+        ref: dict[str, Any] | None = None  # the first operator group: what every other must agree with
+        ref_where = ""
+        for path in files:
+            try:
+                with h5py.File(path, "r") as f:
+                    layer = int(f.attrs["layer"])
+                    if not attrs:
+                        attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+                    kinds = ("layer",) if "layer" in f else cls.KINDS
+                    index = {kind: _jacobian_group_index(f, path, kind) for kind in kinds}
+                    branch_index = {kind: _jacobian_group_index(f, path, kind) for kind in cls.PARALLEL_KINDS[1:] if kind in f}
+            except (OSError, KeyError) as err:
+                raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
+            for kind, g in {**index, **branch_index}.items():
+                where = f"{path}: {kind}"
+                if ref is None:
+                    ref, ref_where = g, where
+                if g["d"] != ref["d"]:
+                    raise ValueError(f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
+                                     "all files must come from one model")
+                if kind in cls.PARALLEL_KINDS[1:]:
+                    branches[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+                    continue
+                n = g["per_shape"][0] if g["per_shape"] else 0
+                n_ref = ref["per_shape"][0] if ref["per_shape"] else 0
+                if g["count"] != ref["count"] or n != n_ref or not np.array_equal(g["ids"][:n], ref["ids"][:n_ref]):
+                    raise ValueError(
+                        f"{where} holds {n} whole Jacobians of {g['count']} samples, but {ref_where} holds "
+                        f"{n_ref} of {ref['count']} (or other sample ids); all files must come from one run"
+                    )
+                if (layer, kind) in means:
+                    raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
+                means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+                if n:
+                    per[(layer, kind)] = _jacobian_loader(path, kind, "per_sample", g["per_shape"], average_positions=True)
+        layers = sorted({layer for layer, _ in means})
+        if layers != list(range(len(layers))):
+            raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
+        assert ref is not None
+        n_stored = ref["per_shape"][0] if ref["per_shape"] else 0
+        return JacobianFiles(files=tuple(files), attrs=attrs, d=ref["d"], n_samples_total=ref["count"],
+                             n_stored=n_stored, sample_ids=ref["ids"][:n_stored], means=means, per_sample=per,
+                             branches=branches)
+
+    @classmethod
+    def read_means(cls, folders: Sequence[PathLike]) -> tuple[Loaders, dict[str, Any]]:
+        """Lazy loaders of every sublayer's mean Jacobian from block folders of ``layer*.h5`` files.
+
+        Returns ({(layer, kind): zero-argument callable → (d, d) float64}, attrs of the first file):
+        the operators of the sublayer chain (:attr:`JacobianFiles.means`), validated by
+        :meth:`read`; branch Jacobians: :meth:`read_branches`.
+        """
+        jf = cls.read(folders)
+        return jf.means, jf.attrs
+
+    @classmethod
+    def read_branches(cls, folders: Sequence[PathLike]) -> Loaders:
+        """Lazy loaders of the branch Jacobians of parallel-residual layers, {(layer, 'attn_branch'
+        | 'mlp_branch'): callable → (d, d) float64}; empty for sequential models."""
+        return cls.read(folders).branches
+
+    @classmethod
+    def read_per_sample(cls, folders: Sequence[PathLike]) -> tuple[Loaders, Loaders, dict[str, Any]]:
+        """Loaders of every sublayer's per-sample Jacobians and all-sample mean (for the bootstrap).
+
+        Returns ``(per_sample, means, info)`` (:class:`JacobianFiles`): ``per_sample[(layer, kind)]()``
+        → (n, d, d) float64 (each stored sample's Jacobians averaged over its positions);
+        ``means[(layer, kind)]()`` → (d, d); ``info`` = {``n_bootstrap_samples`` n,
+        ``n_samples_total`` N, ``sample_ids`` (n,)}. Raises ValueError naming a file when no
+        ``per_sample`` is stored (``jacobian.store_first_n`` = 0), besides :meth:`read`'s checks.
+        """
+        jf = cls.read(folders)
+        if jf.n_stored == 0:
+            raise ValueError(
+                f"{jf.files[0]}: no per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
+                "set jacobian.store_first_n ≥ 2 and rerun the jacobians rule"
+            )
+        info = {"n_bootstrap_samples": jf.n_stored, "n_samples_total": jf.n_samples_total, "sample_ids": jf.sample_ids}
+        return jf.per_sample, jf.means, info
 
 
 

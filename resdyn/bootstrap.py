@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn import artifacts, jacobian, linalg, spectral
+from resdyn import artifacts, linalg, spectral
 
 __all__ = [
     "percentile_ci",
@@ -667,9 +667,9 @@ def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: 
                              interval: str = "percentile") -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :func:`resdyn.jacobian.per_sample_jacobians` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
+    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
-    per, means, info = jacobian.per_sample_jacobians(folders)
+    per, means, info = artifacts.JacobianBlocks.read_per_sample(folders)
     table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
                                      n_samples_total=info["n_samples_total"], device=device, method=method,
                                      interval=interval)

@@ -72,6 +72,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from resdyn import arch, artifacts, io
+from resdyn.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Effective learning rates used when ``lr`` is not given; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
-TRANSLATORS_FILE = "translators.safetensors"
 CONFIG_FILE = "config.json"
 CURVES_FILE = "curves.tsv"
 CURVE_COLUMNS = ["step", "layer", "split", "kl"]
@@ -984,20 +984,6 @@ class Lens:
         }
         io.write_json(config, directory / "config.json")
         return directory
-
-
-def read_translator_matrices(directory: str | Path) -> list[np.ndarray]:
-    """``[A_0, …, A_{n−1}]``, ``A_L = I + W_L`` float64 (d, d), from a folder written by Lens.save.
-
-    Needs no model (the readout-subspace analysis uses the matrices only). The identity
-    reference at index n is not included: it carries no readout subspace of its own.
-    """
-    path = Path(directory) / TRANSLATORS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no translators (expected a folder written by Lens.save)")
-    weight = load_file(str(path))["weight"].double().numpy()
-    eye = np.eye(weight.shape[-1])
-    return [eye + w for w in weight]
 
 
 # ----------------------------------------------------------------------------------------------

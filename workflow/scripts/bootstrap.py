@@ -6,7 +6,7 @@ with provenance.step(snakemake) as step:
     p = snakemake.params
     table, replicates = bootstrap.jacobian_bootstrap_files(
         snakemake.input.blocks, n_resamples=p.n_resamples, seed=p.seed, level=p.ci, complex_tol=p.complex_tol,
-        device=models.pick_device(p.device), method=p.method, interval=p.interval,
+        device=models.device_name(p.device), method=p.method, interval=p.interval,
     )
     artifacts.BootstrapTable.write(table, snakemake.output.table)
     artifacts.BootstrapReplicates.write(replicates, snakemake.output.replicates)

@@ -1,12 +1,12 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import artifacts, bridge, jacobian, lens, phases, provenance, readout
+from resdyn import artifacts, bridge, phases, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
+    jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
-    translators = lens.read_translator_matrices(snakemake.input.lens)
+    translators = readout.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
         jacobians, translators, artifacts.SpectraTable.read(snakemake.input.spectra),
         artifacts.BottleneckTable.read(snakemake.input.bottleneck), artifacts.RssProfile.read(snakemake.input.rss),
