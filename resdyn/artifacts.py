@@ -66,6 +66,7 @@ __all__ = [
     "PhaseMetrics",
     "ScalingWidths",
     "ScalingFits",
+    "TrainingCurve",
     "Corpus",
     "Samples",
     "CheckpointRecord",
@@ -659,6 +660,19 @@ class ScalingFits(TsvArtifact):
 
 # --------------------------------------------------------------------------------------------
 # data side: corpus, samples, checkpoint record, activations, Jacobians
+
+
+class TrainingCurve(TsvArtifact):
+    """``models/{model}/training.tsv``: the loss curve of a zoo model's training.
+
+    One row per evaluation (:func:`resdyn.zoo.train_zoo_model`): ``step``, ``lr`` float,
+    ``train_loss`` (NaN at step 0, whose ``reason`` says there was no batch yet),
+    ``heldout_loss``, ``unigram_loss`` (the held-out loss of the unigram baseline) float,
+    ``reason`` str.
+    """
+
+    relpath = "models/{model}/training.tsv"
+    columns = _cols("step:int lr:float train_loss:float heldout_loss:float unigram_loss:float reason:str")
 
 
 class Corpus(Artifact):

@@ -25,9 +25,9 @@ def test_every_artifact_has_a_class():
     assert {"SpectraTable", "BottleneckTable", "SchurCurves", "CouplingTable", "CommunitiesSummary",
             "CommunityPartitions", "CausalTable", "BridgeTable", "BridgeAlignment", "BootstrapTable",
             "BootstrapReplicates", "ScorecardTable", "RssProfile", "ResolutionTable", "LensMetrics",
-            "PhaseMetrics", "LayerGeometry"} <= names
+            "PhaseMetrics", "LayerGeometry", "TrainingCurve"} <= names
     for cls in TSV_CLASSES:
-        assert cls.columns and cls.relpath and cls.__doc__.startswith("``results/"), cls.__name__
+        assert cls.columns and cls.relpath and cls.__doc__.startswith(("``results/", "``models/")), cls.__name__
         assert set(cls.allow_nan) <= set(cls.columns), cls.__name__
 
 

@@ -130,7 +130,8 @@ def test_every_artifact_reads_through_its_class(smoke):
     read = read_every_artifact(smoke)
     tables = {p for p in (smoke / "results").rglob("*.tsv") if "lens" not in p.parent.name}
     assert tables <= read, sorted(str(p.relative_to(smoke)) for p in tables - read)
-    assert {p.name for p in read} >= {"phases.json", "spectra.h5", "samples.h5", "train.jsonl", "bootstrap.tsv"}
+    assert {p.name for p in read} >= {"phases.json", "spectra.h5", "samples.h5", "train.jsonl", "bootstrap.tsv",
+                                      "training.tsv", "checkpoint.json"}
 
 
 def test_jacobian_files_follow_the_schema(smoke):

@@ -3,7 +3,7 @@
 import shutil
 from pathlib import Path
 
-from resdyn import artifacts, data, io, provenance, zoo
+from resdyn import artifacts, data, provenance, zoo
 
 with provenance.step(snakemake) as step:
     arch, t = snakemake.params.arch, snakemake.params.train
@@ -24,4 +24,4 @@ with provenance.step(snakemake) as step:
     )
     shutil.rmtree(weights, ignore_errors=True)
     staging.rename(weights)
-    io.write_tsv(curve, snakemake.output.curve)
+    artifacts.TrainingCurve.write(curve, snakemake.output.curve)
