@@ -579,7 +579,7 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     # F_r (≤ 2 GiB, resdyn.bootstrap.perturbative_spectra) and as much in temporaries, and six
     # complex d² arrays (V, V⁻¹, K, gaps, couplings, mask)
     chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
-    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + 2 * chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
+    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
     c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
     c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
