@@ -25,8 +25,9 @@ import torch
 from tqdm import tqdm
 
 from resdyn import arch, io
+from resdyn.artifacts import Activations, BoundaryView  # noqa: F401 - BoundaryView re-exported
 
-SCHEMA = "resdyn.activations/1"
+SCHEMA = Activations.SCHEMA
 RESIDUAL_KINDS = ("sequential", "parallel")
 
 
@@ -135,72 +136,7 @@ def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray
     return paths
 
 
-def boundaries(path: str | Path) -> tuple[str, ...]:
-    """The residual boundaries of a layer file: ("pre_attn", "pre_mlp"), or ("pre_attn",) for a
-    parallel-residual layer (its one boundary h_L; attr ``residual``, absent = sequential)."""
-    try:
-        with h5py.File(path, "r") as f:
-            residual = f.attrs.get("residual", "sequential")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read activations ({err})") from err
-    return ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
-
-
-def read_boundary(path: str | Path, boundary: str) -> np.ndarray:
-    """One boundary's states of a layer file, (N, T', d) as float32; names file and key on error."""
-    try:
-        with h5py.File(path, "r") as f:
-            return f[boundary][()].astype(np.float32)
-    except (OSError, KeyError) as err:
-        raise ValueError(f"{path}: cannot read activations '{boundary}' ({err})") from err
-
-
-def read_all_boundaries(folder: str | Path) -> np.ndarray:
-    """Reassemble (N, 2·n_layers + 1, T', d) boundary states from a folder of layer files."""
-    files = sorted(Path(folder).glob("layer*.h5"))
-    if not files:
-        raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
-    parts = []
-    for path in files:
-        parts += [read_boundary(path, "pre_attn"), read_boundary(path, "pre_mlp")]
-    parts.append(read_boundary(files[-1], "output"))
-    return np.stack(parts, axis=1)
-
-
-class BoundaryView:
-    """:func:`read_all_boundaries` without reading: a lazy (N, 2·n_layers + 1, T', d) float32 view
-    of a folder of layer files for :func:`resdyn.geometry.layer_geometry`, which indexes it as
-    ``view[samples, state, positions, units]`` (an int state, slices elsewhere) one state and
-    one chunk of samples at a time — host memory is a chunk, not N·(2n+1)·T'·d·4 bytes (140 GB
-    at Llama-3.1-8B shapes with N = 1000, T = 128)."""
-
-    def __init__(self, folder: str | Path):
-        self.files = sorted(Path(folder).glob("layer*.h5"))
-        if not self.files:
-            raise FileNotFoundError(f"no layer*.h5 activation files in {folder}")
-        try:
-            with h5py.File(self.files[0], "r") as f:
-                n, t, d = f["pre_attn"].shape
-        except (OSError, KeyError) as err:
-            raise ValueError(f"{self.files[0]}: cannot read activations 'pre_attn' ({err})") from err
-        self.shape = (int(n), 2 * len(self.files) + 1, int(t), int(d))
-
-    def _where(self, state: int) -> tuple[Path, str]:
-        n_states = self.shape[1]
-        if not -n_states <= state < n_states:
-            raise IndexError(f"state {state} outside 0..{n_states - 1}")
-        state %= n_states
-        if state == n_states - 1:
-            return self.files[-1], "output"
-        return self.files[state // 2], ("pre_attn", "pre_mlp")[state % 2]
-
-    def __getitem__(self, key: tuple) -> np.ndarray:
-        if not (isinstance(key, tuple) and len(key) == 4 and isinstance(key[1], (int, np.integer))):
-            raise TypeError(f"index as view[samples, state, positions, units] with an int state, got {key!r}")
-        samples, state, positions, units = key
-        path, name = self._where(int(state))
-        try:
-            with h5py.File(path, "r") as f:
-                return f[name][samples, positions, units].astype(np.float32)
-        except (OSError, KeyError) as err:
-            raise ValueError(f"{path}: cannot read activations '{name}' ({err})") from err
+# The readers are the artifact class's (resdyn.artifacts.Activations), kept here under their old names.
+boundaries = Activations.boundaries
+read_boundary = Activations.read_boundary
+read_all_boundaries = Activations.read_all_boundaries

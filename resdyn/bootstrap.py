@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn import jacobian, linalg, spectral
+from resdyn import artifacts, linalg, spectral
 
 __all__ = [
     "percentile_ci",
@@ -80,14 +80,8 @@ __all__ = [
     "SCALAR_METRICS",
 ]
 
-BOOTSTRAP_COLUMNS = [
-    "metric", "layer", "kind", "s", "estimate", "ci_low", "ci_high", "level", "n_resamples",
-    "n_bootstrap_samples", "n_samples_total", "estimate_all_samples", "seed", "bootstrapped", "note",
-    "reason",  # why a row's numbers are empty (not bootstrapped)
-    "method",  # exact | perturbative | exact-fallback (perturbative asked, not applicable: see note)
-    "interval",  # percentile | studentized (replicate_ci)
-]
-REPLICATE_COLUMNS = ["replicate", "metric", "value"]
+BOOTSTRAP_COLUMNS = artifacts.BOOTSTRAP_COLUMNS  # defined by resdyn.artifacts.BootstrapTable
+REPLICATE_COLUMNS = artifacts.REPLICATE_COLUMNS
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
 SCALAR_METRICS = ("cum_erank_full_depth", "complex_fraction_early_minus_late", "henrici_early_minus_late")
 #: Range each metric can take, given d: where a studentized interval is clipped.
@@ -694,9 +688,9 @@ def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: 
                              interval: str = "percentile") -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :func:`resdyn.jacobian.per_sample_jacobians` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
+    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
-    per, means, info = jacobian.per_sample_jacobians(folders)
+    per, means, info = artifacts.JacobianBlocks.read_per_sample(folders)
     table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
                                      n_samples_total=info["n_samples_total"], device=device, method=method,
                                      interval=interval)

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from resdyn import artifacts
 from resdyn import phases as ph
 from resdyn.readout import readout_subspace
 
@@ -64,10 +65,7 @@ __all__ = [
 ]
 
 TRANSPORT_COLUMNS = ["layer", "k", "d", "transport", "random_mean", "random_sd", "random_p", "n_random", "chance"]
-ALIGNMENT_COLUMNS = [
-    "profile", "change_layer", "delta", "b1", "b2", "b1_found", "b2_found",
-    "dist_b1", "dist_b2", "dist_nearest", "chance_dist_nearest", "n_positions",
-]
+ALIGNMENT_COLUMNS = artifacts.ALIGNMENT_COLUMNS  # defined by resdyn.artifacts.BridgeAlignment
 _ORTHO_TOL = 1e-8
 
 
@@ -145,7 +143,7 @@ def layer_jacobian(jacobians: Mapping[tuple[int, str], Any], layer: int) -> np.n
     parallel-residual layer its stored operator ``(L, 'layer')`` = I + J_A + J_F.
 
     ``jacobians``: {(layer, kind): (d, d) array or zero-argument loader}, as returned by
-    :func:`resdyn.jacobian.mean_jacobians`.
+    :meth:`resdyn.artifacts.JacobianBlocks.read_means`.
 
     Example:
         >>> layer_jacobian({(0, "attn"): np.diag([1.0, 2.0]), (0, "mlp"): np.diag([3.0, 1.0])}, 0).tolist()
@@ -420,8 +418,8 @@ def bridge_tables(
     complex_frac_mlp, henrici_attn, henrici_mlp, cum_erank and transport.
 
     Args:
-        jacobians: {(layer, kind): mean Jacobian or loader} (:func:`resdyn.jacobian.mean_jacobians`).
-        translators: A_0 … A_{n−1} (:func:`resdyn.lens.read_translator_matrices`).
+        jacobians: {(layer, kind): mean Jacobian or loader} (:meth:`resdyn.artifacts.JacobianBlocks.read_means`).
+        translators: A_0 … A_{n−1} (:func:`resdyn.readout.read_translator_matrices`).
         spectra, bottleneck, rss: the tables of ``spectra.tsv``, ``bottleneck.tsv``, ``rss.tsv``.
         phases: the content of ``phases.json`` (keys b1, b2, b1_found, b2_found, k, n).
         k, n_random, seed: see :func:`transport_table`; complex_tol: see :func:`operator_profiles`.

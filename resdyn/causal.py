@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from resdyn import arch
+from resdyn import arch, artifacts
 from resdyn import phases as ph
 from resdyn.bridge import haar_subspace
 from resdyn.readout import readout_subspace
@@ -70,11 +70,7 @@ __all__ = [
 ]
 
 INTERVENTIONS: tuple[str, ...] = ("project", "patch")
-CAUSAL_COLUMNS = [
-    "layer", "intervention", "k", "d", "kl", "flip_rate",
-    "random_kl_mean", "random_kl_sd", "random_flip_mean", "random_flip_sd", "kl_z", "kl_p",
-    "n_random", "n_samples", "n_tokens", "phase",
-]
+CAUSAL_COLUMNS = artifacts.CAUSAL_COLUMNS  # defined by resdyn.artifacts.CausalTable
 #: logits elements (tokens × vocab) per readout chunk
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
 

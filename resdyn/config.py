@@ -502,84 +502,8 @@ def block_layers(block: str) -> list[int]:
     return list(range(int(match[1]), int(match[2]) + 1))
 
 
-# --- figures: name -> resdyn.plots function (the DAG's figure rules and the report use these) ---
-
-CKPT_FIGURES = {
-    "eigenvalues": "eigenvalue_grid",
-    "operator": "operator_profile",
-    "funnel": "funnel",
-    "schur": "schur_curves",
-    "communities": "community_sizes",
-    "coupling": "coupling_profile",
-    "coupling_henrici": "coupling_vs_henrici",
-    "lens": "lens_curves",
-    "rss": "rss_profile_plot",
-    "resolution": "resolution_frontier",
-    "phase_metrics": "phase_metric_profiles",
-    "bridge": "bridge_profiles",
-    "causal": "causal_effects",
-    "uncertainty": "uncertainty_bands",
-}
-LENS_FIGURES = ("lens", "rss", "resolution", "phase_metrics", "bridge", "causal")
-MODEL_FIGURES = {"training": "training_curve", "checkpoints": "checkpoint_comparison", "significant": "significant_counts"}
-FIGURE_CAPTIONS = {
-    "eigenvalues": "Eigenvalues of each sublayer's mean Jacobian in the complex plane (unit circle drawn)",
-    "operator": "Operator type vs depth: complex fraction, Henrici departure, self-alignment",
-    "funnel": "Cumulative bottleneck: effective rank of P_s = J_s ... J_0 vs depth",
-    "schur": "Schur surgery: cumulative effective rank of J(alpha) = Q(Lambda + alpha N)Q* per alpha",
-    "communities": "Signed Leiden community sizes per residual boundary",
-    "coupling": "Topology-dynamics coupling effect per boundary (filled: FDR-significant)",
-    "coupling_henrici": "Coupling effect vs Henrici departure of the sublayer (Spearman rho)",
-    "lens": "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer",
-    "rss": "RSS profile per k with Kneedle phase cuts",
-    "resolution": "Resolution sweep: energy vs visibility, Pareto frontier",
-    "phase_metrics": "Phase metrics vs depth with the three phases shaded",
-    "training": "Zoo training: train and held-out loss vs unigram baseline",
-    "checkpoints": "Study A metrics vs depth, one line per checkpoint (step 0 = null)",
-    "significant": "FDR-significant coupling boundaries per checkpoint",
-    "scaling": "Phase width vs depth with OLS slope and 95% CI",
-    "bridge": "Study A and B profiles on one depth axis: RSS, Jacobian transport of readout subspaces vs random, operator type, cumulative rank",
-    "causal": "Causal test: KL and top-1 flips after projecting off / patching the readout subspace vs random subspaces",
-    "uncertainty": "Bootstrap percentile intervals (over samples) of the Jacobian metrics vs depth",
-}
-
-
-def figure_category(figure: str) -> str:
-    """Report category of a figure: per study."""
-    if figure in ("training",):
-        return "Zoo"
-    if figure in ("bridge", "causal", "uncertainty"):
-        return "Beyond the studies"
-    if figure in LENS_FIGURES or figure == "scaling":
-        return "Study B"
-    return "Study A"
-
-
 # --- the study switch (config key ``studies``) --------------------------------------------------
-
-#: Studies whose outputs each figure draws on (the bridge needs both).
-FIGURE_STUDIES: dict[str, frozenset[str]] = {
-    **{f: frozenset("A") for f in CKPT_FIGURES if f not in LENS_FIGURES},
-    **{f: frozenset("B") for f in LENS_FIGURES},
-    "bridge": frozenset("AB"),
-    "checkpoints": frozenset("A"),
-    "significant": frozenset("A"),
-    "training": frozenset(),
-    "scaling": frozenset("B"),
-}
-
 
 def runs(config: dict, *studies: str) -> bool:
     """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""
     return set(studies) <= set(config.get("studies", ("A", "B")))
-
-
-def require_studies(config: dict, figure: str, path: str = "") -> None:
-    """Stop with one line when ``figure`` needs a study that ``config['studies']`` leaves out."""
-    missing = sorted(FIGURE_STUDIES[figure] - set(config.get("studies", ("A", "B"))))
-    if missing:
-        where = f" ({path})" if path else ""
-        raise ConfigError(
-            f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
-            f"{figure!r}{where} needs; add it to studies or do not request this figure"
-        )

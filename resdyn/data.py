@@ -208,25 +208,6 @@ def split_documents(docs: Sequence[str], heldout_fraction: float, seed: int) -> 
     return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
 
 
-def write_documents(docs: Iterable[str], path: str | Path) -> None:
-    """Write documents as JSON lines ``{"text": ...}``, atomically."""
-    with io.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
-
-
-def read_documents(path: str | Path) -> list[str]:
-    """Read documents written by :func:`write_documents`."""
-    docs = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            try:
-                docs.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError) as err:
-                raise ValueError(f"{path}:{i}: not a document line ({err})") from err
-    return docs
-
-
 def train_tokenizer(docs: Iterable[str], vocab_size: int, out_dir: str | Path) -> None:
     """Train a byte-level BPE tokenizer with the ``tokenizers`` library and save it in HF format.
 
@@ -280,38 +261,6 @@ def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
     starts = chosen * length
     ids = np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
     return ids, starts.astype(np.int64)
-
-
-def write_samples(path: str | Path, input_ids: np.ndarray, sample_ids: np.ndarray, attrs: dict) -> str:
-    """Save samples to HDF5 (datasets ``input_ids`` (N,T) int64, ``sample_ids`` (N,)); returns the hash.
-
-    The content hash (SHA-256 of both arrays) is stored as attribute ``samples_hash`` so every
-    downstream artifact can record exactly which tokens it analysed.
-    """
-    import h5py
-
-    digest = io.sha256_array(input_ids, sample_ids)
-    with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("input_ids", data=input_ids)
-        f.create_dataset("sample_ids", data=sample_ids)
-        for k, v in {**attrs, "samples_hash": digest}.items():
-            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-    return digest
-
-
-def read_samples(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Load (input_ids, sample_ids, attrs) and re-check the stored content hash."""
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as f:
-            ids, sids = f["input_ids"][()], f["sample_ids"][()]
-            attrs = dict(f.attrs)
-    except (OSError, KeyError) as err:
-        raise ValueError(f"{path}: not a readable samples file ({err})") from err
-    if attrs.get("samples_hash") != io.sha256_array(ids, sids):
-        raise ValueError(f"{path}: content does not match its recorded samples_hash (corrupted?)")
-    return ids, sids, attrs
 
 
 def load_tokenizer(path: str | Path):

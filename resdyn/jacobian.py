@@ -79,16 +79,15 @@ import torch
 from torch import nn
 
 from resdyn import arch
+from resdyn.artifacts import JacobianBlocks, JacobianFiles, Loaders  # noqa: F401  (the reader lives there: torch-free)
 from resdyn.io import atomic_path, sha256_array
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[str, str] = ("attn", "mlp")
-#: Groups of a parallel-residual layer's file: the operator ``layer`` = I + J_A + J_F first,
-#: then the two branch Jacobians J_A, J_F (without the identity) stored beside it.
-PARALLEL_KINDS: tuple[str, str, str] = ("layer", "attn_branch", "mlp_branch")
-#: The kinds that are operators of the sublayer chain (what :func:`mean_jacobians` returns).
-OPERATOR_KINDS: tuple[str, str, str] = ("attn", "mlp", "layer")
+# The file layout's group names, defined by the artifact class (see its docstring).
+KINDS = JacobianBlocks.KINDS
+PARALLEL_KINDS = JacobianBlocks.PARALLEL_KINDS
+OPERATOR_KINDS = JacobianBlocks.OPERATOR_KINDS
 
 
 def layer_kinds(adapter: arch.LayerSublayers) -> tuple[str, ...]:
@@ -887,188 +886,9 @@ def _progress(total: int, initial: int, enabled: bool, desc: str):
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, file=sys.stderr, unit="sample")
 
 
-# --------------------------------------------------------------------------------------------
-# reading: the one validated reader of the layer files
-
-
-#: (layer, kind) → a zero-argument callable returning one matrix (or stack) as float64.
-Loaders = dict[tuple[int, str], Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class JacobianFiles:
-    """The validated index of a run's ``layer*.h5`` files (module docstring schema), with lazy loaders.
-
-    Attributes:
-        files: the files, sorted by name.
-        attrs: file attributes of the first file (numpy arrays as lists).
-        d: the hidden size (every ``mean`` is d × d).
-        n_samples_total: N, the samples every mean averages (``count``; equal in every group).
-        n_stored: n, the samples whose whole Jacobians are stored (``per_sample``; 0 if none).
-        sample_ids: (n,) ids of the stored samples (the first n of ``sample_ids``).
-        means: {(layer, kind): loader → (d, d) float64 mean Jacobian} for the operators of the
-            sublayer chain: 'attn' and 'mlp' per sequential layer, 'layer' (I + J_A + J_F) per
-            parallel-residual layer; layers 0 … L−1 without gaps.
-        per_sample: {(layer, kind): loader → (n, d, d) float64}, each stored sample's Jacobian
-            averaged over its P positions, same keys as ``means``; empty when n = 0.
-        branches: {(layer, 'attn_branch' | 'mlp_branch'): loader → (d, d) float64} of
-            parallel-residual layers; empty for sequential models.
-
-    Loaders read one dataset when called (a model's matrices are never all in memory) and
-    raise FloatingPointError naming the file and dataset if it holds NaN/Inf, ValueError if its
-    shape is no longer the indexed one.
-    """
-
-    files: tuple[Path, ...]
-    attrs: dict[str, Any]
-    d: int
-    n_samples_total: int
-    n_stored: int
-    sample_ids: np.ndarray
-    means: Loaders
-    per_sample: Loaders
-    branches: Loaders
-
-
-def _dataset_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], average_positions: bool = False):
-    def load() -> np.ndarray:
-        with h5py.File(path, "r") as f:
-            x = f[kind][name][()]
-        if x.shape != shape:
-            raise ValueError(f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} "
-                             "(the file changed after it was indexed)")
-        x = x.astype(np.float64)
-        if average_positions:
-            x = x.mean(axis=1)  # (n, P, d, d) -> per-sample mean over positions
-        bad = ~np.isfinite(x)
-        if bad.any():
-            raise FloatingPointError(f"{path}: {kind}/{name} has {int(bad.sum())} non-finite entries (NaN/Inf)")
-        return x
-
-    return load
-
-
-def _group_index(f: h5py.File, path: Path, kind: str) -> dict[str, Any]:
-    """Shapes and sample bookkeeping of one group, validated (ValueError naming file and group)."""
-    if kind not in f or not isinstance(f[kind], h5py.Group):
-        raise ValueError(f"{path}: not a readable Jacobian file (no group {kind!r})")
-    g = f[kind]
-    missing = [name for name in ("mean", "count", "sample_ids") if name not in g]
-    if missing:
-        raise ValueError(f"{path}: group {kind!r} lacks dataset {missing[0]!r}")
-    mean_shape = tuple(g["mean"].shape)
-    if len(mean_shape) != 2 or mean_shape[0] != mean_shape[1] or mean_shape[0] == 0:
-        raise ValueError(f"{path}: {kind}/mean has shape {mean_shape}; expected a square (d, d) matrix")
-    d = mean_shape[0]
-    count = int(g["count"][()])
-    ids = np.asarray(g["sample_ids"][()])
-    if ids.shape != (count,):
-        raise ValueError(f"{path}: {kind}/sample_ids has shape {ids.shape}, but count = {count}")
-    per_shape = tuple(g["per_sample"].shape) if "per_sample" in g else None
-    if per_shape is not None and (len(per_shape) != 4 or per_shape[2:] != (d, d) or not 1 <= per_shape[0] <= count):
-        raise ValueError(f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) "
-                         f"with 1 <= n <= count = {count}")
-    return {"d": d, "count": count, "ids": ids, "per_shape": per_shape}
-
-
-def read_jacobians(folders: Sequence[os.PathLike | str]) -> JacobianFiles:
-    """Index and validate the ``layer*.h5`` files of block folders: the single Jacobian reader.
-
-    Checks, before any matrix is loaded, naming the file and what is wrong: every file opens
-    and has a ``layer`` attribute; it has the groups of its residual type ('attn' and 'mlp',
-    or 'layer'); each group has ``mean`` (d × d, the same d everywhere), ``count`` and
-    ``sample_ids`` (count of them), and if present ``per_sample`` of shape (n, P, d, d); every
-    group agrees on N (``count``), on whether ``per_sample`` is stored, its n and the stored
-    samples' ids; no (layer, kind) appears twice; layers are 0 … L−1 without gaps. Values are
-    checked for NaN/Inf when a loader reads them (:class:`JacobianFiles`).
-
-    Raises:
-        FileNotFoundError: no ``layer*.h5`` in the folders.
-        ValueError: any of the problems above, naming the file (and group).
-    """
-    files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
-    if not files:
-        raise FileNotFoundError(f"no layer*.h5 Jacobian files in {list(map(str, folders))}")
-    means: Loaders = {}
-    per: Loaders = {}
-    branches: Loaders = {}
-    attrs: dict[str, Any] = {}
-    ref: dict[str, Any] | None = None  # the first operator group: what every other must agree with
-    ref_where = ""
-    for path in files:
-        try:
-            with h5py.File(path, "r") as f:
-                layer = int(f.attrs["layer"])
-                if not attrs:
-                    attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
-                kinds = ("layer",) if "layer" in f else KINDS
-                index = {kind: _group_index(f, path, kind) for kind in kinds}
-                branch_index = {kind: _group_index(f, path, kind) for kind in PARALLEL_KINDS[1:] if kind in f}
-        except (OSError, KeyError) as err:
-            raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
-        for kind, g in {**index, **branch_index}.items():
-            where = f"{path}: {kind}"
-            if ref is None:
-                ref, ref_where = g, where
-            if g["d"] != ref["d"]:
-                raise ValueError(f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
-                                 "all files must come from one model")
-            if kind in PARALLEL_KINDS[1:]:
-                branches[(layer, kind)] = _dataset_loader(path, kind, "mean", (g["d"], g["d"]))
-                continue
-            n = g["per_shape"][0] if g["per_shape"] else 0
-            n_ref = ref["per_shape"][0] if ref["per_shape"] else 0
-            if g["count"] != ref["count"] or n != n_ref or not np.array_equal(g["ids"][:n], ref["ids"][:n_ref]):
-                raise ValueError(
-                    f"{where} holds {n} whole Jacobians of {g['count']} samples, but {ref_where} holds "
-                    f"{n_ref} of {ref['count']} (or other sample ids); all files must come from one run"
-                )
-            if (layer, kind) in means:
-                raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
-            means[(layer, kind)] = _dataset_loader(path, kind, "mean", (g["d"], g["d"]))
-            if n:
-                per[(layer, kind)] = _dataset_loader(path, kind, "per_sample", g["per_shape"], average_positions=True)
-    layers = sorted({layer for layer, _ in means})
-    if layers != list(range(len(layers))):
-        raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
-    assert ref is not None
-    n_stored = ref["per_shape"][0] if ref["per_shape"] else 0
-    return JacobianFiles(files=tuple(files), attrs=attrs, d=ref["d"], n_samples_total=ref["count"],
-                         n_stored=n_stored, sample_ids=ref["ids"][:n_stored], means=means, per_sample=per,
-                         branches=branches)
-
-
-def mean_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[Loaders, dict[str, Any]]:
-    """Lazy loaders of every sublayer's mean Jacobian from block folders of ``layer*.h5`` files.
-
-    Returns ({(layer, kind): zero-argument callable → (d, d) float64}, attrs of the first file):
-    the operators of the sublayer chain (:attr:`JacobianFiles.means`), validated by
-    :func:`read_jacobians`; branch Jacobians: :func:`branch_jacobians`.
-    """
-    jf = read_jacobians(folders)
-    return jf.means, jf.attrs
-
-
-def branch_jacobians(folders: Sequence[os.PathLike | str]) -> Loaders:
-    """Lazy loaders of the branch Jacobians of parallel-residual layers, {(layer, 'attn_branch'
-    | 'mlp_branch'): callable → (d, d) float64}; empty for sequential models."""
-    return read_jacobians(folders).branches
-
-
-def per_sample_jacobians(folders: Sequence[os.PathLike | str]) -> tuple[Loaders, Loaders, dict[str, Any]]:
-    """Loaders of every sublayer's per-sample Jacobians and all-sample mean (for the bootstrap).
-
-    Returns ``(per_sample, means, info)`` (:class:`JacobianFiles`): ``per_sample[(layer, kind)]()``
-    → (n, d, d) float64 (each stored sample's Jacobians averaged over its positions);
-    ``means[(layer, kind)]()`` → (d, d); ``info`` = {``n_bootstrap_samples`` n,
-    ``n_samples_total`` N, ``sample_ids`` (n,)}. Raises ValueError naming a file when no
-    ``per_sample`` is stored (``jacobian.store_first_n`` = 0), besides :func:`read_jacobians`'s checks.
-    """
-    jf = read_jacobians(folders)
-    if jf.n_stored == 0:
-        raise ValueError(
-            f"{jf.files[0]}: no per_sample dataset — the bootstrap needs whole per-sample Jacobians; "
-            "set jacobian.store_first_n ≥ 2 and rerun the jacobians rule"
-        )
-    info = {"n_bootstrap_samples": jf.n_stored, "n_samples_total": jf.n_samples_total, "sample_ids": jf.sample_ids}
-    return jf.per_sample, jf.means, info
+# The one reader is :class:`resdyn.artifacts.JacobianBlocks` (h5py + numpy only, so the light jobs
+# that analyse the files start without torch); these names stay for the engine's callers.
+read_jacobians = JacobianBlocks.read
+mean_jacobians = JacobianBlocks.read_means
+branch_jacobians = JacobianBlocks.read_branches
+per_sample_jacobians = JacobianBlocks.read_per_sample

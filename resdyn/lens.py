@@ -71,7 +71,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, io
+from resdyn import arch, artifacts, io
+from resdyn.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Effective learning rates used when ``lr`` is not given; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
-TRANSLATORS_FILE = "translators.safetensors"
 CONFIG_FILE = "config.json"
 CURVES_FILE = "curves.tsv"
 CURVE_COLUMNS = ["step", "layer", "split", "kl"]
@@ -986,20 +986,6 @@ class Lens:
         return directory
 
 
-def read_translator_matrices(directory: str | Path) -> list[np.ndarray]:
-    """``[A_0, …, A_{n−1}]``, ``A_L = I + W_L`` float64 (d, d), from a folder written by Lens.save.
-
-    Needs no model (the readout-subspace analysis uses the matrices only). The identity
-    reference at index n is not included: it carries no readout subspace of its own.
-    """
-    path = Path(directory) / TRANSLATORS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no translators (expected a folder written by Lens.save)")
-    weight = load_file(str(path))["weight"].double().numpy()
-    eye = np.eye(weight.shape[-1])
-    return [eye + w for w in weight]
-
-
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
@@ -1266,7 +1252,7 @@ def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[to
 # Metrics
 # ----------------------------------------------------------------------------------------------
 
-METRIC_COLUMNS = ["lens", "layer", "kl", "ce", "hit1", "hit5", "n_tokens", "converged", "steps", "converged_step", "final_heldout_kl", "reason"]
+METRIC_COLUMNS = artifacts.LENS_METRIC_COLUMNS  # defined by resdyn.artifacts.LensMetrics
 
 
 @torch.no_grad()

@@ -9,15 +9,20 @@ loads through that record, so its provenance names exactly which weights it saw.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from resdyn import io
 
+if TYPE_CHECKING:  # torch is imported where a model is loaded: light jobs never pay for it
+    import torch
+
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")  # names of torch dtypes (torch.float32, …)
+#: Driver files / device nodes without which torch can see no GPU (NVIDIA, ROCm, WSL2).
+GPU_MARKERS = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "config.json")
 TOKENIZER_PATTERNS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "*.model")
 
@@ -39,7 +44,7 @@ def _check_folder(folder: Path, what: str) -> None:
 
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(path), framework="pt") as f:
+            with safe_open(str(path), framework="numpy") as f:  # header only: no torch needed
                 f.keys()
         except Exception as err:  # safetensors raises its own SafetensorError
             raise ValueError(f"checkpoint {what}: {path} is not a readable safetensors file ({err})") from err
@@ -100,13 +105,38 @@ def resolve_checkpoint(spec: dict) -> dict:
     }
 
 
-def pick_device(device: str) -> torch.device:
-    """``auto`` → CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, answered without importing torch where no GPU driver exists.
+
+    Without any :data:`GPU_MARKERS` path CUDA cannot initialise, so the answer is False and the
+    seconds of ``import torch`` are saved; otherwise torch is asked.
+    """
+    if not any(os.path.exists(p) for p in GPU_MARKERS):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name(device: str) -> str:
+    """The config ``device`` resolved to ``"cuda"`` or ``"cpu"``, without torch where it can be.
+
+    ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"``; ``cuda`` without a GPU is
+    an error; anything else (``cpu``, ``cuda:1``) is returned unchanged. For the numpy jobs
+    whose device switch is :func:`resdyn.linalg.on_cuda` (a string suffices there).
+    """
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
         raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    return torch.device(device)
+    return device
+
+
+def pick_device(device: str) -> torch.device:
+    """:func:`device_name` as a ``torch.device``: ``auto`` → CUDA when available, else CPU."""
+    import torch
+
+    return torch.device(device_name(device))
 
 
 def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
@@ -117,7 +147,11 @@ def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
     whole model (this needs the ``accelerate`` package). On the CPU the weights are on the host
     anyway. Safetensors are required when the folder has them (never the pickled .bin files).
     """
-    kwargs: dict = {"dtype": DTYPES[dtype], "attn_implementation": "eager"}
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"checkpoint dtype {dtype!r}; allowed: {DTYPES}")
+    kwargs: dict = {"dtype": getattr(torch, dtype), "attn_implementation": "eager"}
     if device.type != "cpu":
         kwargs["device_map"] = str(device) if device.index is not None else f"{device.type}:0"
     if any(Path(folder).glob("*.safetensors")):

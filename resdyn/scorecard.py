@@ -47,15 +47,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.signal import find_peaks
 
+from resdyn import artifacts
 from resdyn import bootstrap as bs
-from resdyn import io
 
 __all__ = [
     "CLAIMS",
@@ -64,7 +62,6 @@ __all__ = [
     "STUDY_VALUES",
     "VERDICTS",
     "scorecard",
-    "scorecard_from_files",
     "paired_difference_ci",
     "scaling_group",
 ]
@@ -103,10 +100,7 @@ STUDY_VALUES: dict[str, str] = {
     "coupling_grows": "OLMo 3 7B: 0 / 14 / 24 significant boundaries (step 0 / 471k / 1.41M)",
     "phase2_width_grows": "phase-2 slope 0.6–1.0 layers per layer (phase-1 slope ≤ 0.26)",
 }
-SCORECARD_COLUMNS = [
-    "claim_id", "claim", "statistic", "value", "ci_low", "ci_high", "ci_source", "study_value",
-    "verdict", "reason", "detail", "ckpts",
-]
+SCORECARD_COLUMNS = artifacts.SCORECARD_COLUMNS  # defined by resdyn.artifacts.ScorecardTable
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,6 +363,8 @@ def _claim_phases(phases: Mapping[str, Any] | None, lens_ckpt: str) -> dict:
     b1, peak, b2 = int(phases["b1"]), int(phases["peak"]), int(phases["b2"])
     span = float(np.ptp(smoothed)) if smoothed.size else 0.0
     padded = np.concatenate([[-np.inf], smoothed, [-np.inf]])  # count a maximum at either end too
+    from scipy.signal import find_peaks  # 1-2 s of import: only this function needs it
+
     n_peaks = len(find_peaks(padded, prominence=max(PEAK_PROMINENCE * span, 1e-300))[0]) if smoothed.size else 0
     detail = (f"n = {n} points, b1 = {b1}, peak = {peak}, b2 = {b2}, knees found: b1 {phases.get('b1_found')}, "
               f"b2 {phases.get('b2_found')}, k = {phases.get('k')}")
@@ -518,31 +514,3 @@ def scorecard(
                  reason=f"study {CLAIM_STUDY[row['claim_id']]} is not run (config studies: {ran})")
             for row in rows]
     return pd.DataFrame(rows, columns=SCORECARD_COLUMNS)
-
-
-def scorecard_from_files(
-    checkpoints: str | Path | None,
-    ckpt_order: Sequence[str],
-    schur_final: str | Path | None = None,
-    phases: str | Path | None = None,
-    lens_metrics: str | Path | None = None,
-    phase_widths: str | Path | None = None,
-    group: str | None = None,
-    bootstrap: Mapping[str, str | Path] | None = None,
-    replicates: Mapping[str, str | Path] | None = None,
-    complex_tol: float = 1e-6,
-    level: float = 0.95,
-    lens_ckpt: str | None = None,
-    studies: Sequence[str] = ("A", "B"),
-) -> pd.DataFrame:
-    """:func:`scorecard` from file paths (None: that input is absent)."""
-    def tsv(p):
-        return None if p is None else io.read_tsv(p)
-
-    return scorecard(
-        tsv(checkpoints), ckpt_order, tsv(schur_final), None if phases is None else io.read_json(phases),
-        tsv(lens_metrics), tsv(phase_widths), group,
-        {c: io.read_tsv(p) for c, p in (bootstrap or {}).items()},
-        {c: io.read_tsv(p) for c, p in (replicates or {}).items()},
-        complex_tol, level, lens_ckpt, studies,
-    )

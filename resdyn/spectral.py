@@ -21,16 +21,14 @@ Numerical notes
 Tables
 ------
 :func:`spectra_table` builds ``spectra.tsv`` (one row per sublayer, columns from
-:func:`sublayer_metrics`) and the arrays of ``spectra.h5`` (:func:`write_spectra_h5`);
+:func:`sublayer_metrics`) and the arrays of ``spectra.h5`` (:class:`resdyn.artifacts.SpectraArrays`);
 :func:`bottleneck_table` builds ``bottleneck.tsv`` (cumulative-product ranks along depth);
 :func:`checkpoint_table` stacks both across training checkpoints.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +36,7 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
-from resdyn.io import PathLike, atomic_path
+from resdyn.io import PathLike
 from resdyn.linalg import (
     NormalisedProduct,
     as_square,
@@ -59,7 +57,6 @@ __all__ = [
     "KINDS",
     "DEFAULT_TOLERANCES",
     "CHECKPOINT_METRICS",
-    "SPECTRA_H5_SCHEMA",
     "henrici_departure",
     "nonnormal_norm",
     "complex_fraction",
@@ -78,7 +75,6 @@ __all__ = [
     "spectra_table",
     "bottleneck_table",
     "checkpoint_table",
-    "write_spectra_h5",
     "read_spectra_h5",
     "sublayer_index",
     "group_name",
@@ -98,8 +94,6 @@ OPERATOR_KINDS: tuple[str, ...] = (*KINDS, LAYER_KIND)
 #: Default tolerances of the complex fraction reported by :func:`sublayer_metrics`.
 DEFAULT_TOLERANCES: tuple[float, ...] = (1e-9, 1e-6, 1e-3)
 
-SPECTRA_H5_SCHEMA = "resdyn.spectra/1"
-_GROUP_RE = re.compile(r"^L(\d{3,})_(attn|mlp|layer)$")
 
 # A sublayer's Jacobian may be given as an array or as a zero-argument callable returning one,
 # so table builders can load large Jacobians one at a time.
@@ -655,7 +649,7 @@ def spectra_table(
         (table, arrays): table has one row per sublayer ordered by s = 2L (attn), 2L+1 (mlp),
         columns ``layer, kind, s`` then the :func:`sublayer_metrics` keys; arrays maps
         ``L{layer:03d}_{kind}`` to {``eigenvalues`` (d,) complex128, ``singular_values`` (d,),
-        ``singular_values_JmI`` (d,)} for :func:`write_spectra_h5`.
+        ``singular_values_JmI`` (d,)} for :class:`resdyn.artifacts.SpectraArrays`.
     Example:
         >>> df, arr = spectra_table({(0, "mlp"): np.eye(2), (0, "attn"): 2 * np.eye(2)})
         >>> df[["layer", "kind", "s", "erank_J"]].values.tolist(), sorted(arr)
@@ -799,94 +793,11 @@ def checkpoint_table(
 
 
 # --------------------------------------------------------------------------------------------
-# HDF5
-
-
-def _attr_value(v: Any) -> Any:
-    if isinstance(v, (str, bytes, bool, int, float, np.integer, np.floating, np.bool_)):
-        return v
-    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
-        return v
-    return json.dumps(v, default=str)
-
-
-def write_spectra_h5(
-    arrays: Mapping[str, Mapping[str, np.ndarray]], path: PathLike, attrs: Mapping[str, Any] | None = None
-) -> None:
-    """Write ``spectra.h5`` atomically (:func:`resdyn.io.atomic_path`).
-
-    Schema ``resdyn.spectra/1``:
-
-    * root attrs: ``schema`` = "resdyn.spectra/1", plus ``attrs`` (provenance; scalars as is,
-      anything else JSON-encoded as a string);
-    * one group per sublayer ``L{layer:03d}_{kind}`` (kind 'attn' or 'mlp') with attrs
-      ``layer``, ``kind``, ``s`` (= 2·layer + [kind == 'mlp']) and datasets
-      ``eigenvalues`` (d,) complex128 sorted by descending |λ|, ``singular_values`` (d,) float64
-      and ``singular_values_JmI`` (d,) float64 (of J − I), both descending.
-
-    Args:
-        arrays: {group name: {dataset name: array}}, as returned by :func:`spectra_table`.
-        path: destination (.h5).
-        attrs: root attributes (provenance).
-    Example:
-        >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "spectra.h5")
-        >>> _, arr = spectra_table({(0, "attn"): np.eye(2)})
-        >>> write_spectra_h5(arr, path, {"model": "zoo-8"})
-        >>> read_spectra_h5(path)[0]["L000_attn"]["singular_values"].tolist()
-        [1.0, 1.0]
-    """
-    import h5py
-
-    if not isinstance(arrays, Mapping) or len(arrays) == 0:
-        raise ValueError("arrays must be a non-empty mapping {'L000_attn': {dataset: array}, ...}")
-    required = {"eigenvalues": np.complex128, "singular_values": np.float64, "singular_values_JmI": np.float64}
-    checked = {}
-    for name, group in arrays.items():
-        m = _GROUP_RE.match(str(name))
-        if not m:
-            raise ValueError(f"group name {name!r} is not of the form L{{layer:03d}}_{{attn|mlp}}")
-        missing = [k for k in required if k not in group]
-        if missing:
-            raise ValueError(f"arrays[{name!r}] lacks datasets {missing}; required: {list(required)}")
-        ds = {}
-        for k, dtype in required.items():
-            v = np.asarray(group[k])
-            if v.ndim != 1:
-                raise ValueError(f"arrays[{name!r}][{k!r}] must be 1-D, got shape {v.shape}")
-            ds[k] = v.astype(dtype)
-        layer, kind = int(m.group(1)), m.group(2)
-        checked[str(name)] = (layer, kind, ds)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for k, v in (attrs or {}).items():
-            f.attrs[str(k)] = _attr_value(v)
-        f.attrs["schema"] = SPECTRA_H5_SCHEMA  # last: provenance attrs may carry an upstream schema
-        for name, (layer, kind, ds) in checked.items():
-            g = f.create_group(name)
-            g.attrs["layer"] = layer
-            g.attrs["kind"] = kind
-            g.attrs["s"] = sublayer_index(layer, kind)
-            for k, v in ds.items():
-                g.create_dataset(k, data=v)
+# HDF5: the file format lives in resdyn.artifacts.SpectraArrays
 
 
 def read_spectra_h5(path: PathLike) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-    """Read ``spectra.h5`` written by :func:`write_spectra_h5`.
+    """Read ``spectra.h5``: kept for ``workflow/scripts/figure.py``; use :meth:`resdyn.artifacts.SpectraArrays.read`."""
+    from resdyn.artifacts import SpectraArrays
 
-    Returns:
-        (arrays, attrs): {group: {dataset: array}} as given to :func:`write_spectra_h5`, and the
-        root attributes (including ``schema``; JSON-encoded values stay strings).
-    Raises:
-        ValueError: the file's ``schema`` attribute is not ``resdyn.spectra/1``.
-    """
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        schema = f.attrs.get("schema")
-        if isinstance(schema, bytes):
-            schema = schema.decode()
-        if schema != SPECTRA_H5_SCHEMA:
-            raise ValueError(f"{path}: schema {schema!r}, expected {SPECTRA_H5_SCHEMA!r}")
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        arrays = {name: {k: g[k][()] for k in g} for name, g in f.items()}
-    return arrays, attrs
+    return SpectraArrays.read(path)

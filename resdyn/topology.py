@@ -21,12 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import igraph as ig
-import leidenalg
 import numpy as np
 import pandas as pd
-from scipy import sparse, stats
 from scipy.linalg import blas
+
+# igraph, leidenalg and scipy.stats/sparse are imported inside the functions that use them: the
+# light table jobs (checkpoints, coupling) import this module for pandas-only helpers, and these
+# imports cost 3-5 s of start-up per job on a loaded 2-core machine.
 
 __all__ = [
     "BOUNDARY_KIND",
@@ -42,7 +43,7 @@ __all__ = [
     "correlation_matrix",
     "coupling_stats",
     "coupling_table",
-    "coupling_from_files",
+    "coupling_from_tables",
     "coupling_test",
     "participation_coefficient",
     "sign_dependence",
@@ -262,6 +263,7 @@ def correlation_graph(
     ``weight`` = r_ij (signed), and graph attributes ``n_tokens``, ``top_k``, ``min_abs_r``,
     ``n_constant_units``. Peak memory ≈ one d×d float64 (128 MiB at d = 4096) + one token chunk.
     """
+    import igraph as ig
     k = _check_top_k(top_k)
     tau = _check_min_abs_r(min_abs_r)
     R, info = correlation_matrix(X, chunk_size=chunk_size)
@@ -284,6 +286,7 @@ def correlation_graph(
 
 def _edge_arrays(graph: ig.Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, weight) arrays of a weighted undirected graph, validated."""
+    import igraph as ig
     if not isinstance(graph, ig.Graph):
         raise TypeError(f"graph must be an igraph.Graph, got {type(graph).__name__}")
     if graph.is_directed():
@@ -303,6 +306,7 @@ def _edge_arrays(graph: ig.Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _check_labels(graph: ig.Graph, labels: Any) -> np.ndarray:
+    import igraph as ig
     if not isinstance(graph, ig.Graph):
         raise TypeError(f"graph must be an igraph.Graph, got {type(graph).__name__}")
     lab = np.asarray(labels)
@@ -377,6 +381,8 @@ class SignedPartition:
 def _leiden_once(
     n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, gamma: float, seed: int
 ) -> tuple[np.ndarray, float]:
+    import igraph as ig
+    import leidenalg
     pos, neg = w > 0, w < 0
     g_pos = ig.Graph(n=n, edges=np.stack([src[pos], dst[pos]], 1).tolist(), directed=False)
     g_pos.es["weight"] = w[pos].tolist()
@@ -531,6 +537,7 @@ def participation_coefficient(graph: ig.Graph, labels: Any) -> np.ndarray:
     0 when all positive weight stays in one community, and 0 for units without positive edges
     (isolated). Returns float64, shape (d,).
     """
+    from scipy import sparse
     lab = _check_labels(graph, labels)
     n = graph.vcount()
     i, j, w = _positive_arcs(graph, lab)
@@ -607,6 +614,7 @@ def coupling_stats(gains: Any, is_boundary: Any) -> dict[str, Any]:
     given) but still reports the rank statistics. Keys: effect_log_median_ratio,
     rank_biserial, p_value, n_boundary, n_interior, median_boundary, median_interior, reason.
     """
+    from scipy import stats
     g = np.asarray(gains, dtype=np.float64)
     b = np.asarray(is_boundary)
     if g.ndim != 1:
@@ -666,6 +674,7 @@ def bh_fdr(p_values: Any) -> np.ndarray:
     Computed by ``scipy.stats.false_discovery_control(method="bh")``; this wrapper adds the NaN
     handling and the range check.
     """
+    from scipy import stats
     p = np.asarray(p_values, dtype=np.float64)
     flat = p.ravel()
     ok = ~np.isnan(flat)
@@ -763,6 +772,7 @@ def sign_dependence(effects: Any, henrici: Any) -> tuple[float, float]:
     Pairs with a NaN on either side are dropped. Fewer than 3 pairs, or a constant side,
     → (nan, nan).
     """
+    from scipy import stats
     e = np.asarray(effects, dtype=np.float64).ravel()
     h = np.asarray(henrici, dtype=np.float64).ravel()
     if e.shape != h.shape:
@@ -835,22 +845,8 @@ def analyse_boundary(
     return units, summary
 
 
-def _read_communities(communities: Any) -> pd.DataFrame:
-    if isinstance(communities, pd.DataFrame):
-        return communities
-    from pathlib import Path
-
-    from resdyn import io as rio
-
-    folder = Path(communities)
-    files = sorted(folder.glob("layer*.tsv"))
-    if not files:
-        raise FileNotFoundError(f"no layer*.tsv community tables in {folder}")
-    return pd.concat([rio.read_tsv(f) for f in files], ignore_index=True)
-
-
-def coupling_from_files(
-    communities: Any,
+def coupling_from_tables(
+    communities: pd.DataFrame,
     jacobians: Mapping[tuple[int, str], Any],
     spectra: pd.DataFrame,
     gain: str = "J",
@@ -858,8 +854,8 @@ def coupling_from_files(
 ) -> pd.DataFrame:
     """``coupling.tsv`` of one checkpoint: boundary-vs-interior gain per residual boundary.
 
-    ``communities``: the communities folder (``layer*.tsv``, columns ``layer, boundary, unit,
-    is_boundary`` …) or that table. ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
+    ``communities``: the partitions of all layers (columns ``layer, boundary, unit,
+    is_boundary`` …; :meth:`resdyn.artifacts.CommunityPartitions.read_folder`). ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
     zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'), ``pre_mlp``
     uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn`` (h_L, its
     only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
@@ -872,7 +868,7 @@ def coupling_from_files(
     """
     if gain not in GAINS:
         raise ValueError(f"gain must be one of {GAINS}, got {gain!r}")
-    table = _read_communities(communities)
+    table = communities
     need = {"layer", "boundary", "unit", "is_boundary"}
     if not need <= set(table.columns):
         raise ValueError(f"community table lacks columns {sorted(need - set(table.columns))}")

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from resdyn import config as rc
+from resdyn.plots import catalogue as figs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,28 +181,30 @@ def test_one_report_category_per_stage():
 
     rules = "".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
     used = set(re.findall(r'\bcategory="([^"]+)"', rules))
-    used |= {rc.figure_category(f) for f in [*rc.CKPT_FIGURES, *rc.MODEL_FIGURES, "scaling"]}
-    assert used == {"Zoo", "Study A", "Study B", "Beyond the studies", "Scorecard"}
+    used |= {f.category for f in figs.FIGURES}
+    assert used == {*figs.CATEGORIES, "Scorecard"}
 
 
 def test_study_switch_defaults_to_both_and_guards_figures():
     cfg = rc.validate_config(_load("configs/smoke.yaml"))
     assert cfg["studies"] == ["A", "B"] and rc.runs(cfg, "A", "B")
-    rc.require_studies(cfg, "bridge")  # both run: no error
+    figs.require_studies(cfg, "bridge")  # both run: no error
     only_a = _load("configs/smoke.yaml") | {"studies": ["A"]}
     only_a["jacobian"]["store_first_n"] = 2
     only_a = rc.validate_config(only_a)
     assert rc.runs(only_a, "A") and not rc.runs(only_a, "B") and not rc.runs(only_a, "A", "B")
-    rc.require_studies(only_a, "funnel")
-    rc.require_studies(only_a, "training")  # needs no study
-    for figure in ("rss", "bridge", "scaling"):
+    figs.require_studies(only_a, "funnel")
+    figs.require_studies(only_a, "training")  # needs no study
+    for figure in ("rss", "bridge", "phase_widths"):
         with pytest.raises(rc.ConfigError) as err:
-            rc.require_studies(only_a, figure)
+            figs.require_studies(only_a, figure)
         message = str(err.value)
         assert "\n" not in message and "'studies'" in message and "['A']" in message and repr(figure) in message
     # Study B alone needs no per-sample Jacobians: the bootstrap's store_first_n check is A's
     only_b = _load("configs/smoke.yaml") | {"studies": ["B"]}
     only_b["jacobian"] = {"store_first_n": 0}
     rc.validate_config(only_b)
-    # every figure is mapped to the studies it needs
-    assert set(rc.FIGURE_STUDIES) == {*rc.CKPT_FIGURES, *rc.MODEL_FIGURES, "scaling"}
+    # the figures a study-A-only run draws are exactly those needing A or nothing
+    assert {f.name for f in figs.FIGURES if figs.enabled(only_a, f)} == {
+        "training", "eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici",
+        "checkpoints", "significant", "uncertainty"}

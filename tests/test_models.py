@@ -106,6 +106,20 @@ def test_pick_device():
             models.pick_device("cuda")
 
 
+def test_device_name_agrees_with_torch_and_skips_it_without_a_gpu_driver(monkeypatch):
+    # oracle: torch's own answer on this machine
+    assert models.device_name("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert models.cuda_available() == torch.cuda.is_available()
+    assert models.device_name("cpu") == "cpu" and models.device_name("cuda:1") == "cuda:1"
+    assert models.pick_device("auto") == torch.device(models.device_name("auto"))
+    # no driver file: CPU, and `cuda` is refused, without asking torch
+    monkeypatch.setattr(models, "GPU_MARKERS", ("/nonexistent/nvidiactl",))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch was asked"))
+    assert models.device_name("auto") == "cpu"
+    with pytest.raises(RuntimeError, match="config device: 'cuda' but no CUDA device"):
+        models.device_name("cuda")
+
+
 def test_zoo_model_families_and_determinism():
     arch = zoo.Architecture("olmo2", 2, 32, 4, 2, 64, 64)
     a, b = zoo.build_model(arch, 100, seed=1), zoo.build_model(arch, 100, seed=1)

@@ -78,7 +78,7 @@ def test_activations_and_coupling_use_the_single_boundary(parallel_files, tmp_pa
     units, _ = topology.analyse_boundary(X.reshape(-1, D), top_k=4, seed=0)
     table = units.assign(layer=1, boundary="pre_attn")
     spectra_tsv, _ = spectral.spectra_table(loaders)
-    out = topology.coupling_from_files(table, loaders, spectra_tsv)
+    out = topology.coupling_from_tables(table, loaders, spectra_tsv)
     assert out["kind"].tolist() == ["layer"] and out["s"].tolist() == [2]
     gains = topology.unit_gains(loaders[(1, "layer")]())  # columns of I + J_A + J_F
     is_b = table["is_boundary"].astype(str).str.lower().isin(["true", "1"]).to_numpy()

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib as mpl
 import numpy as np
@@ -15,7 +17,12 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from resdyn import plots, provenance
+from resdyn import provenance
+from resdyn.plots import bridge, catalogue, common, render, study_a_spectra, study_a_topology, study_b, style, zoo
+
+# One namespace over the figure modules (the tests below predate the split of resdyn/plots.py).
+plots = SimpleNamespace(**{k: v for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge)
+                           for k, v in vars(m).items() if not k.startswith("__")})
 
 # ------------------------------------------------------------------------------- helpers
 
@@ -477,6 +484,28 @@ def test_phase_width_scaling_fits_and_too_few_depths():
 # one row and NaN: every function draws without crashing ------------------------------------
 
 
+def bridge_df(n: int = 5) -> pd.DataFrame:
+    L = np.arange(n)
+    return pd.DataFrame({"layer": L, "rss": 0.9 - 0.05 * L, "transport": 0.6 + 0.02 * L, "random_mean": 0.25 + 0 * L,
+                         "random_sd": 0.05 + 0 * L, "chance": 0.25 + 0 * L, "complex_frac_attn": 0.1 * L,
+                         "complex_frac_mlp": 0.05 * L, "henrici_attn": 0.3 + 0.01 * L, "henrici_mlp": 0.4 + 0 * L,
+                         "cum_erank": 30.0 - 2 * L})
+
+
+def causal_df(n: int = 4) -> pd.DataFrame:
+    rows = [{"layer": L, "intervention": iv, "kl": 0.5 + L, "flip_rate": 0.1 * L, "random_kl_mean": 0.2 + 0.1 * L,
+             "random_kl_sd": 0.05, "random_flip_mean": 0.02 * L} for iv in ("project", "patch") for L in range(n)]
+    return pd.DataFrame(rows)
+
+
+def bootstrap_df(n: int = 4) -> pd.DataFrame:
+    rows = [{"metric": m, "s": s, "estimate": 0.5 + 0.1 * s, "ci_low": 0.4 + 0.1 * s, "ci_high": 0.6 + 0.1 * s,
+             "level": 0.95} for m in ("henrici", "complex_frac") for s in range(n)]
+    rows.append({"metric": "cum_erank_final", "s": np.nan, "estimate": 3.0, "ci_low": 2.5, "ci_high": 3.5,
+                 "level": 0.95})
+    return pd.DataFrame(rows)
+
+
 def _one_row_cases():
     return {
         "training_curve": lambda: plots.training_curve(training_df(1), "m"),
@@ -494,6 +523,9 @@ def _one_row_cases():
         "resolution_frontier": lambda: plots.resolution_frontier(resolution_df().head(1), "m"),
         "phase_metric_profiles": lambda: plots.phase_metric_profiles(geometry_df().head(1), PHASES, ["hidden_erank"], "m"),
         "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df().head(1), fits_df().head(1), "m"),
+        "bridge_profiles": lambda: plots.bridge_profiles(bridge_df(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
+        "causal_effects": lambda: plots.causal_effects(causal_df(1), "m"),
+        "uncertainty_bands": lambda: plots.uncertainty_bands(bootstrap_df(1), "m"),
     }
 
 
@@ -528,6 +560,9 @@ def _nan_cases():
         "phase_metric_profiles": lambda: plots.phase_metric_profiles(
             _nan(geometry_df()), {"b1": np.nan, "b2": 3, "peak": None, "reason": "x"}, ["norm_ratio"], "m"),
         "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df(), _nan(fits_df()), "m"),
+        "bridge_profiles": lambda: plots.bridge_profiles(_nan(bridge_df()), PHASES, "m"),
+        "causal_effects": lambda: plots.causal_effects(_nan(causal_df()), "m"),
+        "uncertainty_bands": lambda: plots.uncertainty_bands(_nan(bootstrap_df(), keep=("s",)), "m"),
     }
 
 
@@ -547,7 +582,7 @@ def test_nan_inputs(name):
 
 
 def test_every_figure_function_is_covered():
-    public = {n for n in plots.__all__ if callable(getattr(plots, n)) and n != "save_figure"}
+    public = {f.function for f in catalogue.FIGURES}
     assert public == set(_one_row_cases()) == set(_nan_cases())
 
 
@@ -620,7 +655,7 @@ def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
     # the sidecar a rule writes with resdyn.io holds the same record
     from resdyn import io as rio
 
-    rio.write_json(PROV, rio.prov_path(png))
+    rio.write_json(PROV, rio.prov_path(png), nan_as_null=("bad",))  # io refuses NaN unless declared
     assert provenance.read(png) == PROV_JSON
     rio.prov_path(png).unlink()
     raw = pdf.read_bytes()
@@ -691,3 +726,129 @@ def test_style_constants_are_seaborns_and_plots_import_neither_seaborn_nor_scipy
     code = "import sys, resdyn.plots; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('seaborn', 'scipy', 'torch')); print(bad[:5]); sys.exit(1 if bad else 0)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ------------------------------------------------------------------ catalogue and render cache
+
+FIGURE_MODULES = (bridge, study_a_spectra, study_a_topology, study_b, zoo)
+
+
+def test_catalogue_names_existing_functions_and_every_figure_module():
+    for spec in catalogue.FIGURES:
+        fn = render.plot_function(spec.plot)
+        assert callable(fn) and fn.__module__ == spec.module, spec.name
+    assert {f.module for f in catalogue.FIGURES} == {m.__name__ for m in FIGURE_MODULES}
+    # the figure script imports every figure module statically: its rule's code version covers them
+    from resdyn import codeversion
+
+    closure = codeversion.import_closure(Path(__file__).parent.parent / "workflow" / "scripts" / "figure.py")
+    assert {f.module for f in catalogue.FIGURES} | {catalogue.RENDER_MODULE} <= closure
+    with pytest.raises(ValueError, match="unknown figure 'nope'; known: training"):
+        catalogue.by_name("nope")
+
+
+def test_catalogue_paths_and_study_filter():
+    spec = catalogue.by_name("rss")
+    assert catalogue.output_path(spec, model="m", ckpt="c") == "results/figures/m/c/rss.png"
+    assert catalogue.output_path(spec, "pdf") == "results/figures/{model}/{ckpt}/rss.pdf"
+    assert catalogue.input_paths(spec, model="m", ckpt="c") == ["results/m/c/rss.tsv", "results/m/c/phases.json"]
+    assert catalogue.output_path(catalogue.by_name("phase_widths")) == "results/figures/scaling/phase_widths.png"
+    only_b = {"studies": ["B"]}
+    assert [f.name for f in catalogue.of_scope("lens", only_b)] == ["lens", "rss", "resolution", "phase_metrics",
+                                                                   "causal"]
+    assert catalogue.of_scope("ckpt", only_b) == ()
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    import shutil
+
+    pkg = tmp_path / "resdyn"
+    shutil.copytree(Path(catalogue.__file__).parent.parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return pkg
+
+
+def _versions(pkg: Path) -> dict[str, str]:
+    return {f.name: catalogue.figure_code_version(f.name, pkg) for f in catalogue.FIGURES}
+
+
+def _append_to_function(path: Path, function: str, line: str) -> None:
+    import ast
+
+    text = path.read_text().splitlines(keepends=True)
+    node = next(n for n in ast.parse("".join(text)).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    text.insert(node.end_lineno, f"    {line}\n")
+    path.write_text("".join(text))
+
+
+def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_path):
+    """The render cache's code key: an edit of funnel() re-renders the funnel only; an edit of a
+    helper of a figure module re-renders that module's figures; one of the shared helpers, all."""
+    pkg = _copy_package(tmp_path)
+    before = _versions(pkg)
+    assert len(set(before.values())) == len(before)  # one version per figure
+    plots_dir = pkg / "plots"
+    _append_to_function(plots_dir / "study_a_spectra.py", "funnel", "x = 1  # unreachable, but code")
+    after = _versions(pkg)
+    assert {n for n in before if before[n] != after[n]} == {"funnel"}
+    # comments and blank lines of the figure's own module do not count
+    (plots_dir / "study_b.py").write_text((plots_dir / "study_b.py").read_text() + "\n# a comment\n")
+    assert _versions(pkg) == after
+    # a module-level helper of study_b: every study_b figure, nothing else
+    (plots_dir / "study_b.py").write_text((plots_dir / "study_b.py").read_text().replace(
+        '_LENS_STYLE = {"tuned": (PALETTE[0], "-", "o")', '_LENS_STYLE = {"tuned": (PALETTE[5], "-", "o")'))
+    edited = _versions(pkg)
+    assert {n for n in after if after[n] != edited[n]} == {
+        f.name for f in catalogue.FIGURES if f.module == "resdyn.plots.study_b"}
+    # the shared helpers, the render module and what they import: every figure
+    for rel in ("plots/common.py", "plots/render.py", "io.py"):
+        (pkg / rel).write_text((pkg / rel).read_text() + "\n# edited\n")
+        now = _versions(pkg)
+        assert all(now[n] != edited[n] for n in now), rel
+        edited = now
+
+
+def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> dict[str, bool]:
+    """What a figure job does (workflow/scripts/figure.py): render funnel and schur; outputs
+    deleted first, as Snakemake does. Returns figure -> drawn (False: restored)."""
+    drawn = {}
+    for name in ("funnel", "schur"):
+        spec = catalogue.by_name(name)
+        png, pdf = work / f"{name}.png", work / f"{name}.pdf"
+        for out in (png, pdf):
+            out.unlink(missing_ok=True)
+        inputs = {str(work / Path(p).name): provenance.hash_path(work / Path(p).name) for p in spec.inputs}
+        version = (code or {}).get(name) or catalogue.figure_code_version(name)
+        drawn[name] = render.render(name, spec.plot, inputs, str(png), str(pdf), f"m · {name}", spec.caption, 60,
+                                    version, {"rule": "figure_ckpt", "start": repr(np.random.rand())}, cache)
+    return drawn
+
+
+def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_path):
+    from resdyn import io as rio
+
+    work, cache = tmp_path / "results" / "figures", tmp_path / "results" / "figures" / ".cache"
+    work.mkdir(parents=True)
+    rio.write_tsv(bottleneck_df(), work / "bottleneck.tsv")
+    rio.write_tsv(schur_df(), work / "schur.tsv")
+    assert _figure_job(work, cache) == {"funnel": True, "schur": True}
+    first = {p.name: p.read_bytes() for p in work.glob("*.p*")}
+    assert len(first) == 4 and all(provenance.read(work / f"{n}.png")["figure"] == n for n in ("funnel", "schur"))
+    # nothing changed: both restored byte for byte (the provenance's start time would differ if drawn)
+    assert _figure_job(work, cache) == {"funnel": False, "schur": False}
+    assert {p.name: p.read_bytes() for p in work.glob("*.p*")} == first
+    # one input table changed: only its figure is drawn again
+    rio.write_tsv(schur_df(alphas=(0.0, 1.0)), work / "schur.tsv")
+    assert _figure_job(work, cache) == {"funnel": False, "schur": True}
+    second = {p.name: p.read_bytes() for p in work.glob("*.p*")}
+    assert second["funnel.png"] == first["funnel.png"] and second["funnel.pdf"] == first["funnel.pdf"]
+    assert second["schur.png"] != first["schur.png"]
+    # one figure's code changed: only it is drawn; the cache keeps one entry per file
+    assert _figure_job(work, cache, {"funnel": "0" * 16}) == {"funnel": True, "schur": False}
+    assert (work / "schur.png").read_bytes() == second["schur.png"]
+    assert sorted(p.name.split(".")[0] for p in cache.rglob("*.p[nd][gf]")) == ["funnel", "funnel", "schur", "schur"]
+    assert [p.parent for p in cache.rglob("*.png")] == [cache] * 2  # entries mirror the folders under results/figures
+    # a cache entry changed after it was stored is not restored: the figure is drawn again
+    entry = next(cache.glob("schur.*.png"))
+    entry.write_bytes(entry.read_bytes() + b"tampered")
+    assert _figure_job(work, cache, {"funnel": "0" * 16}) == {"funnel": False, "schur": True}
+    assert not (work / "schur.png").read_bytes().endswith(b"tampered")

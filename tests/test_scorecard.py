@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from resdyn import bootstrap as bs
-from resdyn import io
 from resdyn import scorecard as sc
 
 COL = "complex_frac_J_tol1e-06"
@@ -211,22 +210,6 @@ def test_interval_from_too_few_samples_is_reported_but_does_not_decide():
     row = t.set_index("claim_id").loc["rotational_gradient"]
     assert (row["ci_low"], row["ci_high"]) == (-0.1, 0.4)
     assert row["verdict"] == "holds" and f"only {n} samples" in row["reason"]
-
-
-def test_from_files_round_trip(tmp_path):
-    ck = checkpoints(("step0", 0.5, 0.5, 31.0, 0), ("step9", 0.9, 0.1, 4.0, 7))
-    io.write_tsv(ck, tmp_path / "checkpoints.tsv")
-    io.write_tsv(schur(4.0, 20.0), tmp_path / "schur.tsv")
-    io.write_json(phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True), tmp_path / "phases.json")
-    io.write_tsv(lens_metrics(0.1, 1.0), tmp_path / "lens_metrics.tsv")
-    io.write_tsv(widths(), tmp_path / "phase_widths.tsv")
-    files = sc.scorecard_from_files(tmp_path / "checkpoints.tsv", ["step0", "step9"], tmp_path / "schur.tsv",
-                                    tmp_path / "phases.json", tmp_path / "lens_metrics.tsv",
-                                    tmp_path / "phase_widths.tsv", "g")
-    direct = sc.scorecard(ck, ["step0", "step9"], schur(4.0, 20.0),
-                          phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True),
-                          lens_metrics(0.1, 1.0), widths(), "g")
-    assert verdicts(files) == verdicts(direct) == {c: "holds" for c in sc.CLAIMS}
 
 
 def test_validation():

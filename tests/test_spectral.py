@@ -420,34 +420,6 @@ def test_spectra_table_order_columns_and_arrays():
         sp.spectra_table({(-1, "attn"): np.eye(2)})
 
 
-def test_write_read_spectra_h5(tmp_path):
-    _, arrays = sp.spectra_table({(0, "attn"): rng(2).standard_normal((5, 5)), (0, "mlp"): np.eye(5)})
-    path = tmp_path / "out" / "spectra.h5"
-    sp.write_spectra_h5(arrays, path, {"model": "zoo-8", "ckpt": "final", "config": {"k": [1, 2]}})
-    assert sorted(p.name for p in path.parent.iterdir()) == ["spectra.h5"]  # no temp left over
-    back, attrs = sp.read_spectra_h5(path)
-    assert attrs["schema"] == "resdyn.spectra/1" and attrs["model"] == "zoo-8"
-    assert attrs["config"] == '{"k": [1, 2]}'
-    for name, ds in arrays.items():
-        for k, v in ds.items():
-            np.testing.assert_array_equal(back[name][k], v)
-    import h5py
-
-    with h5py.File(path) as f:
-        assert (f["L000_mlp"].attrs["layer"], f["L000_mlp"].attrs["s"]) == (0, 1)
-        assert f["L000_mlp"].attrs["kind"] == "mlp"
-        assert f["L000_attn/eigenvalues"].dtype == np.complex128
-    with pytest.raises(ValueError, match="not of the form"):
-        sp.write_spectra_h5({"layer0": arrays["L000_attn"]}, tmp_path / "x.h5")
-    with pytest.raises(ValueError, match="lacks datasets"):
-        sp.write_spectra_h5({"L000_attn": {"eigenvalues": np.ones(2)}}, tmp_path / "x.h5")
-    assert not (tmp_path / "x.h5").exists()
-    with h5py.File(tmp_path / "foreign.h5", "w") as f:
-        f.attrs["schema"] = "something/else"
-    with pytest.raises(ValueError, match="expected 'resdyn.spectra/1'"):
-        sp.read_spectra_h5(tmp_path / "foreign.h5")
-
-
 def test_bottleneck_table():
     g = rng(41)
     mats = [g.standard_normal((7, 7)) for _ in range(4)]

@@ -584,8 +584,8 @@ def test_analyse_boundary(rule):
         T.analyse_boundary(X, top_k=5, boundary_rule="degree")
 
 
-def test_coupling_from_files(tmp_path):
-    from resdyn import io as rio
+def test_coupling_from_tables(tmp_path):
+    from resdyn.artifacts import CommunityPartitions
 
     d = 40
     rng = np.random.default_rng(0)
@@ -605,7 +605,8 @@ def test_coupling_from_files(tmp_path):
             )
             for b in ("pre_attn", "pre_mlp")
         ]
-        rio.write_tsv(pd.concat(rows, ignore_index=True), tmp_path / f"layer{layer:03d}.tsv")
+        CommunityPartitions.write(pd.concat(rows, ignore_index=True), CommunityPartitions.layer_file(tmp_path, layer))
+    parts = CommunityPartitions.read_folder(tmp_path)
     diag_big = np.where(is_b, 3.0, 1.0) * rng.uniform(0.9, 1.1, d)
     jac = {
         (0, "attn"): np.diag(diag_big),  # boundary units amplify
@@ -616,7 +617,7 @@ def test_coupling_from_files(tmp_path):
     spectra = pd.DataFrame(
         {"layer": [0, 0, 1], "kind": ["attn", "mlp", "attn"], "henrici": [0.1, 0.2, 0.3]}
     )
-    df = T.coupling_from_files(tmp_path, jac, spectra, gain="J", q_level=0.05)
+    df = T.coupling_from_tables(parts, jac, spectra, gain="J", q_level=0.05)
     assert df[["layer", "boundary", "s"]].values.tolist() == [
         [0, "pre_attn", 0],
         [0, "pre_mlp", 1],
@@ -626,11 +627,11 @@ def test_coupling_from_files(tmp_path):
     assert df["significant"].tolist() == [True, False, False, True]
     assert df["effect_log_median_ratio"].iloc[0] == pytest.approx(math.log(3), abs=0.15)
     assert df["henrici"].iloc[:3].tolist() == [0.1, 0.2, 0.3] and math.isnan(df["henrici"].iloc[3])
-    jmi = T.coupling_from_files(tmp_path, jac, spectra, gain="J_minus_I")
+    jmi = T.coupling_from_tables(parts, jac, spectra, gain="J_minus_I")
     assert jmi["effect_log_median_ratio"].iloc[2] == pytest.approx(0.0)  # 2I − I: all gains 1
     with pytest.raises(ValueError, match="gain must be one of"):
-        T.coupling_from_files(tmp_path, jac, spectra, gain="JmI")
+        T.coupling_from_tables(parts, jac, spectra, gain="JmI")
     with pytest.raises(ValueError, match=r"no mean Jacobian for sublayer \(1, 'mlp'\)"):
-        T.coupling_from_files(tmp_path, {k: v for k, v in jac.items() if k != (1, "mlp")}, spectra)
-    with pytest.raises(FileNotFoundError, match="layer"):
-        T.coupling_from_files(tmp_path / "missing", jac, spectra)
+        T.coupling_from_tables(parts, {k: v for k, v in jac.items() if k != (1, "mlp")}, spectra)
+    with pytest.raises(ValueError, match="community table lacks columns"):
+        T.coupling_from_tables(parts.drop(columns="is_boundary"), jac, spectra)

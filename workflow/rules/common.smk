@@ -2,6 +2,7 @@
 from resdyn import config as rc
 from resdyn import cost as rcost
 from resdyn.codeversion import script_code_version
+from resdyn.plots import catalogue as figs
 from resdyn.scorecard import scaling_group
 
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
@@ -23,8 +24,10 @@ localrules:
     checkpoints,
     scorecard,
     figure_ckpt,
+    figure_lens,
     figure_model,
-    figure_scaling,
+    figure_zoo,
+    figure_global,
 
 
 ZOO = [m for m in MODELS if config["models"][m]["source"] == "train"]
@@ -114,27 +117,20 @@ def jacobian_blocks(w):
 
 
 def figure_targets():
-    def on(figure):
-        return rc.runs(config, *rc.FIGURE_STUDIES[figure])
-
-    out = ["results/figures/scaling/phase_widths.png"] if on("scaling") else []
+    """Every figure of the catalogue (resdyn.plots.catalogue) whose studies run."""
+    out = []
+    for f in figs.of_scope("global", config):
+        out.append(figs.output_path(f))
     for m in MODELS:
-        figs = ["checkpoints", "significant"] + (["training"] if m in ZOO else [])
-        out += [f"results/figures/{m}/{f}.png" for f in figs if on(f)]
-        lens_ckpts = rc.lens_checkpoints(config, m)
-        for c in ckpts(m):
-            out += [
-                f"results/figures/{m}/{c}/{f}.png"
-                for f in rc.CKPT_FIGURES
-                if on(f) and (f not in rc.LENS_FIGURES or c in lens_ckpts)
-            ]
+        for scope in ["model", "zoo"] if m in ZOO else ["model"]:
+            out += [figs.output_path(f, model=m) for f in figs.of_scope(scope, config)]
+        for scope, cs in (("ckpt", ckpts(m)), ("lens", rc.lens_checkpoints(config, m))):
+            for c in cs:
+                out += [
+                    figs.output_path(f, model=m, ckpt=c)
+                    for f in figs.of_scope(scope, config)
+                ]
     return out
-
-
-def studies_of(figure):
-    """No input: stops (one line) when config key studies leaves out what ``figure`` needs."""
-    rc.require_studies(config, figure)
-    return []
 
 
 def scorecard_inputs(w):
@@ -155,3 +151,59 @@ def scorecard_inputs(w):
         if scaling_group(config, w.model):
             out["phase_widths"] = "results/scaling/phase_widths.tsv"
     return out
+
+
+# --- figures (the catalogue: resdyn/plots/catalogue.py) ---
+
+FIGURE_CACHE = "results/figures/.cache"
+FIGURE_CAPTION = f"{workflow.basedir}/workflow/report/figure.rst"
+FIGURE_WILDCARDS = {
+    "ckpt": ("model", "ckpt"),
+    "lens": ("model", "ckpt"),
+    "model": ("model",),
+    "zoo": ("model",),
+    "global": (),
+}
+
+
+def figure_caption(spec):
+    """The report caption of one figure: workflow/report/figure.rst with the catalogue's text in
+    it, written (when changed) under .snakemake/, since a caption file is one per output.
+    """
+    path = Path(".snakemake/resdyn/captions", f"{spec.name}.rst").resolve()
+    text = Path(FIGURE_CAPTION).read_text().replace("{{ caption }}", spec.caption)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
+def figure_outputs(scope):
+    """Named outputs of a figure job: <name> (PNG, in the report) and <name>_pdf per figure."""
+    out = {}
+    for f in figs.of_scope(scope, config):
+        labels = {w: f"{{{w}}}" for w in FIGURE_WILDCARDS[scope]} | {"figure": f.name}
+        out[f.name] = report(
+            figs.output_path(f),
+            caption=figure_caption(f),
+            category=f.category,
+            subcategory=f.subcategory,
+            labels=labels,
+        )
+        out[f"{f.name}_pdf"] = figs.output_path(f, "pdf")
+    return out
+
+
+def figure_inputs(scope):
+    """Named inputs of a figure job: per figure, the artifacts it reads."""
+
+    def inputs(w):
+        return {
+            f.name: figs.input_paths(f, **dict(w.items()))
+            for f in figs.of_scope(scope, config)
+        }
+
+    return inputs
+
+
+OFF_FIGURES = [f.name for f in figs.FIGURES if not figs.enabled(config, f)]

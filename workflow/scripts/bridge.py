@@ -1,16 +1,18 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import bridge, io, jacobian, lens, provenance, readout
+from resdyn import artifacts, bridge, phases, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
-    translators = lens.read_translator_matrices(snakemake.input.lens)
+    jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
+    cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
+    translators = readout.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
-        jacobians, translators, io.read_tsv(snakemake.input.spectra), io.read_tsv(snakemake.input.bottleneck),
-        io.read_tsv(snakemake.input.rss), io.read_json(snakemake.input.phases),
+        jacobians, translators, artifacts.SpectraTable.read(snakemake.input.spectra),
+        artifacts.BottleneckTable.read(snakemake.input.bottleneck), artifacts.RssProfile.read(snakemake.input.rss),
+        cuts.to_json(),
         k=readout.k_from_fraction(translators[0].shape[0], p.k_fraction),
         n_random=p.n_random, seed=p.seed, complex_tol=p.complex_tol,
     )
-    io.write_tsv(table, snakemake.output.table)
-    io.write_tsv(alignment, snakemake.output.alignment)
+    artifacts.BridgeTable.write(table, snakemake.output.table)
+    artifacts.BridgeAlignment.write(alignment, snakemake.output.alignment)

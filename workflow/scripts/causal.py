@@ -1,16 +1,16 @@
 """Causal test: project off / patch each layer's readout subspace and rerun the model, vs random subspaces."""
 
-from resdyn import arch, causal, data, io, lens, models, provenance, readout
+from resdyn import arch, artifacts, causal, lens, models, phases, provenance, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    model, _ = models.load_model(io.read_json(snakemake.input.ckpt), p.device)
+    model, _ = models.load_model(artifacts.CheckpointRecord.read(snakemake.input.ckpt), p.device)
     fitted = lens.Lens.load(snakemake.input.lens, model)
-    ids, _, _ = data.read_samples(snakemake.input.samples)
+    ids, _, _ = artifacts.Samples.read(snakemake.input.samples)
+    cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
     translators = [fitted.translator_matrix(L) for L in range(fitted.n_layers)]
     table = causal.causal_table(
         model, ids[: p.n_samples], translators, k=readout.k_from_fraction(arch.hidden_size(model), p.k_fraction),
-        n_random=p.n_random, seed=p.seed, phases=io.read_json(snakemake.input.phases),
+        n_random=p.n_random, seed=p.seed, phases=cuts.to_json(),
     )
-    # the last layer lies outside the cut RSS profile: it has no phase label
-    io.write_tsv(table, snakemake.output[0], allow_nan=("phase",))
+    artifacts.CausalTable.write(table, snakemake.output[0])

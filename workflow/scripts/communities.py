@@ -4,21 +4,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from resdyn import activations, io, provenance, topology
+from resdyn import artifacts, provenance, topology
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     out, summaries = Path(snakemake.output.folder), []
-    for path in sorted(Path(snakemake.input[0]).glob("layer*.h5")):
+    for path in artifacts.Activations.layer_files(snakemake.input[0]):
         layer = int(path.stem.removeprefix("layer"))
         tables = []
-        for boundary in activations.boundaries(path):
-            X = activations.read_boundary(path, boundary)
+        for boundary in artifacts.Activations.boundaries(path):
+            X = artifacts.Activations.read_boundary(path, boundary)
             units, summary = topology.analyse_boundary(
                 X.reshape(-1, X.shape[-1]), top_k=p.top_k, min_abs_r=p.min_abs_r, resolution=p.resolution,
                 seed=p.seed, boundary_rule=p.boundary_rule, participation_quantile=p.participation_quantile,
             )
             tables.append(units.assign(layer=layer, boundary=boundary))
             summaries.append({"layer": layer, "boundary": boundary, **summary})
-        io.write_tsv(pd.concat(tables, ignore_index=True), out / f"layer{layer:03d}.tsv")
-    io.write_tsv(pd.DataFrame(summaries), snakemake.output.summary)
+        artifacts.CommunityPartitions.write(pd.concat(tables, ignore_index=True),
+                                            artifacts.CommunityPartitions.layer_file(out, layer))
+    artifacts.CommunitiesSummary.write(pd.DataFrame(summaries), snakemake.output.summary)

@@ -1,11 +1,11 @@
 """Load a dataset's documents and split them into train / held-out (seeded, whole documents)."""
 
-from resdyn import data, provenance
+from resdyn import artifacts, data, provenance
 
 with provenance.step(snakemake) as step:
     spec = snakemake.params.spec
     docs = data.load_documents(spec, name=snakemake.wildcards.dataset)
     train, heldout = data.split_documents(docs, spec["heldout_fraction"], spec["seed"])
     step.extra["dataset"] = {"name": snakemake.wildcards.dataset, **spec}
-    data.write_documents(train, snakemake.output.train)
-    data.write_documents(heldout, snakemake.output.heldout)
+    artifacts.Corpus.write(train, snakemake.output.train)
+    artifacts.Corpus.write(heldout, snakemake.output.heldout)

@@ -1,24 +1,31 @@
-"""Draw one figure from its input tables with resdyn.plots; PNG + PDF with provenance embedded."""
+"""Draw the figures of one scope instance (a checkpoint, a model, the run) from the catalogue.
 
-from pathlib import Path
+Each figure: PNG + PDF with its own provenance embedded; unchanged ones come back from the render
+cache (resdyn.plots.render), so only figures whose inputs, params or code changed are redrawn.
+"""
 
-from resdyn import io, plots, provenance
+import logging
 
+from resdyn import provenance
+from resdyn.plots import catalogue, render
 
-def load(path):
-    suffix = Path(path).suffix
-    if suffix == ".tsv":
-        return io.read_tsv(path)
-    if suffix == ".json":
-        return io.read_json(path)
-    if suffix == ".h5":
-        from resdyn import spectral  # only the eigenvalue figure reads HDF5: scipy stays unimported
-
-        return spectral.read_spectra_h5(path)[0]
-    raise ValueError(f"figure input {path}: unsupported type {suffix}")
-
+# Every figure module, imported here so that the rule's code version covers them (render
+# reaches them by name).
+from resdyn.plots import bridge, study_a_spectra, study_a_topology, study_b, zoo  # noqa: F401
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    fig = getattr(plots, p.plot)(*[load(f) for f in snakemake.input], title=p.title)
-    plots.save_figure(fig, snakemake.output.png, snakemake.output.pdf, step.provenance(), dpi=p.dpi)
+    log = logging.getLogger(f"resdyn.rule.{snakemake.rule}")
+    base = step.provenance()
+    for spec in catalogue.of_scope(p.scope):
+        if spec.name not in snakemake.output.keys():
+            continue  # its study is switched off (config key studies)
+        inputs = snakemake.input[spec.name]
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        png, pdf = snakemake.output[spec.name], snakemake.output[f"{spec.name}_pdf"]
+        code = catalogue.figure_code_version(spec.name)
+        prov = {**base, "inputs": {i: step.input_hashes[i] for i in inputs}, "outputs": {png: None, pdf: None},
+                "params": {**base["params"], "figure": spec.name, "plot": spec.plot, "caption": spec.caption}}
+        drawn = render.render(spec.name, spec.plot, prov["inputs"], png, pdf, f"{p.title} · {spec.name}",
+                              spec.caption, p.dpi, code, prov, p.cache)
+        log.info("%s %s", "drew" if drawn else "restored unchanged", spec.name)

@@ -3,13 +3,13 @@
 import shutil
 from pathlib import Path
 
-from resdyn import config, data, io, jacobian, models, provenance
+from resdyn import artifacts, config, jacobian, models, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    record = io.read_json(snakemake.input.ckpt)
+    record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)
-    ids, sample_ids, sattrs = data.read_samples(snakemake.input.samples)
+    ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)
     layers = config.block_layers(snakemake.wildcards.block)
     out = Path(snakemake.output[0])
     # Files and resumable partial sums are written to a staging folder beside the declared

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from resdyn import data, io, lens, lens_import, models, provenance
+from resdyn import artifacts, lens, lens_import, models, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    record = io.read_json(snakemake.input.ckpt)
+    record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)
     meta = dict(model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
                 model_hash=record["content_hash"])
@@ -15,7 +15,7 @@ with provenance.step(snakemake) as step:
         folder = lens_import.fetch_tuned_lens(p.source["path"], p.source["repo"], p.source["revision"], p.source["repo_type"])
         fitted = lens_import.import_tuned_lens(folder, model, source=p.source, meta=meta)
     else:
-        ids, _, sattrs = data.read_samples(snakemake.input.tokens)
+        ids, _, sattrs = artifacts.Samples.read(snakemake.input.tokens)
         opts = dict(p.options)
         opts["warmup_steps"] = opts.pop("warmup")
         batch = max(1, opts["tokens_per_step"] // ids.shape[1])

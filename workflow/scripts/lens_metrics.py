@@ -1,10 +1,10 @@
 """KL, cross-entropy, Hit@1/Hit@5 per layer for the tuned lens and the logit lens (held-out samples)."""
 
-from resdyn import data, io, lens, models, provenance
+from resdyn import artifacts, lens, models, provenance
 
 with provenance.step(snakemake) as step:
-    record = io.read_json(snakemake.input.ckpt)
+    record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, snakemake.params.device)
     fitted = lens.Lens.load(snakemake.input.lens, model)
-    ids, _, _ = data.read_samples(snakemake.input.samples)
-    io.write_tsv(lens.lens_metrics(model, fitted, lens.token_batches(ids, 16)), snakemake.output[0])
+    ids, _, _ = artifacts.Samples.read(snakemake.input.samples)
+    artifacts.LensMetrics.write(lens.lens_metrics(model, fitted, lens.token_batches(ids, 16)), snakemake.output[0])

@@ -1,7 +1,7 @@
 """Resolution sweep over k: energy(k), visibility(k) and the Pareto frontier."""
 
-from resdyn import io, lens, provenance, readout
+from resdyn import artifacts, provenance, readout
 
 with provenance.step(snakemake) as step:
-    translators = lens.read_translator_matrices(snakemake.input[0])
-    io.write_tsv(readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0])
+    translators = readout.read_translator_matrices(snakemake.input[0])
+    artifacts.ResolutionTable.write(readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0])

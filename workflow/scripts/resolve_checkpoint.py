@@ -1,6 +1,6 @@
 """Resolve a checkpoint (hub snapshot, local folder or zoo weights) and record its content hash."""
 
-from resdyn import io, models, provenance
+from resdyn import artifacts, models, provenance
 
 with provenance.step(snakemake) as step:
-    io.write_json(models.resolve_checkpoint(snakemake.params.spec), snakemake.output[0])
+    artifacts.CheckpointRecord.write(models.resolve_checkpoint(snakemake.params.spec), snakemake.output[0])

@@ -1,9 +1,9 @@
 """RSS profile: mean principal-angle cosine between consecutive readout subspaces, per k."""
 
-from resdyn import io, lens, provenance, readout
+from resdyn import artifacts, provenance, readout
 
 with provenance.step(snakemake) as step:
-    translators = lens.read_translator_matrices(snakemake.input[0])
+    translators = readout.read_translator_matrices(snakemake.input[0])
     d = translators[0].shape[0]
     ks = sorted({readout.k_from_fraction(d, f) for f in snakemake.params.k_fractions})
-    io.write_tsv(readout.rss_profile(translators, ks), snakemake.output[0])
+    artifacts.RssProfile.write(readout.rss_profile(translators, ks), snakemake.output[0])

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from resdyn import geometry, io, phases, provenance
+from resdyn import artifacts, geometry, phases, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -10,11 +10,13 @@ with provenance.step(snakemake) as step:
     rows = []
     for path in snakemake.input.phases:
         model = path.split("/")[1]
-        cuts = phases.Cutpoints.from_json(io.read_json(path), source=path)
+        cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
         for phase, width in enumerate(cuts.widths, start=1):
             rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
                          "phase": phase, "width": width})
-    widths = pd.DataFrame(rows, columns=["group", "model", "n_layers", "phase", "width"])
+    widths = pd.DataFrame(rows, columns=list(artifacts.ScalingWidths.columns))
     fits = [geometry.depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
-    io.write_tsv(widths, snakemake.output.widths)
-    io.write_tsv(pd.concat(fits, ignore_index=True) if fits else geometry.depth_scaling(widths), snakemake.output.fits)
+    artifacts.ScalingWidths.write(widths, snakemake.output.widths)
+    artifacts.ScalingFits.write(
+        pd.concat(fits, ignore_index=True) if fits else geometry.depth_scaling(widths), snakemake.output.fits
+    )

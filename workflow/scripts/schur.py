@@ -1,7 +1,7 @@
 """Schur surgery: bottleneck curves of J(alpha) = Q (Lambda + alpha N) Q* for each alpha."""
 
-from resdyn import io, jacobian, provenance, schur
+from resdyn import artifacts, provenance, schur
 
 with provenance.step(snakemake) as step:
-    jacobians, _ = jacobian.mean_jacobians(snakemake.input.blocks)
-    io.write_tsv(schur.schur_bottleneck(jacobians, snakemake.params.alphas), snakemake.output[0])
+    jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
+    artifacts.SchurCurves.write(schur.schur_bottleneck(jacobians, snakemake.params.alphas), snakemake.output[0])

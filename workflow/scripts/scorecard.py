@@ -1,15 +1,26 @@
 """Replication scorecard: one row per headline claim, with statistic, interval and verdict."""
 
-from resdyn import io, provenance, scorecard
+from resdyn import artifacts, phases, provenance, scorecard
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     inp = snakemake.input
-    # tables of a study switched off are absent: its claims say "not run"
-    table = scorecard.scorecard_from_files(
-        inp.get("checkpoints"), p.ckpts, inp.get("schur"), inp.get("phases"), inp.get("lens_metrics"),
-        inp.get("phase_widths"), p.group,
-        dict(zip(p.ckpts, inp.get("bootstrap", []))), dict(zip(p.ckpts, inp.get("replicates", []))),
+
+    def read(cls, key):
+        """The table of ``key``, or None where its study is switched off (its claims say "not run")."""
+        path = inp.get(key)
+        return None if path is None else cls.read(path)
+
+    phases_path = inp.get("phases")
+    cuts = None if phases_path is None else phases.Cutpoints.from_json(
+        artifacts.PhaseCuts.read(phases_path), source=phases_path
+    )
+    table = scorecard.scorecard(
+        read(artifacts.CheckpointsTable, "checkpoints"), p.ckpts, read(artifacts.SchurCurves, "schur"),
+        None if cuts is None else cuts.to_json(),
+        read(artifacts.LensMetrics, "lens_metrics"), read(artifacts.ScalingFits, "phase_widths"), p.group,
+        {c: artifacts.BootstrapTable.read(f) for c, f in zip(p.ckpts, inp.get("bootstrap", []))},
+        {c: artifacts.BootstrapReplicates.read(f) for c, f in zip(p.ckpts, inp.get("replicates", []))},
         complex_tol=p.complex_tol, level=p.level, studies=p.studies,
     )
-    io.write_tsv(table, snakemake.output[0])
+    artifacts.ScorecardTable.write(table, snakemake.output[0])

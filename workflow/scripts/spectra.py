@@ -1,13 +1,13 @@
 """Spectra and operator-type metrics of every sublayer's mean Jacobian, and the bottleneck."""
 
-from resdyn import io, jacobian, models, provenance, spectral
+from resdyn import artifacts, models, provenance, spectral
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    jacobians, attrs = jacobian.mean_jacobians(snakemake.input.blocks)
+    jacobians, attrs = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     table, arrays = spectral.spectra_table(
-        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.pick_device(p.device)
+        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.device_name(p.device)
     )
-    spectral.write_spectra_h5(arrays, snakemake.output.arrays, attrs)
-    io.write_tsv(table, snakemake.output.table)
-    io.write_tsv(spectral.bottleneck_table(jacobians, spectra=arrays), snakemake.output.bottleneck)
+    artifacts.SpectraArrays.write(arrays, snakemake.output.arrays, attrs)
+    artifacts.SpectraTable.write(table, snakemake.output.table)
+    artifacts.BottleneckTable.write(spectral.bottleneck_table(jacobians, spectra=arrays), snakemake.output.bottleneck)

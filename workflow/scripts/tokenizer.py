@@ -1,6 +1,6 @@
 """Train the zoo's byte-level BPE tokenizer on a dataset's train split."""
 
-from resdyn import data, provenance
+from resdyn import artifacts, data, provenance
 
 with provenance.step(snakemake) as step:
-    data.train_tokenizer(data.read_documents(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])
+    data.train_tokenizer(artifacts.Corpus.read(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])

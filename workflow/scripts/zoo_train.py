@@ -3,13 +3,13 @@
 import shutil
 from pathlib import Path
 
-from resdyn import data, io, provenance, zoo
+from resdyn import artifacts, data, io, provenance, zoo
 
 with provenance.step(snakemake) as step:
     arch, t = snakemake.params.arch, snakemake.params.train
     tokenizer = data.load_tokenizer(snakemake.input.tokenizer)
-    train_stream = data.token_stream(tokenizer, data.read_documents(snakemake.input.train))
-    heldout_stream = data.token_stream(tokenizer, data.read_documents(snakemake.input.heldout))
+    train_stream = data.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.train))
+    heldout_stream = data.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.heldout))
     weights = Path(snakemake.output.weights)
     # Checkpoints and the resumable state live outside the declared output until training ends:
     # Snakemake clears outputs of an incomplete job, which would lose checkpoints already saved.
