@@ -84,6 +84,14 @@ BOOTSTRAP_COLUMNS = artifacts.BOOTSTRAP_COLUMNS  # defined by resdyn.artifacts.B
 REPLICATE_COLUMNS = artifacts.REPLICATE_COLUMNS
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
 SCALAR_METRICS = ("cum_erank_full_depth", "complex_fraction_early_minus_late", "henrici_early_minus_late")
+#: Range each metric can take, given d: where a studentized interval is clipped.
+METRIC_RANGE: dict[str, Callable[[int], tuple[float, float]]] = {
+    "henrici": lambda d: (0.0, 1.0),
+    "complex_fraction": lambda d: (0.0, 1.0),
+    "cum_erank_full_depth": lambda d: (1.0, float(d)),
+    "complex_fraction_early_minus_late": lambda d: (-1.0, 1.0),
+    "henrici_early_minus_late": lambda d: (-1.0, 1.0),
+}
 NOT_BOOTSTRAPPED_NOTE = (
     "not bootstrapped: RSS is a deterministic function of the tuned-lens translators; its sampling "
     "uncertainty would need a lens-data bootstrap (refitting every translator per resample), not afforded"
@@ -164,14 +172,27 @@ def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[flo
     return est - half, est + half
 
 
-def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str = "percentile") -> tuple[float, float]:
+def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str = "percentile",
+                 bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
     """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
-    :func:`studentized_ci` around ``estimate``."""
+    :func:`studentized_ci` around ``estimate``, intersected with ``bounds``, the range the
+    statistic can take (a fraction lies in [0, 1]). Clipping never lowers coverage: the true
+    value lies inside ``bounds``. Percentile endpoints are replicate values, so already inside.
+
+    Example:
+        >>> replicate_ci([0.0, 0.0, 0.1, 0.0, 0.0, 0.05], 0.02, 0.95, "studentized", (0.0, 1.0))[0]
+        0.0
+    """
     if interval == "percentile":
-        return percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
-    if interval == "studentized":
-        return studentized_ci(values, estimate, level)
-    raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
+        low, high = percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
+    elif interval == "studentized":
+        low, high = studentized_ci(values, estimate, level)
+    else:
+        raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
+    lo_b, hi_b = bounds
+    # NaN endpoints stay NaN (min/max would silently replace them)
+    return (low if math.isnan(low) else min(max(low, lo_b), hi_b),
+            high if math.isnan(high) else max(min(high, hi_b), lo_b))
 
 
 def bootstrap_indices(n_samples: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -618,7 +639,7 @@ def jacobian_bootstrap(
 
     def row(metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "",
             used: str = "exact") -> dict[str, Any]:
-        low, high = replicate_ci(values[2:], values[1], lvl, interval)
+        low, high = replicate_ci(values[2:], values[1], lvl, interval, METRIC_RANGE[metric](d))
         return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
                 "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
                 "note": "; ".join(x for x in (note, extra) if x), "reason": "", "method": used,

@@ -575,11 +575,12 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)
-    # perturbative: E (n complex d²), the samples and their deviations (3 n real d²), a chunk of
-    # F_r (≤ 2 GiB, resdyn.bootstrap.perturbative_spectra) and as much in temporaries, and six
-    # complex d² arrays (V, V⁻¹, K, gaps, couplings, mask)
+    # perturbative (resdyn.bootstrap.perturbative_spectra): E (n complex d²) throughout; while E
+    # is built, the samples and their deviations (3 n real d², freed before the replicates);
+    # then a chunk of F_r with its two temporaries (chunk_bytes ≤ 2 GiB holds all three); and
+    # six d² arrays (V, V⁻¹, K, gaps, couplings, mask). The two phases do not overlap: max.
     chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
-    extra = (n * 16.0 * d * d + 3 * n * 8.0 * d * d + 2 * chunk_f + 6 * 16.0 * d * d) if perturbative else 0.0
+    extra = (n * 16.0 * d * d + max(3 * n * 8.0 * d * d, chunk_f) + 6 * 16.0 * d * d) if perturbative else 0.0
     c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
     c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
@@ -698,8 +699,8 @@ RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling",
          "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
 #: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
-LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "figure_ckpt", "figure_model",
-                        "figure_scaling", "all")
+LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "figure_ckpt", "figure_lens",
+                        "figure_model", "figure_zoo", "figure_global", "all")
 
 
 def uses_gpu(config: dict, rule: str) -> bool:

@@ -449,6 +449,30 @@ def test_studentized_ci_matches_scipy_t_interval():
         bs.replicate_ci([1.0, 2.0], 1.5, 0.9, "bca")
 
 
+def test_studentized_interval_is_clipped_to_the_statistics_range():
+    """A complex fraction near 0: the symmetric t-interval would reach below 0; the table's row
+    is clipped to [0, 1] (and only the out-of-range side moves)."""
+    v = np.array([0.0, 0.0, 0.1, 0.0, 0.0, 0.05])
+    raw = bs.studentized_ci(v, 0.02, 0.95)
+    assert raw[0] < 0 < raw[1] < 1
+    assert bs.replicate_ci(v, 0.02, 0.95, "studentized", (0.0, 1.0)) == (0.0, raw[1])
+    assert bs.replicate_ci(1 - v, 0.98, 0.95, "studentized", (0.0, 1.0)) == pytest.approx((1 - raw[1], 1.0))
+    assert np.isnan(bs.replicate_ci([np.nan, 1.0], 0.5, 0.95, "studentized", (0.0, 1.0))[0])
+    # in the table: 2x2 samples whose complex fraction is 0 except in a few resamples
+    X = np.array([[[0.0, 1.0], [c, 0.0]] for c in (1.0, 1.0, 1.0, 1.0, 1.0, -3.5)])
+    table, _ = bs.jacobian_bootstrap(_chain(X), n_resamples=6, seed=2, interval="studentized")
+    rows = table[table["bootstrapped"]]
+    reps = [spectral.complex_fraction(np.linalg.eigvals(np.einsum("n,nij->ij", w, X)), 1e-6) for w in _weights(6, 6, 2)]
+    raw = bs.studentized_ci(reps, 0.0, 0.95)
+    assert raw[0] < 0 and raw[1] > 1  # unclipped, the interval leaves [0, 1] on both sides
+    cf = rows[rows["metric"] == "complex_fraction"]
+    assert (cf["estimate"] == 0).all() and (cf["ci_low"] == 0).all() and (cf["ci_high"] == 1).all()
+    h = rows[rows["metric"] == "henrici"]
+    assert (h["ci_low"] >= 0).all() and (h["ci_high"] <= 1).all()
+    assert bs.METRIC_RANGE["cum_erank_full_depth"](7) == (1.0, 7.0)
+    assert set(bs.METRIC_RANGE) == set(rows["metric"])
+
+
 def test_studentized_with_6_resamples_covers_at_nominal_rate():
     """Calibration of the cheap scheme: 95 % studentized intervals from R = 6 replicates of the
     mean of 50 N(0, 1) draws, 400 datasets. A normal statistic with the bootstrap's standard

@@ -333,6 +333,15 @@ def _rule_blocks() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def test_unpriced_rules_are_exactly_the_localrules_without_a_cost_function():
+    """`resdyn plan` names the rules it does not price; that list must be the workflow's
+    localrules minus the priced ones (the figure rules are generated, so a scan of `rule x:`
+    lines would miss them)."""
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    local = set(re.findall(r"^\s+(\w+),$", common.split("localrules:")[1].split("\n\n")[0], flags=re.M))
+    assert local - set(cost.RULES) == set(cost.LOCAL_UNPRICED_RULES)
+
+
 def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_other():
     """Static check of workflow/rules: a rule's mem_mb/runtime are cost("<that rule>", ...), no
     hand-written number; every priced rule has them; every rule without a cost function is a
