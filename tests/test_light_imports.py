@@ -27,9 +27,6 @@ MODEL_SCRIPTS = {
     "lens_metrics",  # runs the model through the lens
     "zoo_train",  # trains the zoo models
 }
-#: Light scripts that still reach torch through resdyn.activations' readers, which are moving to
-#: resdyn.artifacts.Activations (artifacts branch); remove from here when that lands.
-PENDING = {"communities", "phase_metrics"}
 
 
 def script_imports(path: Path) -> str:
@@ -53,7 +50,7 @@ def test_model_scripts_exist():
 
 
 def test_light_scripts_import_neither_torch_nor_transformers():
-    light = sorted(p for p in SCRIPTS.glob("*.py") if p.stem not in MODEL_SCRIPTS | PENDING)
+    light = sorted(p for p in SCRIPTS.glob("*.py") if p.stem not in MODEL_SCRIPTS)
     if not heavy_after("\n".join(script_imports(p) for p in light)):
         return
     culprits = {p.stem: heavy for p in light if (heavy := heavy_after(script_imports(p)))}
