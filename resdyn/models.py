@@ -122,13 +122,18 @@ def device_name(device: str) -> str:
     """The config ``device`` resolved to ``"cuda"`` or ``"cpu"``, without torch where it can be.
 
     ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"``; ``cuda`` without a GPU is
-    an error; anything else (``cpu``, ``cuda:1``) is returned unchanged. For the numpy jobs
-    whose device switch is :func:`resdyn.linalg.on_cuda` (a string suffices there).
+    an error (torch itself is asked: a job told to use the GPU imports it anyway, and a GPU whose
+    driver files are not among :data:`GPU_MARKERS` must not stop it); anything else (``cpu``,
+    ``cuda:1``) is returned unchanged. For the numpy jobs whose device switch is
+    :func:`resdyn.linalg.on_cuda` (a string suffices there).
     """
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
-    if device == "cuda" and not cuda_available():
-        raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     return device
 
 

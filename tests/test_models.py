@@ -112,12 +112,14 @@ def test_device_name_agrees_with_torch_and_skips_it_without_a_gpu_driver(monkeyp
     assert models.cuda_available() == torch.cuda.is_available()
     assert models.device_name("cpu") == "cpu" and models.device_name("cuda:1") == "cuda:1"
     assert models.pick_device("auto") == torch.device(models.device_name("auto"))
-    # no driver file: CPU, and `cuda` is refused, without asking torch
+    # an explicit `cuda` is checked by torch itself (refused here when torch sees no GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="config device: 'cuda' but no CUDA device"):
+        models.device_name("cuda")
+    # no driver file: `auto` is CPU without asking torch
     monkeypatch.setattr(models, "GPU_MARKERS", ("/nonexistent/nvidiactl",))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch was asked"))
     assert models.device_name("auto") == "cpu"
-    with pytest.raises(RuntimeError, match="config device: 'cuda' but no CUDA device"):
-        models.device_name("cuda")
 
 
 def test_zoo_model_families_and_determinism():
