@@ -100,7 +100,7 @@ def test_continuation_runs_the_parallel_layers_like_hf():
 
 
 def test_plots_style_the_layer_operator(parallel_files):
-    from resdyn import plots
+    from resdyn.plots import style as plots
 
     assert "layer" in plots.KIND_STYLE
     _, _, loaders = parallel_files
