@@ -131,10 +131,10 @@ def prepare_parent() -> int:
     * glibc's dynamic mmap threshold is fixed at 128 KiB (``mallopt(M_MMAP_THRESHOLD)``): freed
       large buffers go back to the OS, so RSS tracks live memory instead of glibc's heap high
       water, and a child cannot hide an allocation in heap pages the parent left resident;
-    * the modules the cores import lazily (transformers' Llama, h5py, igraph) are imported and
-      each BLAS (torch, numpy, scipy) runs a 1024² GEMM/decomposition so that its per-thread
-      work buffers are resident before the fork — they are part of every job's fixed
-      ``cost.BASE_HOST_BYTES``, not of a core's increment.
+    * the modules the cores import lazily (transformers' Llama, h5py, igraph, leidenalg,
+      scipy.stats/sparse) are imported and each BLAS (torch, numpy, scipy) runs a 1024²
+      GEMM/decomposition so that its per-thread work buffers are resident before the fork —
+      they are part of every job's fixed ``cost.BASE_HOST_BYTES``, not of a core's increment.
     """
     import ctypes
 
@@ -143,6 +143,11 @@ def prepare_parent() -> int:
     except (OSError, AttributeError):
         pass
     import h5py  # noqa: F401
+    # resdyn.topology imports these lazily: a job pays them once (cost.STARTUP_S), not per core
+    import igraph  # noqa: F401
+    import leidenalg  # noqa: F401
+    import scipy.sparse  # noqa: F401
+    import scipy.stats  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     from resdyn import activations, causal, lens, linalg, readout, schur, spectral, topology  # noqa: F401
