@@ -529,7 +529,7 @@ def main() -> int:
             pm = predicted_bytes(r["cost"])
             mratio = pm / max(r["peak"], 1.0)
             mem = f"{pm / 2**20:>10.1f}{mratio:>7.2f}"
-            if abs(np.log(mratio)) > abs(np.log(worst_mem)):
+            if abs(mratio - 1) > abs(worst_mem - 1):  # the target band is linear: [0.65, 1.35]
                 worst_mem, worst_mem_rule = mratio, f"{r['rule']} d={r['d']}"
         print(f"{r['rule']:<14}{r['d']:>6} {r['aspect']:<7}{r['wall']:>8.3f}{r['seconds']:>9.3f}{p:>12.3f}{ratio:>7.2f}"
               f"{stored:>7.2f}{r['peak'] / 2**20:>10.1f}{mem}")

@@ -578,9 +578,10 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     # perturbative (resdyn.bootstrap.perturbative_spectra): E (n complex d²) throughout; while E
     # is built, the samples and their deviations (3 n real d², freed before the replicates);
     # then a chunk of F_r with its two temporaries (chunk_bytes ≤ 2 GiB holds all three); and
-    # six d² arrays (V, V⁻¹, K, gaps, couplings, mask). The two phases do not overlap: max.
+    # the d² arrays V, V⁻¹, K, λ_p − λ_q (complex, 16 B), gaps, couplings (8 B), the cluster
+    # mask (1 B): 81 bytes per entry. The two phases do not overlap: max.
     chunk_f = min(2.0 * 2**30, R * 3 * 16.0 * d * d)
-    extra = (n * 16.0 * d * d + max(3 * n * 8.0 * d * d, chunk_f) + 6 * 16.0 * d * d) if perturbative else 0.0
+    extra = (n * 16.0 * d * d + max(3 * n * 8.0 * d * d, chunk_f) + 81.0 * d * d) if perturbative else 0.0
     c.host_bytes = BASE_HOST_BYTES + n * 12.0 * d * d + budget + 6 * 8.0 * d * d + (0.0 if gpu else extra)
     c.device_bytes = n * 8.0 * d * d + budget + 6 * 8.0 * d * d + extra if gpu else 0.0
     return c
