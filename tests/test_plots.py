@@ -852,3 +852,18 @@ def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_
     entry.write_bytes(entry.read_bytes() + b"tampered")
     assert _figure_job(work, cache, {"funnel": "0" * 16}) == {"funnel": False, "schur": True}
     assert not (work / "schur.png").read_bytes().endswith(b"tampered")
+
+
+def test_select_metrics_defaults_names_and_errors():
+    from resdyn.plots.common import select_metrics
+
+    df = pd.DataFrame({"a": [1.0], "c": [2.0]})
+    assert select_metrics(df, None, ("a", None, "b", "c"), "t") == ["a", "c"]  # present defaults, in order
+    assert select_metrics(df, "b", ("a",), "t") == ["b"]  # an explicit name is taken as given
+    assert select_metrics(df, ("c", "a"), ("a",), "t") == ["c", "a"]
+    with pytest.raises(ValueError, match="at least one column"):
+        select_metrics(df, [], ("a",), "t")
+    with pytest.raises(ValueError, match=r"geometry table has none of the default metrics \['x', 'y'\]; it has \['a', 'c'\]"):
+        select_metrics(df, None, ("x", "y"), "geometry table")
+    with pytest.raises(ValueError, match=r"none of the default metrics \['shown'\]"):
+        select_metrics(df, None, ("x",), "t", listed=("shown",))

@@ -32,6 +32,23 @@ def check_frame(df: Any, what: str) -> pd.DataFrame:
     return df
 
 
+def select_metrics(df: pd.DataFrame, metrics: str | Sequence[str] | None, defaults: Sequence[str | None],
+                   what: str, listed: Sequence[str] | None = None) -> list[str]:
+    """The columns a multi-metric figure draws: ``metrics`` (one name or a list) when given,
+    else those of ``defaults`` that ``df`` has (``listed``: the defaults as the error names them).
+    Raises ValueError when no default is present or ``metrics`` is empty."""
+    if metrics is None:
+        chosen = [m for m in defaults if m is not None and m in df.columns]
+        if not chosen:
+            raise ValueError(f"{what} has none of the default metrics {list(listed or defaults)}; "
+                             f"it has {list(df.columns)}")
+        return chosen
+    chosen = [metrics] if isinstance(metrics, str) else list(metrics)
+    if not chosen:
+        raise ValueError("metrics must name at least one column")
+    return chosen
+
+
 def require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from resdyn.plots.common import (
     add_legend, check_frame, empty_figure, finite_values, fmt_num, kind_handles, kind_of, log_if_positive,
-    metric_label, num, ordered_unique, pick, plot_kinds, require, sequential_colors,
+    metric_label, num, ordered_unique, pick, plot_kinds, require, select_metrics, sequential_colors,
 )
 from resdyn.plots.style import (
     CKPT_COLUMNS, KIND_STYLE, LINESTYLES, LOG_METRICS, MARKERS, PALETTE, S_LABEL, new_figure, styled,
@@ -254,19 +254,10 @@ def checkpoint_comparison(ckpt_df: pd.DataFrame, metrics: Sequence[str] | None =
     ``self_alignment_kfrac``, ``cum_erank`` — those present). Cumulative ranks on log y.
     """
     df = check_frame(ckpt_df, "checkpoint table")
-    if metrics is None:
-        tol = _tol_columns(df, "J")
-        wanted = ["complex_frac_J_tol1e-06" if "complex_frac_J_tol1e-06" in df.columns else (tol[0][1] if tol else None),
-                  "henrici", "self_alignment_kfrac", "cum_erank"]
-        metrics = [m for m in wanted if m is not None and m in df.columns]
-        if not metrics:
-            raise ValueError(f"checkpoint table has none of the default metrics {list(DEFAULT_CKPT_METRICS)}; "
-                             f"it has {list(df.columns)}")
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    metrics = list(metrics)
-    if not metrics:
-        raise ValueError("metrics must name at least one column")
+    tol = _tol_columns(df, "J")
+    wanted = ["complex_frac_J_tol1e-06" if "complex_frac_J_tol1e-06" in df.columns else (tol[0][1] if tol else None),
+              "henrici", "self_alignment_kfrac", "cum_erank"]
+    metrics = select_metrics(df, metrics, wanted, "checkpoint table", DEFAULT_CKPT_METRICS)
     if df.empty:
         return empty_figure(title, S_LABEL, ", ".join(metrics), "the checkpoint table")
     ck = pick(df, CKPT_COLUMNS, "checkpoint table")

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from resdyn.plots.common import (
     add_legend, as_bool, check_frame, empty_figure, finite_values, fmt_num, metric_label, num, opt_int,
-    ordered_unique, pick, reason_note, require, sequential_colors, shade_phases,
+    ordered_unique, pick, reason_note, require, select_metrics, sequential_colors, shade_phases,
 )
 from resdyn.plots.style import (
     LINESTYLES, MARKERS, PALETTE, PHASE_COLORS, PHASE_MARKERS, PHASE_NAMES, new_figure, styled,
@@ -156,16 +156,7 @@ def phase_metric_profiles(geometry_df: pd.DataFrame, phases: Mapping[str, Any] |
     metric.
     """
     df = check_frame(geometry_df, "geometry table")
-    if metrics is None:
-        metrics = [m for m in DEFAULT_PHASE_METRICS if m in df.columns]
-        if not metrics:
-            raise ValueError(f"geometry table has none of the default metrics {list(DEFAULT_PHASE_METRICS)}; "
-                             f"it has {list(df.columns)}")
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    metrics = list(metrics)
-    if not metrics:
-        raise ValueError("metrics must name at least one column")
+    metrics = select_metrics(df, metrics, DEFAULT_PHASE_METRICS, "geometry table")
     xl = "layer L"
     if df.empty:
         return empty_figure(title, xl, ", ".join(metrics), "the geometry table")
