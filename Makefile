@@ -45,7 +45,7 @@ smoke: setup
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile configs/smoke.yaml
 
 test: setup
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not slurm"
