@@ -138,9 +138,13 @@ def device_name(device: str) -> str:
 
 
 def pick_device(device: str) -> torch.device:
-    """:func:`device_name` as a ``torch.device``: ``auto`` → CUDA when available, else CPU."""
+    """The device of a job that runs a model: ``auto`` → CUDA when torch sees one, else CPU;
+    otherwise :func:`device_name`. Such a job imports torch anyway, so ``auto`` asks torch
+    itself rather than the driver-file shortcut of :func:`device_name`."""
     import torch
 
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device_name(device))
 
 

@@ -120,6 +120,11 @@ def test_device_name_agrees_with_torch_and_skips_it_without_a_gpu_driver(monkeyp
     monkeypatch.setattr(models, "GPU_MARKERS", ("/nonexistent/nvidiactl",))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch was asked"))
     assert models.device_name("auto") == "cpu"
+    # a model job asks torch itself: a GPU without the listed driver files is still used
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert models.pick_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.pick_device("auto") == torch.device("cpu")
 
 
 def test_zoo_model_families_and_determinism():
