@@ -36,7 +36,6 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
-from resdyn.io import PathLike
 from resdyn.linalg import (
     NormalisedProduct,
     as_square,
@@ -75,7 +74,6 @@ __all__ = [
     "spectra_table",
     "bottleneck_table",
     "checkpoint_table",
-    "read_spectra_h5",
     "sublayer_index",
     "group_name",
     "check_chain",
@@ -792,12 +790,3 @@ def checkpoint_table(
     return pd.concat(parts, ignore_index=True)
 
 
-# --------------------------------------------------------------------------------------------
-# HDF5: the file format lives in resdyn.artifacts.SpectraArrays
-
-
-def read_spectra_h5(path: PathLike) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-    """Read ``spectra.h5``: kept for ``workflow/scripts/figure.py``; use :meth:`resdyn.artifacts.SpectraArrays.read`."""
-    from resdyn.artifacts import SpectraArrays
-
-    return SpectraArrays.read(path)

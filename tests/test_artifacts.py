@@ -150,8 +150,7 @@ def test_spectra_arrays_round_trip(tmp_path):
         assert (f["L000_mlp"].attrs["layer"], f["L000_mlp"].attrs["s"]) == (0, 1)
         assert f["L000_mlp"].attrs["kind"] == "mlp"
         assert f["L000_attn/eigenvalues"].dtype == np.complex128
-    # the script-facing spectral reader is this one
-    assert spectral.read_spectra_h5(path)[1]["schema"] == "resdyn.spectra/1"
+    assert A.SpectraArrays.read(path)[1]["schema"] == "resdyn.spectra/1"
 
 
 def test_spectra_arrays_refuse_bad_input_and_files(tmp_path):

@@ -35,9 +35,9 @@ def load(path: str | Path) -> Any:
     if suffix == ".json":
         return io.read_json(path)
     if suffix == ".h5":
-        from resdyn import spectral  # only the eigenvalue figure reads HDF5: scipy stays unimported
+        from resdyn.artifacts import SpectraArrays  # the one spectra.h5 reader (validating)
 
-        return spectral.read_spectra_h5(path)[0]
+        return SpectraArrays.read(path)[0]
     raise ValueError(f"figure input {path}: unsupported type {suffix} (allowed: .tsv, .json, .h5)")
 
 

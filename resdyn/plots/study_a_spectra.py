@@ -30,7 +30,7 @@ def eigenvalue_grid(spectra: Mapping[str, Mapping[str, np.ndarray]], title: str,
     """Eigenvalues of each sublayer Jacobian in the complex plane, with the unit circle.
 
     ``spectra``: {``L{layer:03d}_{kind}``: {``eigenvalues``: complex array, …}} as returned
-    (first element) by :func:`resdyn.spectral.read_spectra_h5`; the ``(arrays, attrs)`` tuple
+    (first element) by :meth:`resdyn.artifacts.SpectraArrays.read`; the ``(arrays, attrs)`` tuple
     is accepted too. Panels: row = layer, columns attention | MLP; deeper models wrap
     ``layers_per_row`` layers (default: 1 up to 8 layers, else 4) into each row. One axes
     per sublayer present, equal aspect, title with the spectral radius ρ.
