@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 from resdyn import bootstrap as bs
-from resdyn import jacobian, spectral
+from resdyn import artifacts, spectral
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--tol", type=float, default=1e-6)
     a = ap.parse_args()
-    per, _, info = jacobian.per_sample_jacobians(a.folders)
+    per, _, info = artifacts.JacobianBlocks.read_per_sample(a.folders)
     n = info["n_bootstrap_samples"]
     W = np.stack([np.bincount(r, minlength=n) for r in bs.bootstrap_indices(n, a.resamples, a.seed)]) / n
     print("| sublayer | d | n | pipeline | largest clusters | max abs dh | cf mismatches | CI dh / width |"

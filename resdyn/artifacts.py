@@ -73,6 +73,7 @@ __all__ = [
     "Activations",
     "BoundaryView",
     "JacobianBlocks",
+    "JacobianSums",
 ]
 
 
@@ -987,15 +988,34 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
 class JacobianBlocks(Artifact):
     """``results/{model}/{ckpt}/jacobians/{block}/layer{L:03d}.h5``: per-layer mean and per-sample Jacobians.
 
-    Schema ``resdyn.jacobian/1``, in full in the :mod:`resdyn.jacobian` docstring: per file the
-    groups ``attn``/``mlp`` (or ``layer``/``attn_branch``/``mlp_branch``), each with ``mean``
-    (d, d), ``count``, ``sample_ids`` (N,), per-sample ``fro_minus_identity``, ``trace``,
-    ``spectral_norm`` (N, P) and optional ``per_sample`` (n, P, d, d). The one reader is here,
-    :meth:`read` (validating schema, shapes and, on load, finiteness; :meth:`read_means`,
-    :meth:`read_branches` and :meth:`read_per_sample` build on it): it needs h5py and numpy only,
-    so the jobs that analyse the files start without torch. The resumable writer stays in
-    :mod:`resdyn.jacobian` beside the engine (it needs torch), which re-exports these readers
-    under their old names (``read_jacobians``, ``mean_jacobians``, …).
+    Schema ``resdyn.jacobian/1`` (one file per layer, written by :meth:`write_layer` from the
+    sums of :func:`resdyn.jacobian.write_layer_block`); N samples, P positions per sample
+    (default P = 1: the last token), d = hidden size:
+
+    file attrs      the caller's ``attrs`` (model id, revision, content hash, dtype, samples hash,
+                    code version, ...; dicts/lists as JSON strings), plus ``layer`` (int),
+                    ``family`` (str), ``residual`` (sequential | parallel), ``d_model`` (int),
+                    ``positions`` (int array, P), ``n_samples`` (int N), ``store_dtype`` (str),
+                    ``spectral_norm_method`` (str), ``schema`` (str, "resdyn.jacobian/1").
+    /positions      (P,) int64       token positions the Jacobians are taken at
+    /sample_ids     (N,) int64 or utf-8 str   the samples, in processing order
+    /attn/, /mlp/   one group per sublayer kind, each with
+      mean                (d, d) float32|float64   Σ_{samples, positions} J / (N·P), summed in float64
+      count               () int64     number of samples N (attr ``n_jacobians`` = N·P)
+      sample_ids          (N,)         same as /sample_ids (kept per group for self-contained reads)
+      fro_minus_identity  (N, P) float64   ‖J − I‖_F per sample and position
+      trace               (N, P) float64   tr J
+      spectral_norm       (N, P) float64   σ_max(J) (method in the file attr)
+      per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
+                          Jacobians, chunked (1, 1, d, d) and gzip-compressed
+
+    A parallel-residual layer's file holds the groups ``/layer/`` (the operator I + J_A + J_F),
+    ``/attn_branch/`` and ``/mlp_branch/`` (J_A, J_F) with the same datasets.
+
+    The one reader is :meth:`read` (validating schema, shapes and, on load, finiteness;
+    :meth:`read_means`, :meth:`read_branches` and :meth:`read_per_sample` build on it): it needs
+    h5py and numpy only, so the jobs that analyse the files start without torch. The resumable
+    partial sums of a running job are :class:`JacobianSums`.
     """
 
     relpath = _CKPT + "jacobians/{block}"
@@ -1005,6 +1025,92 @@ class JacobianBlocks(Artifact):
     PARALLEL_KINDS: ClassVar[tuple[str, str, str]] = ("layer", "attn_branch", "mlp_branch")
     #: The kinds that are operators of the sublayer chain (what :meth:`read_means` returns).
     OPERATOR_KINDS: ClassVar[tuple[str, str, str]] = ("attn", "mlp", "layer")
+    SCHEMA = "resdyn.jacobian/1"
+    #: Per-sample, per-position scalars stored in every group (float64 (N, P)).
+    SUMMARIES: ClassVar[tuple[str, str, str]] = ("fro_minus_identity", "trace", "spectral_norm")
+
+    @staticmethod
+    def layer_file(folder: PathLike, layer: int) -> Path:
+        """The file of one layer inside a block folder."""
+        return Path(folder) / f"layer{int(layer):03d}.h5"
+
+    @staticmethod
+    def staging(out: PathLike) -> Path:
+        """The folder a block job writes into (files and partial sums) before :meth:`publish`.
+
+        It lies beside the declared output ``out``: Snakemake clears the outputs of an incomplete
+        job before rerunning it, which would discard the partial sums.
+        """
+        out = Path(out)
+        return out.with_name(f".{out.name}.staging")
+
+    @staticmethod
+    def publish(staging: PathLike, out: PathLike) -> None:
+        """Move the finished staging folder onto the block folder ``out`` (replacing what is there)."""
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+        Path(staging).rename(out)
+
+    @staticmethod
+    def _attr(value: Any) -> Any:
+        """A value h5py can store as an attribute: scalars/strings/numeric arrays as is, else JSON."""
+        if isinstance(value, (str, bool, int, float, np.generic)):
+            return value
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            return value
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+            return np.asarray(value)
+        return json.dumps(value, sort_keys=True, default=str)
+
+    @classmethod
+    def write_layer(cls, path: PathLike, layer: int, sums: JacobianSums, sample_ids: np.ndarray,
+                    positions: Sequence[int], store_dtype: str, attrs: Mapping[str, Any], family: str,
+                    spectral_norm_method: str) -> None:
+        """Write layer ``layer``'s file from the finished ``sums`` atomically (schema above).
+
+        ``mean`` = sum / (N·P) cast to ``store_dtype``; ``per_sample`` only when ``sums`` keeps
+        whole Jacobians (n > 0).
+        """
+        import h5py
+
+        n_samples, n_positions = len(sample_ids), len(positions)
+        if sums.next_index != n_samples:
+            raise ValueError(f"{path}: refusing to write layer {layer}: the sums cover {sums.next_index} of "
+                             f"{n_samples} samples")
+        ids = (sample_ids.astype(np.int64) if sample_ids.dtype.kind in "iu"
+               else np.array([str(s) for s in sample_ids], dtype=h5py.string_dtype("utf-8")))
+        kinds = sums.kinds[layer]
+        d = sums.d
+        with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            for key, value in attrs.items():
+                f.attrs[key] = cls._attr(value)
+            f.attrs.update(
+                {
+                    "layer": layer,
+                    "family": family,
+                    "residual": "parallel" if tuple(kinds) == cls.PARALLEL_KINDS else "sequential",
+                    "d_model": d,
+                    "positions": np.asarray(positions, np.int64),
+                    "n_samples": n_samples,
+                    "store_dtype": store_dtype,
+                    "spectral_norm_method": spectral_norm_method,
+                    "schema": cls.SCHEMA,
+                }
+            )
+            f.create_dataset("positions", data=np.asarray(positions, np.int64))
+            f.create_dataset("sample_ids", data=ids)
+            for kind in kinds:
+                g = f.create_group(kind)
+                g.create_dataset("mean", data=(sums.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype))
+                g.create_dataset("count", data=np.int64(n_samples))
+                g["count"].attrs["n_jacobians"] = n_samples * n_positions
+                g.create_dataset("sample_ids", data=ids)
+                for s in cls.SUMMARIES:
+                    g.create_dataset(s, data=sums.per[(layer, kind, s)])
+                first = sums.first[(layer, kind)]
+                if first.shape[0]:
+                    g.create_dataset("per_sample", data=first, chunks=(1, 1, d, d), compression="gzip")
 
     @classmethod
     def read(cls, folders: Sequence[PathLike]) -> JacobianFiles:
@@ -1111,6 +1217,105 @@ class JacobianBlocks(Artifact):
         info = {"n_bootstrap_samples": jf.n_stored, "n_samples_total": jf.n_samples_total, "sample_ids": jf.sample_ids}
         return jf.per_sample, jf.means, info
 
+
+
+class JacobianSums:
+    """The partial sums of a Jacobian block job, and their resumable file ``.{first output}.partial.npz``.
+
+    Host-memory (numpy) state for the layers of one block: ``sums[(L, kind)]`` (d, d) float64
+    Σ J over the samples done so far (and their positions); ``per[(L, kind, s)]`` (N, P) float64
+    the summaries :attr:`JacobianBlocks.SUMMARIES` (NaN where not yet computed);
+    ``first[(L, kind)]`` (n, P, d, d) float32 the first n samples' whole Jacobians;
+    ``next_index`` the next sample to process.
+
+    File (``.npz``, uncompressed, written atomically): ``next_index`` () int, ``fingerprint`` ()
+    str (what the run must agree on to resume: inputs, options, attrs), ``sum_{L}_{kind}``,
+    ``{summary}_{L}_{kind}``, ``per_sample_{L}_{kind}`` with the shapes and dtypes above.
+    :meth:`resume` loads it only when the fingerprint, every name, shape and dtype fit and
+    1 ≤ next_index ≤ N; otherwise it warns, naming the file and the fault, and starts afresh.
+    """
+
+    def __init__(self, layers: Sequence[int], n_samples: int, n_positions: int, d: int, first_n: int,
+                 kinds: Mapping[int, Sequence[str]] | None = None):
+        self.layers = list(layers)
+        self.d = d
+        self.kinds = {L: tuple((kinds or {}).get(L, JacobianBlocks.KINDS)) for L in self.layers}
+        self.next_index = 0
+        keys = [(L, k) for L in self.layers for k in self.kinds[L]]
+        self.sums = {key: np.zeros((d, d), np.float64) for key in keys}
+        self.per = {(*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in JacobianBlocks.SUMMARIES}
+        self.first = {key: np.zeros((first_n, n_positions, d, d), np.float32) for key in keys}
+
+    @staticmethod
+    def path(out_paths: Mapping[int, PathLike], layers: Sequence[int]) -> Path:
+        """``.{name}.partial.npz`` next to the block's first output file."""
+        first = Path(out_paths[layers[0]])
+        return first.parent / f".{first.name}.partial.npz"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The state as the file's named arrays (without the fingerprint)."""
+        out: dict[str, np.ndarray] = {"next_index": np.array(self.next_index)}
+        for (L, k), a in self.sums.items():
+            out[f"sum_{L}_{k}"] = a
+        for (L, k, s), a in self.per.items():
+            out[f"{s}_{L}_{k}"] = a
+        for (L, k), a in self.first.items():
+            out[f"per_sample_{L}_{k}"] = a
+        return out
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Fill from a file's arrays; KeyError/ValueError (naming the array) if they do not fit."""
+        for name, target in self.arrays().items():
+            if name == "next_index":
+                continue
+            source = arrays[name]
+            if source.shape != target.shape or source.dtype != target.dtype:
+                raise ValueError(f"{name}: {source.dtype}{source.shape}, expected {target.dtype}{target.shape}")
+        for L, k in self.sums:
+            self.sums[(L, k)] = arrays[f"sum_{L}_{k}"].copy()
+            self.first[(L, k)] = arrays[f"per_sample_{L}_{k}"].copy()
+            for s in JacobianBlocks.SUMMARIES:
+                self.per[(L, k, s)] = arrays[f"{s}_{L}_{k}"].copy()
+        self.next_index = int(arrays["next_index"])
+
+    def save(self, path: PathLike, fingerprint: str) -> None:
+        """Write the state and ``fingerprint`` to ``path`` atomically."""
+        arrays = self.arrays()
+        arrays["fingerprint"] = np.array(fingerprint)
+        with io.atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def resume(cls, path: PathLike, fresh: Any, fingerprint: str, n_samples: int) -> JacobianSums:
+        """``fresh()`` filled from the file at ``path`` if it exists and fits (class docstring),
+        else ``fresh()`` as is (with a warning naming the file and the fault when one existed)."""
+        import logging
+        import warnings
+
+        path = Path(path)
+        acc = fresh()
+        if not path.exists():
+            return acc
+        log = logging.getLogger(__name__)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            if str(arrays["fingerprint"]) != fingerprint:
+                raise ValueError("it was written for other samples, layers, positions, options or attrs")
+            if not 0 < int(arrays["next_index"]) <= n_samples:
+                raise ValueError(f"next sample index {int(arrays['next_index'])} outside 1..{n_samples}")
+            acc.load(arrays)
+        except (OSError, KeyError, ValueError) as err:
+            warnings.warn(f"ignoring checkpoint {path}: {err}", stacklevel=3)
+            log.warning("ignoring checkpoint %s: %s", path, err)
+            return fresh()
+        log.info("resuming from %s at sample %d of %d", path, acc.next_index, n_samples)
+        return acc
+
+    @staticmethod
+    def remove(path: PathLike) -> None:
+        """Delete the file (a finished job's), if it is there."""
+        Path(path).unlink(missing_ok=True)
 
 
 # column lists of the tables that concept modules build (defined once, by the classes above)

@@ -24,39 +24,18 @@ The differentiated sublayer runs in fp32 (bf16 weights are upcast on a copy of t
 is disabled); the boundary states come from one forward pass per sample in the model's dtype
 (:func:`resdyn.arch.forward_boundaries`).
 
-HDF5 schema (one file per layer, ``layer{L:03d}.h5``, written by :func:`write_layer_block`)
-----------------------------------------------------------------------------------------------
-N samples, P positions per sample (default P = 1: the last token), d = hidden size.
-
-file attrs      everything in the caller's ``attrs`` (model id, revision, content hash, dtype,
-                samples hash, code version, ...; dicts/lists as JSON strings), plus
-                ``layer`` (int), ``family`` (str), ``d_model`` (int), ``positions`` (int array,
-                P), ``n_samples`` (int N), ``store_dtype`` (str), ``spectral_norm_method`` (str),
-                ``schema`` (str, "resdyn.jacobian/1").
-/positions      (P,) int64       token positions the Jacobians are taken at
-/sample_ids     (N,) int64 or utf-8 str   the samples, in processing order
-/attn/, /mlp/   one group per sublayer kind, each with
-  mean                (d, d) float32|float64   Σ_{samples, positions} J / (N·P), summed in float64
-  count               () int64     number of samples N (attr ``n_jacobians`` = N·P)
-  sample_ids          (N,)         same as /sample_ids (kept per group for self-contained reads)
-  fro_minus_identity  (N, P) float64   ‖J − I‖_F per sample and position
-  trace               (N, P) float64   tr J
-  spectral_norm       (N, P) float64   σ_max(J): exact (SVD) for d ≤ 512, else a 64-step power
-                                       iteration on JᵀJ (a lower bound; see file attr)
-  per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
-                      Jacobians, chunked (1, 1, d, d) and gzip-compressed
-
-Parallel-residual layers (GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.arch`)
-have one boundary, h_L, and their file holds the groups ``/layer/`` (the operator
-J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F), ``/attn_branch/`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and
-``/mlp_branch/`` (J_F = ∂F(ln_post_attn(h))[t]/∂h[t]) with the same datasets as above, and
-file attr ``residual`` = "parallel" ("sequential" for attn/mlp files). Downstream the operator
-(L, 'layer') takes the depth slot s = 2L + 1 (:func:`resdyn.spectral.sublayer_index`).
+Files: the per-layer HDF5 schema (``layer{L:03d}.h5``, "resdyn.jacobian/1") and its reader are
+:class:`resdyn.artifacts.JacobianBlocks`; this module only computes. Parallel-residual layers
+(GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.arch`) have one boundary, h_L, and
+store the operator J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F as kind ``layer`` beside the branch
+Jacobians ``attn_branch`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and ``mlp_branch`` (J_F =
+∂F(ln_post_attn(h))[t]/∂h[t]); downstream the operator (L, 'layer') takes the depth slot
+s = 2L + 1 (:func:`resdyn.spectral.sublayer_index`).
 
 Resume: every ``checkpoint_every`` samples the float64 sums, the per-sample arrays and the
-next sample index are saved atomically to ``.{first output name}.partial.npz`` next to the
+next sample index are saved atomically (:class:`resdyn.artifacts.JacobianSums`) next to the
 first output; a rerun with the same inputs (samples, ids, layers, positions, options, attrs)
-continues from it, an inconsistent one is ignored with a warning; it is removed on success.
+continues from them, an inconsistent file is ignored with a warning; it is removed on success.
 """
 
 from __future__ import annotations
@@ -70,17 +49,15 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import torch
 from torch import nn
 
 from resdyn import arch
-from resdyn.artifacts import JacobianBlocks, JacobianFiles, Loaders  # noqa: F401  (the reader lives there: torch-free)
-from resdyn.io import atomic_path, sha256_array
+from resdyn.artifacts import JacobianBlocks, JacobianSums
+from resdyn.io import sha256_array
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +70,7 @@ OPERATOR_KINDS = JacobianBlocks.OPERATOR_KINDS
 def layer_kinds(adapter: arch.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
-SCHEMA = "resdyn.jacobian/1"
+SCHEMA = JacobianBlocks.SCHEMA
 #: d at or below which the spectral norm is exact (SVD); above it, power iteration.
 EXACT_SPECTRAL_MAX_D = 512
 POWER_ITERATIONS = 64
@@ -592,14 +569,6 @@ def summaries(jac: torch.Tensor) -> dict[str, np.ndarray]:
 # Block writer with checkpoint/resume
 # ----------------------------------------------------------------------------------------------
 
-_SUMMARY_KEYS = ("fro_minus_identity", "trace", "spectral_norm")
-
-
-def checkpoint_path(out_paths: dict[int, os.PathLike | str], layers: Sequence[int]) -> Path:
-    """``.{name}.partial.npz`` next to the block's first output file."""
-    first = Path(out_paths[layers[0]])
-    return first.parent / f".{first.name}.partial.npz"
-
 
 def _describe_model(attrs: dict[str, Any]) -> str:
     """'model <id> (checkpoint <c>, revision <r>)' from the caller's attrs (see models.model_attrs)."""
@@ -638,74 +607,6 @@ def _fingerprint(
     return h.hexdigest()
 
 
-class _Accumulator:
-    """Float64 sums and per-sample arrays for a block of layers (numpy, host memory)."""
-
-    def __init__(self, layers: list[int], n_samples: int, n_positions: int, d: int, first_n: int,
-                 kinds: dict[int, tuple[str, ...]] | None = None):
-        self.layers = layers
-        self.kinds = {L: (kinds or {}).get(L, KINDS) for L in layers}
-        self.next_index = 0
-        keys = [(L, k) for L in layers for k in self.kinds[L]]
-        self.sums = {key: np.zeros((d, d), np.float64) for key in keys}
-        self.per = {(*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in _SUMMARY_KEYS}
-        self.first = {key: np.zeros((first_n, n_positions, d, d), np.float32) for key in keys}
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {"next_index": np.array(self.next_index)}
-        for (L, k), a in self.sums.items():
-            out[f"sum_{L}_{k}"] = a
-        for (L, k, s), a in self.per.items():
-            out[f"{s}_{L}_{k}"] = a
-        for (L, k), a in self.first.items():
-            out[f"per_sample_{L}_{k}"] = a
-        return out
-
-    def load(self, arrays: dict[str, np.ndarray]) -> None:
-        """Fill from a checkpoint's arrays; raises KeyError/ValueError if they do not fit."""
-        for name, target in self.arrays().items():
-            if name == "next_index":
-                continue
-            source = arrays[name]
-            if source.shape != target.shape or source.dtype != target.dtype:
-                raise ValueError(f"{name}: {source.dtype}{source.shape}, expected {target.dtype}{target.shape}")
-        for L, k in self.sums:
-            self.sums[(L, k)] = arrays[f"sum_{L}_{k}"].copy()
-            self.first[(L, k)] = arrays[f"per_sample_{L}_{k}"].copy()
-            for s in _SUMMARY_KEYS:
-                self.per[(L, k, s)] = arrays[f"{s}_{L}_{k}"].copy()
-        self.next_index = int(arrays["next_index"])
-
-
-def _save_checkpoint(path: Path, acc: _Accumulator, fingerprint: str) -> None:
-    arrays = acc.arrays()
-    arrays["fingerprint"] = np.array(fingerprint)
-    with atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def _resume(path: Path, fresh, fingerprint: str, n_samples: int) -> _Accumulator:
-    """A fresh accumulator, or one filled from the checkpoint at ``path`` if it exists and
-    matches ``fingerprint`` (warn and ignore it otherwise)."""
-    acc = fresh()
-    if not path.exists():
-        return acc
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        if str(arrays["fingerprint"]) != fingerprint:
-            raise ValueError("it was written for other samples, layers, positions, options or attrs")
-        if not 0 < int(arrays["next_index"]) <= n_samples:
-            raise ValueError(f"next sample index {int(arrays['next_index'])} outside 1..{n_samples}")
-        acc.load(arrays)
-    except (OSError, KeyError, ValueError) as err:
-        warnings.warn(f"ignoring checkpoint {path}: {err}", stacklevel=3)
-        log.warning("ignoring checkpoint %s: %s", path, err)
-        return fresh()
-    log.info("resuming from %s at sample %d of %d", path, acc.next_index, n_samples)
-    return acc
-
-
 def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_id: Any) -> None:
     if not bool(torch.isfinite(jac).all()):
         n_nan = int(torch.isnan(jac).sum())
@@ -714,68 +615,6 @@ def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_
             f"{_describe_model(attrs)}: layer {layer} sublayer {kind!r} sample id {sample_id!r}: the Jacobian has "
             f"{n_nan} NaN and {n_inf} Inf entries (allowed: finite values only)"
         )
-
-
-def _h5_attr(value: Any) -> Any:
-    """A value h5py can store as an attribute: scalars/strings/numeric arrays as is, else JSON."""
-    if isinstance(value, (str, bool, int, float, np.generic)):
-        return value
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
-        return np.asarray(value)
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _ids_for_h5(sample_ids: np.ndarray) -> np.ndarray:
-    if sample_ids.dtype.kind in "iu":
-        return sample_ids.astype(np.int64)
-    return np.array([str(s) for s in sample_ids], dtype=h5py.string_dtype("utf-8"))
-
-
-def _write_layer_file(
-    path: os.PathLike | str,
-    layer: int,
-    acc: _Accumulator,
-    sample_ids: np.ndarray,
-    positions: list[int],
-    store_dtype: str,
-    attrs: dict[str, Any],
-    fam: str,
-    d: int,
-) -> None:
-    n_samples, n_positions = len(sample_ids), len(positions)
-    ids = _ids_for_h5(sample_ids)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for key, value in attrs.items():
-            f.attrs[key] = _h5_attr(value)
-        kinds = acc.kinds[layer]
-        f.attrs.update(
-            {
-                "layer": layer,
-                "family": fam,
-                "residual": "parallel" if kinds == PARALLEL_KINDS else "sequential",
-                "d_model": d,
-                "positions": np.asarray(positions, np.int64),
-                "n_samples": n_samples,
-                "store_dtype": store_dtype,
-                "spectral_norm_method": spectral_norm_method(d),
-                "schema": SCHEMA,
-            }
-        )
-        f.create_dataset("positions", data=np.asarray(positions, np.int64))
-        f.create_dataset("sample_ids", data=ids)
-        for kind in kinds:
-            g = f.create_group(kind)
-            g.create_dataset("mean", data=(acc.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype))
-            g.create_dataset("count", data=np.int64(n_samples))
-            g["count"].attrs["n_jacobians"] = n_samples * n_positions
-            g.create_dataset("sample_ids", data=ids)
-            for s in _SUMMARY_KEYS:
-                g.create_dataset(s, data=acc.per[(layer, kind, s)])
-            first = acc.first[(layer, kind)]
-            if first.shape[0]:
-                g.create_dataset("per_sample", data=first, chunks=(1, 1, d, d), compression="gzip")
 
 
 def write_layer_block(
@@ -846,10 +685,10 @@ def write_layer_block(
     if batch != 1:  # the batched forward rounds differently: a checkpoint must match it
         options["batch_size"] = batch
     fingerprint = _fingerprint(samples, ids, layers, pos, store_dtype, int(store_first_n), attrs, options)
-    ckpt = checkpoint_path(out_paths, layers)
+    ckpt = JacobianSums.path(out_paths, layers)
     kinds = {layer: engine.kinds(layer) for layer in layers}
-    acc = _resume(
-        ckpt, lambda: _Accumulator(layers, n_samples, len(pos), d, int(store_first_n), kinds), fingerprint, n_samples
+    acc = JacobianSums.resume(
+        ckpt, lambda: JacobianSums(layers, n_samples, len(pos), d, int(store_first_n), kinds), fingerprint, n_samples
     )
 
     bar = _progress(n_samples, acc.next_index, progress, f"jacobians L{layers[0]}-{layers[-1]}")
@@ -871,24 +710,16 @@ def write_layer_block(
                 bar.update(1)
             start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
-                _save_checkpoint(ckpt, acc, fingerprint)
+                acc.save(ckpt, fingerprint)
     finally:
         bar.close()
     for layer in layers:
-        _write_layer_file(out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, d)
-    with contextlib.suppress(FileNotFoundError):
-        ckpt.unlink()
+        JacobianBlocks.write_layer(out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam,
+                                   spectral_norm_method(d))
+    JacobianSums.remove(ckpt)
 
 
 def _progress(total: int, initial: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, file=sys.stderr, unit="sample")
-
-
-# The one reader is :class:`resdyn.artifacts.JacobianBlocks` (h5py + numpy only, so the light jobs
-# that analyse the files start without torch); these names stay for the engine's callers.
-read_jacobians = JacobianBlocks.read
-mean_jacobians = JacobianBlocks.read_means
-branch_jacobians = JacobianBlocks.read_branches
-per_sample_jacobians = JacobianBlocks.read_per_sample

@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 
 from resdyn import bootstrap as bs
-from resdyn import jacobian, spectral
+from resdyn import artifacts, jacobian, spectral
 
 
 # ---------------------------------------------------------------- generic utilities
@@ -212,7 +212,7 @@ def test_bootstrap_from_jacobian_files(tmp_path):
     assert boot["note"].str.contains("first 3 of 4 samples").all()
     assert (boot["ci_low"] <= boot["ci_high"]).all() and (boot["level"] == 0.9).all()
     # estimate_all_samples = the metric of the stored all-N mean (what spectra.tsv reports)
-    means, _ = jacobian.mean_jacobians([folder])
+    means, _ = artifacts.JacobianBlocks.read_means([folder])
     by = table.set_index(["metric", "layer", "kind"])
     for (layer, kind), load in means.items():
         assert by.loc[("henrici", layer, kind), "estimate_all_samples"] == pytest.approx(
@@ -240,7 +240,7 @@ def test_missing_per_sample_names_the_config_key(tmp_path):
             g.create_dataset("count", data=np.int64(4))
             g.create_dataset("sample_ids", data=np.arange(4))
     with pytest.raises(ValueError, match="store_first_n"):
-        jacobian.per_sample_jacobians([folder])
+        artifacts.JacobianBlocks.read_per_sample([folder])
 
 
 # ---------------------------------------------------------------- method "perturbative" (oracle: method "exact")

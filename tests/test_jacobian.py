@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import sigkill
-from resdyn import arch, jacobian
+from resdyn import arch, artifacts, jacobian
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     FAMILIES,
     PARALLEL,
@@ -168,7 +168,7 @@ def test_layer_norm_jacobian_products():
 
 
 def test_parallel_layer_file_schema(tmp_path):
-    """Parallel layers store the operator and both branches; mean_jacobians returns the operator."""
+    """Parallel layers store the operator and both branches; JacobianBlocks.read_means returns the operator."""
     model = make_model(PARALLEL)
     samples = _samples(3)
     paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in range(4)}
@@ -178,10 +178,10 @@ def test_parallel_layer_file_schema(tmp_path):
         assert sorted(f) == sorted([*jacobian.PARALLEL_KINDS, "positions", "sample_ids"])
         layer_mean, a_mean, m_mean = (f[k]["mean"][()] for k in jacobian.PARALLEL_KINDS)
     np.testing.assert_allclose(layer_mean, np.eye(32) + a_mean + m_mean, atol=1e-5)
-    loaders, _ = jacobian.mean_jacobians([tmp_path])
+    loaders, _ = artifacts.JacobianBlocks.read_means([tmp_path])
     assert sorted(loaders) == [(layer, "layer") for layer in range(4)]
     np.testing.assert_allclose(loaders[(1, "layer")](), layer_mean)
-    assert sorted(jacobian.branch_jacobians([tmp_path])) == sorted(
+    assert sorted(artifacts.JacobianBlocks.read_branches([tmp_path])) == sorted(
         (layer, k) for layer in range(4) for k in ("attn_branch", "mlp_branch")
     )
 
@@ -407,21 +407,19 @@ def test_inconsistent_checkpoint_is_ignored(tmp_path):
     with h5py.File(paths[0]) as f:
         expected = f["attn/mean"][()]
     # A checkpoint from other samples: written by a run that is stopped after its first sample.
-    checkpoint = jacobian.checkpoint_path(paths, [0])
-    original = jacobian.write_layer_block.__globals__["_save_checkpoint"]
+    checkpoint = artifacts.JacobianSums.path(paths, [0])
+    original = artifacts.JacobianSums.save
     saved = []
 
-    def save_then_stop(path, acc, fingerprint):
-        original(path, acc, fingerprint)
+    def save_then_stop(self, path, fingerprint):
+        original(self, path, fingerprint)
         saved.append(path)
         raise KeyboardInterrupt
 
-    jacobian.write_layer_block.__globals__["_save_checkpoint"] = save_then_stop
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(artifacts.JacobianSums, "save", save_then_stop)
         with pytest.raises(KeyboardInterrupt):
             jacobian.write_layer_block(model, _samples(4)[1:], [1, 2, 3], **kwargs)
-    finally:
-        jacobian.write_layer_block.__globals__["_save_checkpoint"] = original
     assert saved and checkpoint.exists()
     with pytest.warns(UserWarning, match="ignoring checkpoint"):
         jacobian.write_layer_block(model, _samples(3), [1, 2, 3], **kwargs)
@@ -489,7 +487,7 @@ def run_copy(written_run, tmp_path):
 
 
 def test_read_jacobians_loads_what_the_files_hold(written_run):
-    jf = jacobian.read_jacobians(written_run)
+    jf = artifacts.JacobianBlocks.read(written_run)
     keys = [(L, k) for L in (0, 1) for k in ("attn", "mlp")]
     assert sorted(jf.means) == sorted(jf.per_sample) == keys and jf.branches == {}
     assert (jf.d, jf.n_samples_total, jf.n_stored, jf.sample_ids.tolist()) == (32, 4, 3, [0, 10, 20])
@@ -500,9 +498,9 @@ def test_read_jacobians_loads_what_the_files_hold(written_run):
         got = jf.means[(L, kind)]()
         assert got.dtype == np.float64 and np.array_equal(got, mean.astype(np.float64))
         assert np.array_equal(jf.per_sample[(L, kind)](), per.astype(np.float64).mean(axis=1))
-    means, attrs = jacobian.mean_jacobians(written_run)
+    means, attrs = artifacts.JacobianBlocks.read_means(written_run)
     assert sorted(means) == keys and attrs == jf.attrs
-    per, means, info = jacobian.per_sample_jacobians(written_run)
+    per, means, info = artifacts.JacobianBlocks.read_per_sample(written_run)
     assert info["n_bootstrap_samples"] == 3 and info["n_samples_total"] == 4 and per[(1, "mlp")]().shape == (3, 32, 32)
 
 
@@ -547,7 +545,7 @@ def _other_model(f):
 def test_read_jacobians_names_the_file_and_what_is_wrong(run_copy, edit, match):
     _edit(run_copy[1] / "layer001.h5", edit)
     with pytest.raises(ValueError, match=match):
-        jacobian.read_jacobians(run_copy)
+        artifacts.JacobianBlocks.read(run_copy)
 
 
 def test_non_finite_values_are_refused_when_loaded(run_copy):
@@ -562,7 +560,7 @@ def test_non_finite_values_are_refused_when_loaded(run_copy):
         f["attn/per_sample"][...] = per
 
     _edit(path, poison)
-    jf = jacobian.read_jacobians(run_copy)  # the index is fine: values are checked when read
+    jf = artifacts.JacobianBlocks.read(run_copy)  # the index is fine: values are checked when read
     with pytest.raises(FloatingPointError, match=rf"{path}: mlp/mean has 1 non-finite entries"):
         jf.means[(1, "mlp")]()
     with pytest.raises(FloatingPointError, match=rf"{path}: attn/per_sample has 2 non-finite entries"):
@@ -573,15 +571,15 @@ def test_non_finite_values_are_refused_when_loaded(run_copy):
 def test_not_hdf5_and_no_files(run_copy, tmp_path):
     (run_copy[1] / "layer001.h5").write_bytes(b"not hdf5")
     with pytest.raises(ValueError, match=r"layer001.h5: not a readable Jacobian file"):
-        jacobian.read_jacobians(run_copy)
+        artifacts.JacobianBlocks.read(run_copy)
     with pytest.raises(FileNotFoundError, match="no layer.*.h5 Jacobian files"):
-        jacobian.read_jacobians([tmp_path / "empty"])
+        artifacts.JacobianBlocks.read([tmp_path / "empty"])
 
 
 def test_per_sample_jacobians_needs_stored_samples(tmp_path):
     model = make_model("llama")
     jacobian.write_layer_block(model, _samples(2), [1, 2], [0], {0: tmp_path / "layer000.h5"}, attrs=ATTRS,
                                progress=False)
-    assert jacobian.read_jacobians([tmp_path]).n_stored == 0
+    assert artifacts.JacobianBlocks.read([tmp_path]).n_stored == 0
     with pytest.raises(ValueError, match=r"layer000.h5: no per_sample dataset .* jacobian.store_first_n ≥ 2"):
-        jacobian.per_sample_jacobians([tmp_path])
+        artifacts.JacobianBlocks.read_per_sample([tmp_path])

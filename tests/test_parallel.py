@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from resdyn import activations, arch, bridge, causal, jacobian, schur, spectral, topology
+from resdyn import activations, arch, artifacts, bridge, causal, jacobian, schur, spectral, topology
 from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 N_LAYERS, D = 4, 32
@@ -26,7 +26,7 @@ def parallel_files(tmp_path_factory):
     samples = np.stack([sample_ids(seed).numpy() for seed in range(3)])
     paths = {layer: folder / f"layer{layer:03d}.h5" for layer in range(N_LAYERS)}
     jacobian.write_layer_block(model, samples, [0, 1, 2], range(N_LAYERS), paths, progress=False, store_first_n=3)
-    loaders, _ = jacobian.mean_jacobians([folder])
+    loaders, _ = artifacts.JacobianBlocks.read_means([folder])
     return model, folder, loaders
 
 
@@ -62,7 +62,7 @@ def test_chain_validation_names_what_is_missing():
 
 def test_bootstrap_reads_parallel_files(parallel_files):
     _, folder, _ = parallel_files
-    per, means, info = jacobian.per_sample_jacobians([folder])
+    per, means, info = artifacts.JacobianBlocks.read_per_sample([folder])
     assert sorted(per) == [(L, "layer") for L in range(N_LAYERS)] and info["n_bootstrap_samples"] == 3
 
 

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import hubcache
-from resdyn import jacobian, spectral
+from resdyn import artifacts, spectral
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -65,7 +65,7 @@ def test_study_a_funnel_over_the_checkpoint_series(pythia_run):
     for ckpt in CKPTS:
         bn = pd.read_csv(work / f"results/pythia_8l/{ckpt}/bottleneck.tsv", sep="\t")
         assert bn["kind"].tolist() == ["layer"] * 8 and bn["s"].tolist() == list(range(1, 16, 2))
-        loaders, attrs = jacobian.mean_jacobians([work / f"results/pythia_8l/{ckpt}/jacobians/layers000-007"])
+        loaders, attrs = artifacts.JacobianBlocks.read_means([work / f"results/pythia_8l/{ckpt}/jacobians/layers000-007"])
         assert attrs["residual"] == "parallel" and attrs["family"] == "gpt_neox"
         product = np.eye(32)
         for L in range(8):

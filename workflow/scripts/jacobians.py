@@ -1,8 +1,5 @@
 """Mean sublayer Jacobians of one layer block over the model's samples (resumable)."""
 
-import shutil
-from pathlib import Path
-
 from resdyn import artifacts, config, jacobian, models, provenance
 
 with provenance.step(snakemake) as step:
@@ -11,17 +8,15 @@ with provenance.step(snakemake) as step:
     model, _ = models.load_model(record, p.device)
     ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)
     layers = config.block_layers(snakemake.wildcards.block)
-    out = Path(snakemake.output[0])
-    # Files and resumable partial sums are written to a staging folder beside the declared
-    # output and moved into place at the end: Snakemake clears the outputs of an incomplete job
-    # before rerunning it, which would discard the partial sums.
-    staging = out.with_name(f".{out.name}.staging")
+    out = snakemake.output[0]
+    # Files and resumable partial sums go to a staging folder beside the declared output, moved
+    # into place at the end (artifacts.JacobianBlocks.staging says why).
+    staging = artifacts.JacobianBlocks.staging(out)
     jacobian.write_layer_block(
         model, ids, sample_ids, layers,
-        {layer: staging / f"layer{layer:03d}.h5" for layer in layers},
+        {layer: artifacts.JacobianBlocks.layer_file(staging, layer) for layer in layers},
         positions=p.positions, store_dtype=p.store_dtype, store_first_n=p.store_first_n,
         checkpoint_every=p.checkpoint_every,
         attrs={**models.model_attrs(record), "samples_hash": sattrs["samples_hash"], "code_version": p.code},
     )
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    artifacts.JacobianBlocks.publish(staging, out)

@@ -1,0 +1,120 @@
+"""The writers of the artifacts layer that stream or resume: Jacobian sums and layer files.
+
+Each writer round-trips through its class's reader, and a corrupted file is refused (or, for a
+resumable state, ignored with a warning) with a message naming the file and the fault.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from resdyn import artifacts as A
+
+# --------------------------------------------------------------------------------------------
+# Jacobians: partial sums (resume state) and the per-layer files
+
+
+def _filled_sums(n=4, p=2, d=3, first_n=2, next_index=4, seed=0) -> A.JacobianSums:
+    """Sums of layer 0 (attn, mlp) and parallel layer 1, filled with random values."""
+    rng = np.random.default_rng(seed)
+    acc = A.JacobianSums([0, 1], n, p, d, first_n, {1: A.JacobianBlocks.PARALLEL_KINDS})
+    for key in acc.sums:
+        acc.sums[key] = rng.standard_normal((d, d))
+        acc.first[key] = rng.standard_normal((first_n, p, d, d)).astype(np.float32)
+    for key in acc.per:
+        acc.per[key] = rng.standard_normal((n, p))
+    acc.next_index = next_index
+    return acc
+
+
+def _fresh(n=4, p=2, d=3, first_n=2):
+    return lambda: A.JacobianSums([0, 1], n, p, d, first_n, {1: A.JacobianBlocks.PARALLEL_KINDS})
+
+
+def test_jacobian_sums_round_trip(tmp_path):
+    acc = _filled_sums(next_index=2)
+    path = A.JacobianSums.path({0: tmp_path / "layer000.h5", 1: tmp_path / "layer001.h5"}, [0, 1])
+    assert path == tmp_path / ".layer000.h5.partial.npz"
+    acc.save(path, "fp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left behind
+    back = A.JacobianSums.resume(path, _fresh(), "fp", n_samples=4)
+    assert back.next_index == 2 and back.kinds == acc.kinds
+    for name in ("sums", "per", "first"):
+        got, want = getattr(back, name), getattr(acc, name)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key], equal_nan=True), key
+    A.JacobianSums.remove(path)
+    A.JacobianSums.remove(path)  # gone already: no error
+    assert not path.exists()
+    assert A.JacobianSums.resume(path, _fresh(), "fp", 4).next_index == 0  # no file: a fresh start
+
+
+@pytest.mark.parametrize(
+    "spoil, match",
+    [
+        (lambda path: path.write_bytes(b"not an npz file"), "ignoring checkpoint .*partial.npz: "),
+        (lambda path: _filled_sums(next_index=2).save(path, "other"), "partial.npz: it was written for other samples"),
+        (lambda path: _filled_sums(next_index=5).save(path, "fp"), r"partial.npz: next sample index 5 outside 1..4"),
+        (lambda path: _filled_sums(next_index=2, d=4).save(path, "fp"), r"partial.npz: sum_0_attn: float64\(4, 4\), expected float64\(3, 3\)"),
+        (lambda path: np.savez(path, next_index=np.array(2), fingerprint=np.array("fp")), "partial.npz: 'sum_0_attn'"),
+    ],
+)
+def test_jacobian_sums_that_do_not_fit_are_ignored_naming_the_file(tmp_path, spoil, match):
+    path = tmp_path / ".layer000.h5.partial.npz"
+    spoil(path)
+    with pytest.warns(UserWarning, match=match):
+        acc = A.JacobianSums.resume(path, _fresh(), "fp", n_samples=4)
+    assert acc.next_index == 0 and not acc.sums[(0, "attn")].any()
+
+
+def test_jacobian_layer_files_round_trip_through_the_reader(tmp_path):
+    n, p, d = 4, 2, 3
+    acc = _filled_sums(n, p, d)
+    ids = np.array([7, 3, 5, 1])
+    attrs = {"model_id": "m", "options": {"a": 1}, "sizes": [1, 2]}
+    for layer in (0, 1):
+        A.JacobianBlocks.write_layer(A.JacobianBlocks.layer_file(tmp_path, layer), layer, acc, ids, [5, 6],
+                                     "float64", attrs, "llama", "exact")
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["layer000.h5", "layer001.h5"]
+    jf = A.JacobianBlocks.read([tmp_path])
+    assert (jf.d, jf.n_samples_total, jf.n_stored, jf.sample_ids.tolist()) == (d, n, 2, [7, 3])
+    assert sorted(jf.means) == [(0, "attn"), (0, "mlp"), (1, "layer")]
+    assert sorted(jf.branches) == [(1, "attn_branch"), (1, "mlp_branch")]
+    for key in jf.means:  # oracle: the mean is the sum over N·P Jacobians
+        np.testing.assert_array_equal(jf.means[key](), acc.sums[key] / (n * p))
+        np.testing.assert_array_equal(jf.per_sample[key](), acc.first[key].astype(np.float64).mean(axis=1))
+    for key in jf.branches:
+        np.testing.assert_array_equal(jf.branches[key](), acc.sums[key] / (n * p))
+    assert jf.attrs["options"] == '{"a": 1}' and jf.attrs["sizes"] == [1, 2] and jf.attrs["schema"] == "resdyn.jacobian/1"
+    with h5py.File(tmp_path / "layer001.h5") as f:
+        assert f.attrs["residual"] == "parallel" and f.attrs["positions"].tolist() == [5, 6]
+        np.testing.assert_array_equal(f["mlp_branch/trace"][()], acc.per[(1, "mlp_branch", "trace")])
+        assert int(f["layer/count"][()]) == n and f["layer/count"].attrs["n_jacobians"] == n * p
+
+
+def test_jacobian_layer_file_refuses_unfinished_sums_and_a_corrupt_file_is_named(tmp_path):
+    acc = _filled_sums(next_index=3)
+    path = A.JacobianBlocks.layer_file(tmp_path, 0)
+    with pytest.raises(ValueError, match=r"layer000.h5: refusing to write layer 0: the sums cover 3 of 4 samples"):
+        A.JacobianBlocks.write_layer(path, 0, acc, np.arange(4), [0, 1], "float32", {}, "llama", "exact")
+    assert not path.exists() and not list(tmp_path.iterdir())
+    acc.next_index = 4
+    A.JacobianBlocks.write_layer(path, 0, acc, np.arange(4), [0, 1], "float32", {}, "llama", "exact")
+    path.write_bytes(path.read_bytes()[:200])  # truncated
+    with pytest.raises(ValueError, match=r"layer000.h5: not a readable Jacobian file"):
+        A.JacobianBlocks.read([tmp_path])
+
+
+def test_jacobian_staging_is_published_whole(tmp_path):
+    out = tmp_path / "layers000-001"
+    staging = A.JacobianBlocks.staging(out)
+    assert staging == tmp_path / ".layers000-001.staging"
+    staging.mkdir()
+    (staging / "layer000.h5").write_bytes(b"new")
+    out.mkdir()
+    (out / "stale.h5").write_bytes(b"old")
+    A.JacobianBlocks.publish(staging, out)
+    assert not staging.exists() and sorted(q.name for q in out.iterdir()) == ["layer000.h5"]
