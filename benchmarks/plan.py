@@ -343,12 +343,12 @@ def core_bootstrap_exact(s, cfg):
 
 def core_communities(s, cfg):
     """One boundary as the job reads it: float16 states from an HDF5 file, upcast to float32
-    (:func:`resdyn.activations.read_boundary`), then :func:`resdyn.topology.analyse_boundary`."""
+    (:meth:`resdyn.artifacts.Activations.read_boundary`), then :func:`resdyn.topology.analyse_boundary`."""
     import tempfile
 
     import h5py
 
-    from resdyn import activations, topology
+    from resdyn import artifacts, topology
 
     N, Tk = cfg["samples"]["n"], cfg["samples"]["length"] - cfg["activations"]["skip_positions"]
     c = cost.cost_communities(cfg, s)
@@ -365,7 +365,7 @@ def core_communities(s, cfg):
             del x
 
         def run():
-            X = activations.read_boundary(path, "pre_attn")
+            X = artifacts.Activations.read_boundary(path, "pre_attn")
             topology.analyse_boundary(X.reshape(-1, s.d), top_k=10, resolution=0.05, seed=0)
 
         return run

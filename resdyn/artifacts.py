@@ -19,9 +19,10 @@ numeric cell may be NaN/Inf only in a column listed in ``allow_nan`` or in a row
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -801,18 +802,120 @@ class Activations(Artifact):
     (N, T', d) = m_L (the last layer's file also ``output``, its raw output before the final
     norm), ``sample_ids`` (N,), ``positions`` (T',); attrs ``schema``, ``layer``,
     ``skip_positions``, ``residual`` (sequential | parallel; for a parallel layer ``pre_mlp`` is
-    not a boundary) and the checkpoint and samples provenance. The writer streams states from the
-    model and stays in :mod:`resdyn.activations` (it needs torch, which this module must not
-    import); the readers are here.
+    not a boundary) and the checkpoint and samples provenance (dicts/lists as JSON strings).
+    Writers: :meth:`write` (all states in memory) and :meth:`stream` (one sample at a time, the
+    same datasets and attributes); both atomic. Readers: :meth:`layers`, :meth:`boundaries`, :meth:`read_boundary`,
+    :meth:`read_all_boundaries`, :meth:`view`.
     """
 
     relpath = _CKPT + "activations"
     SCHEMA = "resdyn.activations/1"
+    RESIDUAL_KINDS: ClassVar[tuple[str, str]] = ("sequential", "parallel")
+
+    @staticmethod
+    def layer_file(folder: PathLike, layer: int) -> Path:
+        """The file of one layer inside the folder."""
+        return Path(folder) / f"layer{int(layer):03d}.h5"
 
     @staticmethod
     def layer_files(folder: PathLike) -> list[Path]:
         """The layer files of the folder, in layer order."""
         return sorted(Path(folder).glob("layer*.h5"))
+
+    @classmethod
+    def layers(cls, folder: PathLike) -> list[tuple[int, Path]]:
+        """(layer, file) of every layer file, the layer read from the file's own ``layer`` attr.
+
+        ValueError naming the file when it cannot be read, has no ``layer`` or the layers are not
+        0 … n−1 in file order.
+        """
+        import h5py
+
+        out = []
+        for i, path in enumerate(cls.layer_files(folder)):
+            try:
+                with h5py.File(path, "r") as f:
+                    layer = int(f.attrs["layer"])
+            except (OSError, KeyError) as err:
+                raise ValueError(f"{path}: cannot read the activation file's layer attribute ({err})") from err
+            if layer != i:
+                raise ValueError(f"{path}: holds layer {layer}, but it is file {i} of the folder (expected layers "
+                                 "0..n-1 in order)")
+            out.append((layer, path))
+        return out
+
+    @classmethod
+    def _check_residual(cls, residual: str) -> None:
+        if residual not in cls.RESIDUAL_KINDS:
+            raise ValueError(f"residual={residual!r}: allowed are {cls.RESIDUAL_KINDS}")
+
+    @classmethod
+    def _write_index(cls, f: Any, layer: int, sample_ids: np.ndarray, positions: np.ndarray, skip_positions: int,
+                     residual: str, attrs: Mapping[str, Any]) -> None:
+        """The part of a layer file that is not the states: ids, positions and attributes."""
+        f.create_dataset("sample_ids", data=sample_ids)
+        f.create_dataset("positions", data=positions)
+        f.attrs.update({"schema": cls.SCHEMA, "layer": layer, "skip_positions": skip_positions, "residual": residual})
+        for k, v in attrs.items():
+            f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
+
+    @classmethod
+    def write(cls, states: np.ndarray, sample_ids: np.ndarray, skip_positions: int, out_dir: PathLike,
+              dtype: str, attrs: Mapping[str, Any], residual: str = "sequential") -> list[Path]:
+        """Write one ``layer{L:03d}.h5`` per layer of ``states`` (N, 2·n_layers + 1, T', d) atomically.
+
+        ``residual`` (sequential | parallel) is stored as a file attribute: for "parallel" layers
+        ``pre_mlp`` holds the virtual state h_L + A (not a boundary) and :meth:`boundaries` lists
+        ``pre_attn`` only.
+        """
+        import h5py
+
+        cls._check_residual(residual)
+        n_layers = (states.shape[1] - 1) // 2
+        positions = np.arange(skip_positions, skip_positions + states.shape[2])
+        paths = []
+        for layer in range(n_layers):
+            path = cls.layer_file(out_dir, layer)
+            with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+                f.create_dataset("pre_attn", data=states[:, 2 * layer].astype(dtype))
+                f.create_dataset("pre_mlp", data=states[:, 2 * layer + 1].astype(dtype))
+                if layer == n_layers - 1:
+                    f.create_dataset("output", data=states[:, -1].astype(dtype))
+                cls._write_index(f, layer, sample_ids, positions, skip_positions, residual, attrs)
+            paths.append(path)
+        return paths
+
+    @classmethod
+    @contextlib.contextmanager
+    def stream(cls, out_dir: PathLike, n_layers: int, n_samples: int, length: int, d: int, dtype: str,
+               sample_ids: np.ndarray, skip_positions: int, attrs: Mapping[str, Any],
+               residual: str = "sequential") -> Iterator[Any]:
+        """Open every layer file for writing and yield ``put(i, states)``, which stores sample i's
+        (2·n_layers + 1, T', d) states; the files are renamed into place only when the block ends
+        without an exception (datasets and attributes equal :meth:`write`'s). Host memory: one sample."""
+        import h5py
+
+        cls._check_residual(residual)
+        positions = np.arange(skip_positions, skip_positions + length)
+        with contextlib.ExitStack() as stack:
+            files = []
+            for layer in range(n_layers):
+                tmp = stack.enter_context(io.atomic_path(cls.layer_file(out_dir, layer)))
+                f = stack.enter_context(h5py.File(tmp, "w"))
+                names = ["pre_attn", "pre_mlp"] + (["output"] if layer == n_layers - 1 else [])
+                for name in names:
+                    f.create_dataset(name, shape=(n_samples, length, d), dtype=dtype)
+                cls._write_index(f, layer, sample_ids, positions, skip_positions, residual, attrs)
+                files.append(f)
+
+            def put(i: int, x: np.ndarray) -> None:
+                for layer, f in enumerate(files):
+                    f["pre_attn"][i] = x[2 * layer].astype(dtype)
+                    f["pre_mlp"][i] = x[2 * layer + 1].astype(dtype)
+                    if layer == n_layers - 1:
+                        f["output"][i] = x[-1].astype(dtype)
+
+            yield put
 
     @staticmethod
     def boundaries(path: PathLike) -> tuple[str, ...]:

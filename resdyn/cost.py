@@ -597,7 +597,7 @@ def cost_communities(config: dict, s: Shape) -> Cost:
     copy chunk by chunk and the correlation by ``dsyrk`` (M·d² FLOPs, fp64), top-k
     sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
     per resolution (``graph``). Memory: the larger of the read (fp16 states and their float32
-    upcast, 6·M·d, :func:`resdyn.activations.read_boundary`) and the analysis (the float32 states,
+    upcast, 6·M·d, :meth:`resdyn.artifacts.Activations.read_boundary`) and the analysis (the float32 states,
     two float64 token chunks of ``resdyn.topology._CHUNK_BYTES`` = 32 MiB: the chunk and its
     shifted copy), plus R and its sparsified copy (2·8·d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
@@ -654,7 +654,7 @@ def cost_readout(config: dict, s: Shape) -> Cost:
 
 def cost_phase_metrics(config: dict, s: Shape) -> Cost:
     """``phase_metrics``: every boundary's states are streamed from the layer files one state and
-    one chunk of samples at a time (:class:`resdyn.activations.BoundaryView`), per layer a
+    one chunk of samples at a time (:class:`resdyn.artifacts.BoundaryView`), per layer a
     centred token × d effective rank (Gram 2·M·d² + singular values 8/3 d³) and token cosines."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, n = N * Tk, s.d, s.n_layers
@@ -662,7 +662,7 @@ def cost_phase_metrics(config: dict, s: Shape) -> Cost:
     c.add("gemm64", (n + 1) * 2.0 * M * d * d)
     c.add("svdvals", (n + 1) * decomposition_flops("svdvals", d))
     c.add("stream", N * (2 * n + 1) * Tk * d * (2 + 4 + 8.0))
-    # read lazily (resdyn.activations.BoundaryView): a chunk of ~2^22 entries, the d×d Gram, and
+    # read lazily (resdyn.artifacts.BoundaryView): a chunk of ~2^22 entries, the d×d Gram, and
     # the pooled M×d float64 tokens when the exact SVD path is taken (≤ 2^24 entries)
     c.host_bytes = BASE_HOST_BYTES + 4 * 8.0 * 2**22 + 2 * 8.0 * d * d + 8.0 * min(M * d, 2**24)
     return c

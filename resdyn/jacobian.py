@@ -636,7 +636,7 @@ def write_layer_block(
     """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
 
     samples (N, T) int token ids; sample_ids (N,) ints or strings; ``layers`` the block;
-    ``out_paths[L]`` the file of layer L (schema in the module docstring). Per sample: one
+    ``out_paths[L]`` the file of layer L (schema: :class:`resdyn.artifacts.JacobianBlocks`). Per sample: one
     forward pass for the boundary states, then each sublayer's Jacobian at ``positions``
     (see :func:`resolve_positions`); sums in float64, ``mean`` stored as ``store_dtype``
     ("float32" or "float64"); the first ``store_first_n`` samples' Jacobians kept whole.

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from resdyn import activations
+from resdyn.artifacts import Activations, BoundaryView
 from test_arch import make_model  # noqa: F401
 
 
@@ -18,7 +19,7 @@ def test_streamed_files_equal_collected(tmp_path, dtype):
     sids = np.array([7, 8, 9])
     attrs = {"model_id": "tiny", "samples_hash": "abc", "extra": {"a": 1}}
     states = activations.collect_boundary_states(model, ids, 1, progress=False)
-    a = activations.write_activation_files(states, sids, 1, tmp_path / "a", dtype, attrs)
+    a = Activations.write(states, sids, 1, tmp_path / "a", dtype, attrs)
     b = activations.stream_activation_files(model, ids, sids, 1, tmp_path / "b", dtype, attrs, progress=False)
     assert [p.name for p in a] == [p.name for p in b]
     assert not list((tmp_path / "b").glob(".*")), "temporary files left behind"
@@ -38,8 +39,8 @@ def test_boundary_view_gives_the_same_geometry_as_reading_everything(tmp_path):
     model = make_model("llama")
     ids = np.random.default_rng(1).integers(0, model.config.vocab_size, (5, 12))
     activations.stream_activation_files(model, ids, np.arange(5), 1, tmp_path, "float32", {}, progress=False)
-    full = activations.read_all_boundaries(tmp_path)
-    view = activations.BoundaryView(tmp_path)
+    full = Activations.read_all_boundaries(tmp_path)
+    view = BoundaryView(tmp_path)
     assert view.shape == full.shape
     np.testing.assert_array_equal(view[1:4, 3, 2:, :], full[1:4, 3, 2:, :])
     np.testing.assert_array_equal(view[:, -1, :, :], full[:, -1])

@@ -281,10 +281,7 @@ def _activation_folder(tmp_path, n_layers=2, residual="sequential"):
 
 
 def test_activation_readers(tmp_path):
-    from resdyn import activations
-
     states = _activation_folder(tmp_path)
-    assert activations.read_boundary is A.Activations.read_boundary  # one reader, re-exported
     assert A.Activations.boundaries(tmp_path / "layer000.h5") == ("pre_attn", "pre_mlp")
     np.testing.assert_array_equal(A.Activations.read_all_boundaries(tmp_path), states)
     view = A.Activations.view(tmp_path)

@@ -118,3 +118,57 @@ def test_jacobian_staging_is_published_whole(tmp_path):
     (out / "stale.h5").write_bytes(b"old")
     A.JacobianBlocks.publish(staging, out)
     assert not staging.exists() and sorted(q.name for q in out.iterdir()) == ["layer000.h5"]
+
+
+# --------------------------------------------------------------------------------------------
+# Activations: the in-memory and the streaming writer
+
+
+def _states(n=3, n_layers=2, t=4, d=5, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, 2 * n_layers + 1, t, d)).astype(np.float32)
+
+
+@pytest.mark.parametrize("residual", A.Activations.RESIDUAL_KINDS)
+def test_activations_write_and_stream_round_trip_the_same_files(tmp_path, residual):
+    states, ids = _states(), np.array([4, 9, 2])
+    attrs = {"model_id": "m", "extra": {"a": [1, 2]}}
+    written = A.Activations.write(states, ids, 1, tmp_path / "a", "float32", attrs, residual)
+    with A.Activations.stream(tmp_path / "b", 2, 3, 4, 5, "float32", ids, 1, attrs, residual) as put:
+        for i in range(3):
+            put(i, states[i])
+    assert [p.name for p in written] == ["layer000.h5", "layer001.h5"]
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+        np.testing.assert_array_equal(A.Activations.read_all_boundaries(folder), states)
+        assert [(layer, p.name) for layer, p in A.Activations.layers(folder)] == [(0, "layer000.h5"), (1, "layer001.h5")]
+        want = ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
+        assert A.Activations.boundaries(folder / "layer001.h5") == want
+        with h5py.File(folder / "layer001.h5") as f:
+            assert f["positions"][()].tolist() == [1, 2, 3, 4] and f["sample_ids"][()].tolist() == [4, 9, 2]
+            assert f.attrs["extra"] == '{"a": [1, 2]}' and f.attrs["schema"] == A.Activations.SCHEMA
+    for name in ("layer000.h5", "layer001.h5"):  # streaming writes the same datasets and attributes
+        with h5py.File(tmp_path / "a" / name) as fa, h5py.File(tmp_path / "b" / name) as fb:
+            assert sorted(fa) == sorted(fb) and dict(fa.attrs) == dict(fb.attrs)
+            for key in fa:
+                assert fa[key].dtype == fb[key].dtype and np.array_equal(fa[key][()], fb[key][()])
+
+
+def test_activations_stream_interrupted_leaves_nothing_and_bad_files_are_named(tmp_path):
+    states, ids = _states(), np.arange(3)
+    with pytest.raises(KeyboardInterrupt):
+        with A.Activations.stream(tmp_path, 2, 3, 4, 5, "float32", ids, 0, {}) as put:
+            put(0, states[0])
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="residual='mixed': allowed are"):
+        A.Activations.write(states, ids, 0, tmp_path, "float32", {}, "mixed")
+    A.Activations.write(states, ids, 0, tmp_path, "float32", {})
+    with h5py.File(tmp_path / "layer001.h5", "r+") as f:
+        f.attrs["layer"] = 5
+    with pytest.raises(ValueError, match=r"layer001.h5: holds layer 5, but it is file 1"):
+        A.Activations.layers(tmp_path)
+    (tmp_path / "layer001.h5").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"layer001.h5: cannot read the activation file's layer attribute"):
+        A.Activations.layers(tmp_path)
+    with pytest.raises(ValueError, match=r"layer001.h5: cannot read activations 'pre_attn'"):
+        A.Activations.read_boundary(tmp_path / "layer001.h5", "pre_attn")

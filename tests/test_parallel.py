@@ -70,11 +70,11 @@ def test_activations_and_coupling_use_the_single_boundary(parallel_files, tmp_pa
     model, _, loaders = parallel_files
     ids = np.stack([sample_ids(seed).numpy() for seed in range(3)])
     states = activations.collect_boundary_states(model, ids, 1, progress=False)
-    paths = activations.write_activation_files(
+    paths = artifacts.Activations.write(
         states, np.arange(3), 1, tmp_path, "float32", {}, arch.residual_kind(model)
     )
-    assert activations.boundaries(paths[0]) == ("pre_attn",)
-    X = activations.read_boundary(paths[1], "pre_attn")
+    assert artifacts.Activations.boundaries(paths[0]) == ("pre_attn",)
+    X = artifacts.Activations.read_boundary(paths[1], "pre_attn")
     units, _ = topology.analyse_boundary(X.reshape(-1, D), top_k=4, seed=0)
     table = units.assign(layer=1, boundary="pre_attn")
     spectra_tsv, _ = spectral.spectra_table(loaders)

@@ -9,8 +9,7 @@ from resdyn import artifacts, provenance, topology
 with provenance.step(snakemake) as step:
     p = snakemake.params
     out, summaries = Path(snakemake.output.folder), []
-    for path in artifacts.Activations.layer_files(snakemake.input[0]):
-        layer = int(path.stem.removeprefix("layer"))
+    for layer, path in artifacts.Activations.layers(snakemake.input[0]):
         tables = []
         for boundary in artifacts.Activations.boundaries(path):
             X = artifacts.Activations.read_boundary(path, boundary)
