@@ -60,6 +60,9 @@ __all__ = [
     "RSS_COLUMNS",
     "LENS_METRIC_COLUMNS",
     "LensMetrics",
+    "LensFiles",
+    "LensFolder",
+    "LensCheckpoint",
     "RssProfile",
     "ResolutionTable",
     "PhaseCuts",
@@ -538,6 +541,220 @@ class LensMetrics(TsvArtifact):
     relpath = _CKPT + "lens_metrics.tsv"
     columns = _cols("lens:str layer:int kl:float ce:float hit1:float hit5:float n_tokens:int converged:bool "
                     "steps:int converged_step:int final_heldout_kl:float reason:str")
+
+
+#: pandas ≥ 3 parses floats round-trip exactly by default (and deprecates the option); 2.x needs it.
+_ROUND_TRIP: dict[str, str] = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+
+
+@dataclass(frozen=True)
+class LensFiles:
+    """What :meth:`LensFolder.read` returns: ``weight`` (n, d, d) float32 = W_L stacked, ``bias``
+    (n, d) float32 = b_L, ``curves`` (step, layer, split, kl) and ``config`` (config.json)."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    curves: pd.DataFrame
+    config: dict[str, Any]
+
+
+class LensFolder(Artifact):
+    """``results/{model}/{ckpt}/lens/``: a checkpoint's tuned-lens translators (format ``resdyn.lens/1``).
+
+    Files, each written atomically by :meth:`write`, config.json last (its presence marks a
+    complete lens):
+
+    * ``translators.safetensors``: ``weight`` (n, d, d) float32 = W_L stacked, ``bias`` (n, d)
+      float32 = b_L (translator T_L(h) = h + W_L h + b_L); metadata ``format``;
+    * ``curves.tsv``: ``step`` int, ``layer`` int, ``split`` (train | heldout), ``kl`` float64
+      written with 17 significant digits (read back exactly);
+    * ``config.json``: ``format`` = "resdyn.lens/1", ``model_id``/``model_revision``/``model_hash``,
+      ``d_model``, ``n_layers``, ``vocab_size``, ``unembed_hash``, ``softcap``, ``translator``,
+      ``training`` (options), ``steps_trained``, ``stop_reason``, ``convergence`` (records of
+      layer, converged, converged_step, steps, final_heldout_kl, rel_change), built by
+      :meth:`resdyn.lens.Lens.config`;
+    * ``tuned_lens/``: the same translators in EleutherAI tuned-lens's format
+      (:meth:`write_tuned_lens`: ``params.pt`` + ``config.json``; read by :mod:`resdyn.lens_import`).
+
+    :meth:`read` validates the folder on its own (format, shapes agree with config.json, curve
+    columns); whether it fits a model (readout hash, sizes) is :meth:`resdyn.lens.Lens.load`'s
+    check. :meth:`read_translator_matrices` reads the translators alone, without torch.
+    """
+
+    relpath = _CKPT + "lens"
+    FORMAT = "resdyn.lens/1"
+    TRANSLATORS_FILE = "translators.safetensors"
+    CONFIG_FILE = "config.json"
+    CURVES_FILE = "curves.tsv"
+    TUNED_LENS_DIR = "tuned_lens"
+    #: The two files of tuned-lens's format (its ``TunedLens.save``).
+    TUNED_LENS_CONFIG, TUNED_LENS_PARAMS = "config.json", "params.pt"
+    CURVE_COLUMNS: ClassVar[list[str]] = ["step", "layer", "split", "kl"]
+    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("format", "d_model", "n_layers", "vocab_size", "unembed_hash")
+
+    @classmethod
+    def write(cls, directory: PathLike, weight: np.ndarray, bias: np.ndarray, curves: pd.DataFrame,
+              config: Mapping[str, Any]) -> Path:
+        """Write the three files into ``directory`` (created if needed); returns the folder."""
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        weight, bias = np.ascontiguousarray(weight, np.float32), np.ascontiguousarray(bias, np.float32)
+        if weight.ndim != 3 or weight.shape[1] != weight.shape[2] or bias.shape != weight.shape[:2]:
+            raise ArtifactError(f"{directory}: refusing to write translators of shapes {weight.shape}, {bias.shape}; "
+                                "expected (n, d, d) and (n, d)")
+        missing = [c for c in cls.CURVE_COLUMNS if c not in curves.columns]
+        if missing or config.get("format") != cls.FORMAT:
+            raise ArtifactError(f"{directory}: refusing to write a lens with curve columns {list(curves.columns)} "
+                                f"and format {config.get('format')!r} (need {cls.CURVE_COLUMNS}, {cls.FORMAT!r})")
+        directory.mkdir(parents=True, exist_ok=True)
+        with io.atomic_path(directory / cls.TRANSLATORS_FILE) as tmp:
+            save_file({"weight": weight, "bias": bias}, str(tmp), metadata={"format": cls.FORMAT})
+        with io.atomic_path(directory / cls.CURVES_FILE) as tmp:
+            # 17 significant digits: float64 round-trips exactly (read back with round_trip).
+            curves.to_csv(tmp, sep="\t", index=False, float_format="%.17g")
+        io.write_json(dict(config), directory / cls.CONFIG_FILE)
+        return directory
+
+    @classmethod
+    def read_config(cls, directory: PathLike) -> dict[str, Any]:
+        """config.json, checked: a JSON object of this format with the keys of :attr:`CONFIG_KEYS`."""
+        path = Path(directory) / cls.CONFIG_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no lens config (expected a folder written by Lens.save)")
+        cfg = io.read_json(path)
+        if not isinstance(cfg, dict) or cfg.get("format") != cls.FORMAT:
+            got = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
+            raise ValueError(f"{path}: format={got!r}; allowed: {cls.FORMAT!r}")
+        missing = [k for k in cls.CONFIG_KEYS if k not in cfg]
+        if missing:
+            raise ArtifactError(f"{path}: lacks key(s) {missing} (a lens config has {list(cls.CONFIG_KEYS)})")
+        return cfg
+
+    @classmethod
+    def _read_translators(cls, directory: PathLike) -> tuple[np.ndarray, np.ndarray]:
+        from safetensors.numpy import load_file  # only the translator reader needs it
+
+        path = Path(directory) / cls.TRANSLATORS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no translators (expected a folder written by Lens.save)")
+        try:
+            tensors = load_file(str(path))
+        except Exception as err:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
+        weight, bias = tensors.get("weight"), tensors.get("bias")
+        if weight is None or weight.ndim != 3 or weight.shape[1] != weight.shape[2] or 0 in weight.shape:
+            shape = None if weight is None else weight.shape
+            raise ValueError(f"{path}: 'weight' has shape {shape}; expected (n, d, d) translators")
+        if bias is None or bias.shape != weight.shape[:2]:
+            raise ValueError(f"{path}: 'bias' has shape {None if bias is None else bias.shape}; "
+                             f"expected {weight.shape[:2]} (n, d)")
+        return weight, bias
+
+    @classmethod
+    def read(cls, directory: PathLike) -> LensFiles:
+        """The validated folder; ValueError/ArtifactError naming the file and the fault."""
+        directory = Path(directory)
+        cfg = cls.read_config(directory)
+        weight, bias = cls._read_translators(directory)
+        if weight.shape[:2] != (cfg["n_layers"], cfg["d_model"]):
+            raise ArtifactError(f"{directory / cls.TRANSLATORS_FILE}: translators of shape {weight.shape}, but "
+                                f"{cls.CONFIG_FILE} says n_layers={cfg['n_layers']}, d_model={cfg['d_model']}")
+        bad = [name for name, a in (("weight", weight), ("bias", bias)) if not np.isfinite(a).all()]
+        if bad:
+            raise ArtifactError(f"{directory / cls.TRANSLATORS_FILE}: {bad[0]} holds NaN/Inf")
+        path = directory / cls.CURVES_FILE
+        try:
+            curves = pd.read_csv(path, sep="\t", **_ROUND_TRIP)
+        except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+            raise ValueError(f"{path}: not a readable curves table ({err})") from err
+        if list(curves.columns) != cls.CURVE_COLUMNS:
+            raise ArtifactError(f"{path}: columns {list(curves.columns)}, expected {cls.CURVE_COLUMNS}")
+        return LensFiles(weight=weight, bias=bias, curves=curves, config=cfg)
+
+    @classmethod
+    def read_translator_matrices(cls, directory: PathLike) -> list[np.ndarray]:
+        """``[A_0, …, A_{n−1}]``, ``A_L = I + W_L`` float64 (d, d), from the translators file alone.
+
+        Read with ``safetensors.numpy`` (no torch, no model): the float32 values widen exactly to
+        float64, so the matrices are bit-equal to :meth:`resdyn.lens.Lens.translator_matrix`. The
+        identity reference at index n is not included: it carries no readout subspace of its own.
+        """
+        weight, _ = cls._read_translators(directory)
+        weight = weight.astype(np.float64)
+        eye = np.eye(weight.shape[-1])
+        return [eye + w for w in weight]
+
+    @classmethod
+    def write_tuned_lens(cls, directory: PathLike, state: Mapping[str, Any], config: Mapping[str, Any]) -> Path:
+        """Write tuned-lens's ``params.pt`` (``state``, {"{i}.weight"/"{i}.bias": torch tensor},
+        with ``torch.save``) and ``config.json`` into ``directory``, each atomically."""
+        import torch  # only this writer needs it; the lens job has it loaded already
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with io.atomic_path(directory / cls.TUNED_LENS_PARAMS) as tmp:
+            torch.save(state, tmp)
+        io.write_json(dict(config), directory / cls.TUNED_LENS_CONFIG)
+        return directory
+
+
+class LensCheckpoint(Artifact):
+    """``.lens.partial.pt`` beside the lens folder: the resumable state of a lens training.
+
+    A ``torch.save`` dict (loaded with ``weights_only=True``): ``format`` =
+    "resdyn.lens-checkpoint/1", ``key`` (the fingerprint of everything the trajectory depends on,
+    :func:`resdyn.lens._fingerprint`), and the training loop's state (translators, optimizer state,
+    step, curve rows, held-out history, convergence counters, stream position;
+    :func:`resdyn.lens._fit`). :meth:`load` returns None for a missing file and, with a warning
+    naming the file and the fault, for one of another format or key or that does not load.
+    """
+
+    FORMAT = "resdyn.lens-checkpoint/1"
+
+    @staticmethod
+    def path(out: PathLike) -> Path:
+        """The state file of the job whose declared output is ``out``: ``.{name}.partial.pt`` beside it
+        (Snakemake clears the outputs of an incomplete job before rerunning it)."""
+        out = Path(out)
+        return out.with_name(f".{out.name}.partial.pt")
+
+    @classmethod
+    def save(cls, path: PathLike, key: str, state: Mapping[str, Any]) -> None:
+        """Write ``state`` with ``format`` and ``key`` atomically."""
+        import torch
+
+        with io.atomic_path(path) as tmp:
+            torch.save({"format": cls.FORMAT, "key": key, **state}, tmp)
+
+    @classmethod
+    def load(cls, path: PathLike, key: str, stacklevel: int = 1) -> dict[str, Any] | None:
+        """The saved state if ``path`` holds one of this format and ``key``; else None (see class).
+
+        ``stacklevel``: the warning points at this many frames above the caller (1: the caller).
+        """
+        import logging
+        import warnings
+
+        import torch
+
+        path = Path(path)
+        if not path.exists():
+            return None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(state, dict) or state.get("format") != cls.FORMAT or state.get("key") != key:
+                raise ValueError("it was written for another model, other tokens or other options")
+        except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
+            warnings.warn(f"ignoring lens checkpoint {path}: {err}", stacklevel=stacklevel + 1)
+            logging.getLogger(__name__).warning("ignoring lens checkpoint %s: %s", path, err)
+            return None
+        return state
+
+    @staticmethod
+    def remove(path: PathLike) -> None:
+        """Delete the state file (training finished), if it is there."""
+        Path(path).unlink(missing_ok=True)
 
 
 class RssProfile(TsvArtifact):

@@ -419,7 +419,7 @@ def bridge_tables(
 
     Args:
         jacobians: {(layer, kind): mean Jacobian or loader} (:meth:`resdyn.artifacts.JacobianBlocks.read_means`).
-        translators: A_0 … A_{n−1} (:func:`resdyn.readout.read_translator_matrices`).
+        translators: A_0 … A_{n−1} (:meth:`resdyn.artifacts.LensFolder.read_translator_matrices`).
         spectra, bottleneck, rss: the tables of ``spectra.tsv``, ``bottleneck.tsv``, ``rss.tsv``.
         phases: the content of ``phases.json`` (keys b1, b2, b1_found, b2_found, k, n).
         k, n_random, seed: see :func:`transport_table`; complex_tol: see :func:`operator_profiles`.

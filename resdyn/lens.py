@@ -37,13 +37,9 @@ tokens and options continues from it bit-identically (the cached states are reco
 same deterministic forward). A checkpoint written for other inputs is ignored with a warning;
 it is removed when training finishes.
 
-Files written by :meth:`Lens.save` (folder)::
-
-    translators.safetensors   weight (n, d, d) float32 = W_L stacked; bias (n, d) float32 = b_L
-    config.json               format, model id/revision/hash, d_model, n_layers, vocab_size,
-                              unembed_hash (see unembed_hash()), softcap, training options,
-                              steps trained, per-layer convergence records
-    curves.tsv                step, layer, split (train | heldout), kl  — float64 text, 17 digits
+Files: :meth:`Lens.save` writes a lens folder (translators, curves, config; format
+``resdyn.lens/1``) and the training checkpoint is a file; both formats, their writers and readers
+are :class:`resdyn.artifacts.LensFolder` and :class:`resdyn.artifacts.LensCheckpoint`.
 
 :meth:`Lens.export_tuned_lens` writes the EleutherAI ``tuned-lens`` format (params.pt +
 config.json) so that ``tuned_lens.nn.TunedLens`` users can load our translators.
@@ -51,12 +47,10 @@ config.json) so that ``tuned_lens.nn.TunedLens`` users can load our translators.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -67,17 +61,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, artifacts, io
-from resdyn.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
+from resdyn import arch, artifacts
+from resdyn.artifacts import LensCheckpoint, LensFolder
 
 log = logging.getLogger(__name__)
 
-FORMAT = "resdyn.lens/1"
-CHECKPOINT_FORMAT = "resdyn.lens-checkpoint/1"
+FORMAT = LensFolder.FORMAT
+CHECKPOINT_FORMAT = LensCheckpoint.FORMAT
 OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")
@@ -85,11 +78,7 @@ READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Effective learning rates used when ``lr`` is not given; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
-CONFIG_FILE = "config.json"
-CURVES_FILE = "curves.tsv"
-CURVE_COLUMNS = ["step", "layer", "split", "kl"]
-# pandas ≥ 3 parses floats round-trip exactly by default (and deprecates the option); 2.x needs it.
-_ROUND_TRIP: dict[str, str] = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+CURVE_COLUMNS = LensFolder.CURVE_COLUMNS
 CONVERGENCE_COLUMNS = ["layer", "converged", "converged_step", "steps", "final_heldout_kl", "rel_change"]
 
 
@@ -903,35 +892,20 @@ class Lens:
         }
 
     def save(self, directory: str | Path) -> Path:
-        """Write translators.safetensors, curves.tsv and (last) config.json into ``directory``.
-
-        Each file is written atomically; config.json last, so its presence marks a complete lens.
-        """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {"weight": self.weight.detach().cpu().contiguous(), "bias": self.bias.detach().cpu().contiguous()}
-        with io.atomic_path(directory / TRANSLATORS_FILE) as tmp:
-            save_file(tensors, str(tmp), metadata={"format": FORMAT})
-        with io.atomic_path(directory / CURVES_FILE) as tmp:
-            # 17 significant digits: float64 round-trips exactly (read back with round_trip).
-            self.curves.to_csv(tmp, sep="\t", index=False, float_format="%.17g")
-        io.write_json(self.config(), directory / CONFIG_FILE)
-        return directory
+        """Write the lens folder (:class:`resdyn.artifacts.LensFolder`): translators.safetensors,
+        curves.tsv and (last) config.json, each atomically."""
+        return LensFolder.write(directory, self.weight.detach().cpu().contiguous().numpy(),
+                                self.bias.detach().cpu().contiguous().numpy(), self.curves, self.config())
 
     @classmethod
     def load(cls, directory: str | Path, model: nn.Module) -> Lens:
-        """Load a saved lens and bind it to ``model``.
+        """Load a saved lens (validated by :meth:`resdyn.artifacts.LensFolder.read`) and bind it to ``model``.
 
         Raises ValueError when the model's readout hash (:func:`unembed_hash`), layer count or
         width differ from those the lens was trained with.
         """
-        directory = Path(directory)
-        cfg_path = directory / CONFIG_FILE
-        if not cfg_path.is_file():
-            raise FileNotFoundError(f"{cfg_path}: no lens config (expected a folder written by Lens.save)")
-        cfg = io.read_json(cfg_path)
-        if cfg.get("format") != FORMAT:
-            raise ValueError(f"{cfg_path}: format={cfg.get('format')!r}; allowed: {FORMAT!r}")
+        cfg_path = Path(directory) / LensFolder.CONFIG_FILE
+        cfg = LensFolder.read_config(directory)  # first: a lens of another model fails before its translators load
         info = model_info(model)
         for key in ("n_layers", "d_model", "vocab_size"):
             if cfg[key] != info[key]:
@@ -943,11 +917,11 @@ class Lens:
                 f"{cfg['unembed_hash'][:16]}…, this model's readout (head, final norm, softcap) hashes to "
                 f"{got[:16]}…; load it with the model it was trained on (model_id={cfg.get('model_id')!r})"
             )
-        tensors = load_file(str(directory / TRANSLATORS_FILE))
-        curves = pd.read_csv(directory / CURVES_FILE, sep="\t", **_ROUND_TRIP)
+        files = LensFolder.read(directory)
         convergence = pd.DataFrame(cfg.get("convergence") or [], columns=CONVERGENCE_COLUMNS)
         meta = {k: cfg.get(k) for k in ("model_id", "model_revision", "model_hash", "steps_trained", "stop_reason")}
-        return cls(model, tensors["weight"], tensors["bias"], options=cfg.get("training"), curves=curves, convergence=convergence, meta=meta)
+        return cls(model, torch.from_numpy(files.weight.copy()), torch.from_numpy(files.bias.copy()),
+                   options=cfg.get("training"), curves=files.curves, convergence=convergence, meta=meta)
 
     def export_tuned_lens(self, directory: str | Path) -> Path:
         """Write the lens in EleutherAI tuned-lens's format: ``params.pt`` + ``config.json``.
@@ -965,14 +939,10 @@ class Lens:
         Gemma's final softcap, which tuned-lens's own ``Unembed`` omits, use
         ``TunedLens.from_unembed_and_pretrained(TunedLensReadout(model), <dir>)``.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         state: OrderedDict[str, torch.Tensor] = OrderedDict()
         for i in range(self.n_layers):
             state[f"{i}.weight"] = self.weight[i].detach().cpu().clone()
             state[f"{i}.bias"] = self.bias[i].detach().cpu().clone()
-        with io.atomic_path(directory / "params.pt") as tmp:
-            torch.save(state, tmp)
         config = {
             "base_model_name_or_path": self.meta.get("model_id") or getattr(self.model.config, "name_or_path", "") or "",
             "d_model": self.d_model,
@@ -982,8 +952,7 @@ class Lens:
             "unembed_hash": tuned_lens_unembed_hash(self.model),
             "lens_type": "linear_tuned_lens",
         }
-        io.write_json(config, directory / "config.json")
-        return directory
+        return LensFolder.write_tuned_lens(directory, state, config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1199,7 +1168,7 @@ def _fit(
 
 
 class _Checkpointer:
-    """Atomic save/load of the training loop's state at ``path`` (torch.save, weights-only).
+    """The training loop's resumable state at ``path`` (:class:`resdyn.artifacts.LensCheckpoint`).
 
     ``key``: fingerprint of everything the trajectory depends on (:func:`_fingerprint`); a file
     with another key or format is ignored with a warning, never resumed.
@@ -1209,25 +1178,13 @@ class _Checkpointer:
         self.path, self.key, self.every = path, key, every
 
     def save(self, state: dict[str, Any]) -> None:
-        with io.atomic_path(self.path) as tmp:
-            torch.save({"format": CHECKPOINT_FORMAT, "key": self.key, **state}, tmp)
+        LensCheckpoint.save(self.path, self.key, state)
 
     def load(self) -> dict[str, Any] | None:
-        if not self.path.exists():
-            return None
-        try:
-            state = torch.load(self.path, map_location="cpu", weights_only=True)
-            if state.get("format") != CHECKPOINT_FORMAT or state.get("key") != self.key:
-                raise ValueError("it was written for another model, other tokens or other options")
-        except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
-            warnings.warn(f"ignoring lens checkpoint {self.path}: {err}", stacklevel=4)
-            log.warning("ignoring lens checkpoint %s: %s", self.path, err)
-            return None
-        return state
+        return LensCheckpoint.load(self.path, self.key, stacklevel=4)  # the warning points at train_lens's caller
 
     def remove(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        LensCheckpoint.remove(self.path)
 
 
 def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[torch.Tensor] | None, opt: LensOptions, meta: dict[str, Any]) -> str:

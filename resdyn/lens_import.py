@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from resdyn import lens as lens_mod
+from resdyn.artifacts import LensFolder
 
-CONFIG_FILE = "config.json"
-PARAMS_FILE = "params.pt"
+CONFIG_FILE, PARAMS_FILE = LensFolder.TUNED_LENS_CONFIG, LensFolder.TUNED_LENS_PARAMS
 REPO_TYPES = ("model", "space", "dataset")
 _KEY = re.compile(r"^(?:layer_translators\.)?(\d+)\.(weight|bias)$")
 

@@ -25,7 +25,6 @@ and perturbation estimates", SIAM J. Sci. Comput. 23(6):2008–2040, 2002.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -46,44 +45,10 @@ __all__ = [
     "rss_profile",
     "resolution_table",
     "pareto_front",
-    "read_translator_matrices",
 ]
-
-#: The translators file in a lens folder (written by :meth:`resdyn.lens.Lens.save`).
-TRANSLATORS_FILE = "translators.safetensors"
 
 #: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
 RSS_COLUMNS = artifacts.RSS_COLUMNS  # defined by resdyn.artifacts.RssProfile
-
-
-# --------------------------------------------------------------------------------------------
-# reading the translators (torch-free: the light jobs that analyse them never import torch)
-
-
-def read_translator_matrices(directory: str | Path) -> list[np.ndarray]:
-    """``[A_0, …, A_{n−1}]``, ``A_L = I + W_L`` float64 (d, d), from a folder written by Lens.save.
-
-    Reads ``weight`` (n, d, d) of ``translators.safetensors`` with ``safetensors.numpy`` (no
-    torch, no model): the float32 values widen exactly to float64, so the matrices are bit-equal
-    to :meth:`resdyn.lens.Lens.translator_matrix`. The identity reference at index n is not
-    included: it carries no readout subspace of its own.
-    """
-    from safetensors.numpy import load_file  # only this reader needs it
-
-    path = Path(directory) / TRANSLATORS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no translators (expected a folder written by Lens.save)")
-    try:
-        tensors = load_file(str(path))
-    except Exception as err:  # safetensors raises its own error types for corrupt headers
-        raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
-    weight = tensors.get("weight")
-    if weight is None or weight.ndim != 3 or weight.shape[1] != weight.shape[2] or 0 in weight.shape:
-        shape = None if weight is None else weight.shape
-        raise ValueError(f"{path}: 'weight' has shape {shape}; expected (n, d, d) translators")
-    weight = weight.astype(np.float64)
-    eye = np.eye(weight.shape[-1])
-    return [eye + w for w in weight]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The writers of the artifacts layer that stream or resume: Jacobian sums and layer files.
+"""The writers of the artifacts layer that stream, resume or hold several files: Jacobians, activations, lens.
 
 Each writer round-trips through its class's reader, and a corrupted file is refused (or, for a
 resumable state, ignored with a warning) with a message naming the file and the fault.
@@ -6,8 +6,11 @@ resumable state, ignored with a warning) with a message naming the file and the 
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from resdyn import artifacts as A
@@ -172,3 +175,157 @@ def test_activations_stream_interrupted_leaves_nothing_and_bad_files_are_named(t
         A.Activations.layers(tmp_path)
     with pytest.raises(ValueError, match=r"layer001.h5: cannot read activations 'pre_attn'"):
         A.Activations.read_boundary(tmp_path / "layer001.h5", "pre_attn")
+
+
+# --------------------------------------------------------------------------------------------
+# Lens folder: translators, curves, config; the tuned-lens export; the training checkpoint
+
+
+def test_read_translator_matrices_is_bit_equal_to_the_torch_path(tmp_path):
+    """The torch-free reader (safetensors.numpy) gives exactly what torch's loader gives."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, 6, 6, generator=g) * torch.logspace(-8, 3, 36).reshape(6, 6)  # many exponents
+    save_file({"weight": weight, "bias": torch.randn(3, 6, generator=g)}, str(tmp_path / "translators.safetensors"))
+    got = A.LensFolder.read_translator_matrices(tmp_path)
+    oracle = load_file(str(tmp_path / "translators.safetensors"))["weight"].double().numpy()
+    assert len(got) == 3
+    for a, w in zip(got, oracle):
+        assert a.dtype == np.float64
+        np.testing.assert_array_equal(a, np.eye(6) + w)
+
+
+def test_read_translator_matrices_names_the_file_and_what_is_wrong(tmp_path):
+    from safetensors.numpy import save_file
+
+    with pytest.raises(FileNotFoundError, match="no translators"):
+        A.LensFolder.read_translator_matrices(tmp_path)
+    path = tmp_path / "translators.safetensors"
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        A.LensFolder.read_translator_matrices(tmp_path)
+    save_file({"weight": np.zeros((2, 3, 4), np.float32)}, str(path))
+    with pytest.raises(ValueError, match=r"'weight' has shape \(2, 3, 4\); expected \(n, d, d\)"):
+        A.LensFolder.read_translator_matrices(tmp_path)
+    save_file({"bias": np.zeros((2, 3), np.float32)}, str(path))
+    with pytest.raises(ValueError, match="'weight' has shape None"):
+        A.LensFolder.read_translator_matrices(tmp_path)
+
+
+def _lens_config(n=3, d=4):
+    return {"format": A.LensFolder.FORMAT, "model_id": "m", "d_model": d, "n_layers": n, "vocab_size": 11,
+            "unembed_hash": "ab" * 32, "training": {"lr": 0.5}, "convergence": [{"layer": 0, "converged": True}]}
+
+
+def _lens_arrays(n=3, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((n, d, d)) * np.logspace(-8, 3, d * d).reshape(d, d)).astype(np.float32)
+    curves = pd.DataFrame({"step": [0, 0, 5], "layer": [0, 1, 0], "split": ["heldout", "heldout", "train"],
+                           "kl": [1 / 3, np.pi * 1e-9, 2.0 ** -40 + 1.0]})
+    return weight, rng.standard_normal((n, d)).astype(np.float32), curves
+
+
+def test_lens_folder_round_trip(tmp_path):
+    weight, bias, curves = _lens_arrays()
+    folder = A.LensFolder.write(tmp_path / "lens", weight, bias, curves, _lens_config())
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "curves.tsv", "translators.safetensors"]
+    back = A.LensFolder.read(folder)
+    assert back.weight.dtype == np.float32 and np.array_equal(back.weight, weight) and np.array_equal(back.bias, bias)
+    pd.testing.assert_frame_equal(back.curves, curves, check_exact=True)  # 17 digits: float64 exactly
+    assert back.config == _lens_config()
+    mats = A.LensFolder.read_translator_matrices(folder)
+    for a, w in zip(mats, weight, strict=True):
+        np.testing.assert_array_equal(a, np.eye(4) + w.astype(np.float64))
+
+
+def test_lens_translators_file_equals_the_torch_writer_bytes(tmp_path):
+    """The numpy writer produces the bytes safetensors.torch's save_file produced before (the oracle)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    weight, bias, curves = _lens_arrays()
+    A.LensFolder.write(tmp_path / "lens", weight, bias, curves, _lens_config())
+    save_file({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}, str(tmp_path / "oracle"),
+              metadata={"format": A.LensFolder.FORMAT})
+    assert (tmp_path / "lens" / "translators.safetensors").read_bytes() == (tmp_path / "oracle").read_bytes()
+
+
+def _spoil_config(key, value):
+    def spoil(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg[key] = value
+        (folder / "config.json").write_text(json.dumps(cfg))
+
+    return spoil
+
+
+def _nan_weight(folder):
+    from safetensors.numpy import save_file
+
+    weight, bias, _ = _lens_arrays()
+    weight[1, 2, 3] = np.nan
+    save_file({"weight": weight, "bias": bias}, str(folder / "translators.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "spoil, error, match",
+    [
+        (lambda f: (f / "config.json").unlink(), FileNotFoundError, r"lens/config.json: no lens config"),
+        (lambda f: (f / "config.json").write_text("{"), ValueError, r"lens/config.json: not valid JSON"),
+        (_spoil_config("format", "other/1"), ValueError, r"lens/config.json: format='other/1'; allowed: 'resdyn.lens/1'"),
+        (_spoil_config("n_layers", 5), A.ArtifactError,
+         r"lens/translators.safetensors: translators of shape \(3, 4, 4\), but config.json says n_layers=5"),
+        (lambda f: (f / "translators.safetensors").write_bytes(b"xx"), ValueError,
+         r"lens/translators.safetensors: not a readable safetensors file"),
+        (_nan_weight, A.ArtifactError, r"lens/translators.safetensors: weight holds NaN/Inf"),
+        (lambda f: (f / "curves.tsv").write_text("step\tkl\n0\t1.0\n"), A.ArtifactError,
+         r"lens/curves.tsv: columns \['step', 'kl'\], expected \['step', 'layer', 'split', 'kl'\]"),
+        (lambda f: (f / "curves.tsv").write_text(""), ValueError, r"lens/curves.tsv: not a readable curves table"),
+    ],
+)
+def test_lens_folder_faults_are_named(tmp_path, spoil, error, match):
+    weight, bias, curves = _lens_arrays()
+    folder = A.LensFolder.write(tmp_path / "lens", weight, bias, curves, _lens_config())
+    spoil(folder)
+    with pytest.raises(error, match=match):
+        A.LensFolder.read(folder)
+
+
+def test_lens_folder_refuses_to_write_what_it_could_not_read(tmp_path):
+    weight, bias, curves = _lens_arrays()
+    with pytest.raises(A.ArtifactError, match=r"refusing to write translators of shapes \(3, 4, 4\), \(3, 3\)"):
+        A.LensFolder.write(tmp_path / "lens", weight, bias[:, :3], curves, _lens_config())
+    with pytest.raises(A.ArtifactError, match="refusing to write a lens with curve columns"):
+        A.LensFolder.write(tmp_path / "lens", weight, bias, curves.drop(columns="split"), _lens_config())
+    assert not (tmp_path / "lens").exists()
+
+
+def test_tuned_lens_export_round_trip(tmp_path):
+    torch = pytest.importorskip("torch")
+    state = {"0.weight": torch.eye(3), "0.bias": torch.arange(3.0)}
+    folder = A.LensFolder.write_tuned_lens(tmp_path / "tl", state, {"d_model": 3, "num_hidden_layers": 1})
+    back = torch.load(folder / "params.pt", weights_only=True)
+    assert list(back) == list(state) and all(torch.equal(back[k], v) for k, v in state.items())
+    assert json.loads((folder / "config.json").read_text()) == {"d_model": 3, "num_hidden_layers": 1}
+
+
+def test_lens_checkpoint_round_trip_and_foreign_files_are_ignored_naming_the_file(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = A.LensCheckpoint.path(tmp_path / "lens")
+    assert path == tmp_path / ".lens.partial.pt"
+    assert A.LensCheckpoint.load(path, "k") is None  # no file: a fresh start, no warning
+    state = {"weight": torch.randn(2, 3, 3), "step": 7, "rows": [(0, 1, "train", 0.5)], "train_kl": None}
+    A.LensCheckpoint.save(path, "k", state)
+    back = A.LensCheckpoint.load(path, "k")
+    assert back["format"] == A.LensCheckpoint.FORMAT and back["key"] == "k" and back["step"] == 7
+    assert torch.equal(back["weight"], state["weight"]) and back["rows"] == [(0, 1, "train", 0.5)]
+    with pytest.warns(UserWarning, match=r"ignoring lens checkpoint .*\.lens\.partial\.pt: it was written for another"):
+        assert A.LensCheckpoint.load(path, "other key") is None
+    path.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match=r"ignoring lens checkpoint .*\.lens\.partial\.pt: "):
+        assert A.LensCheckpoint.load(path, "k") is None
+    A.LensCheckpoint.remove(path)
+    A.LensCheckpoint.remove(path)
+    assert not path.exists()

@@ -35,7 +35,6 @@ ALLOWED = frozenset({
 })
 #: Modules that still read or write files; each entry says what remains. Remove an entry when done.
 EXCEPTIONS = {
-    "lens": "lens folder (translators, curves, config) and the training checkpoint",
     "plots.common": "figures are saved by the plotting package (fig.savefig)",
     "plots.render": "figure inputs are read by the plotting package, not yet through resdyn.artifacts",
 }

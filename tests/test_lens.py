@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
 import sigkill
-from resdyn import arch
+from resdyn import arch, artifacts
 from resdyn import lens as L
 
 VOCAB, D, N_LAYERS = 100, 32, 4
@@ -558,7 +558,7 @@ def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
 
 def test_pipeline_helpers(llama_lens, tmp_path):
     llama_lens.save(tmp_path / "lens")
-    mats = L.read_translator_matrices(tmp_path / "lens")
+    mats = artifacts.LensFolder.read_translator_matrices(tmp_path / "lens")
     assert len(mats) == N_LAYERS
     for layer, a in enumerate(mats):
         np.testing.assert_array_equal(a, llama_lens.translator_matrix(layer))

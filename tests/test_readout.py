@@ -16,7 +16,6 @@ from resdyn.readout import (
     readout_subspace,
     resolution_table,
     rss,
-    read_translator_matrices,
     rss_profile,
 )
 
@@ -321,36 +320,3 @@ def test_resolution_table_accepts_numpy_stack():
     As = np.stack([np.eye(4), np.diag([2.0, 1, 1, 1])])
     t = resolution_table(As, [0.25, 0.5])
     assert isinstance(t, pd.DataFrame) and len(t) == 2
-
-
-def test_read_translator_matrices_is_bit_equal_to_the_torch_path(tmp_path):
-    """The torch-free reader (safetensors.numpy) gives exactly what torch's loader gives."""
-    torch = pytest.importorskip("torch")
-    from safetensors.torch import load_file, save_file
-
-    g = torch.Generator().manual_seed(0)
-    weight = torch.randn(3, 6, 6, generator=g) * torch.logspace(-8, 3, 36).reshape(6, 6)  # many exponents
-    save_file({"weight": weight, "bias": torch.randn(3, 6, generator=g)}, str(tmp_path / "translators.safetensors"))
-    got = read_translator_matrices(tmp_path)
-    oracle = load_file(str(tmp_path / "translators.safetensors"))["weight"].double().numpy()
-    assert len(got) == 3
-    for a, w in zip(got, oracle):
-        assert a.dtype == np.float64
-        np.testing.assert_array_equal(a, np.eye(6) + w)
-
-
-def test_read_translator_matrices_names_the_file_and_what_is_wrong(tmp_path):
-    from safetensors.numpy import save_file
-
-    with pytest.raises(FileNotFoundError, match="no translators"):
-        read_translator_matrices(tmp_path)
-    path = tmp_path / "translators.safetensors"
-    path.write_bytes(b"garbage")
-    with pytest.raises(ValueError, match="not a readable safetensors file"):
-        read_translator_matrices(tmp_path)
-    save_file({"weight": np.zeros((2, 3, 4), np.float32)}, str(path))
-    with pytest.raises(ValueError, match=r"'weight' has shape \(2, 3, 4\); expected \(n, d, d\)"):
-        read_translator_matrices(tmp_path)
-    save_file({"bias": np.zeros((2, 3), np.float32)}, str(path))
-    with pytest.raises(ValueError, match="'weight' has shape None"):
-        read_translator_matrices(tmp_path)

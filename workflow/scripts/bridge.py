@@ -6,7 +6,7 @@ with provenance.step(snakemake) as step:
     p = snakemake.params
     jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
-    translators = readout.read_translator_matrices(snakemake.input.lens)
+    translators = artifacts.LensFolder.read_translator_matrices(snakemake.input.lens)
     table, alignment = bridge.bridge_tables(
         jacobians, translators, artifacts.SpectraTable.read(snakemake.input.spectra),
         artifacts.BottleneckTable.read(snakemake.input.bottleneck), artifacts.RssProfile.read(snakemake.input.rss),

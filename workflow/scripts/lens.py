@@ -19,12 +19,9 @@ with provenance.step(snakemake) as step:
         opts = dict(p.options)
         opts["warmup_steps"] = opts.pop("warmup")
         batch = max(1, opts["tokens_per_step"] // ids.shape[1])
-        # The resumable state lives beside the declared output: Snakemake clears the outputs of an
-        # incomplete job before rerunning it.
-        partial = out.with_name(f".{out.name}.partial.pt")
         fitted = lens.train_lens(
             model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
-            checkpoint=partial, checkpoint_every=p.checkpoint_every, **meta, **opts,
+            checkpoint=artifacts.LensCheckpoint.path(out), checkpoint_every=p.checkpoint_every, **meta, **opts,
         )
     fitted.save(out)
-    fitted.export_tuned_lens(out / "tuned_lens")
+    fitted.export_tuned_lens(out / artifacts.LensFolder.TUNED_LENS_DIR)

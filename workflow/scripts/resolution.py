@@ -3,5 +3,5 @@
 from resdyn import artifacts, provenance, readout
 
 with provenance.step(snakemake) as step:
-    translators = readout.read_translator_matrices(snakemake.input[0])
+    translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])
     artifacts.ResolutionTable.write(readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0])

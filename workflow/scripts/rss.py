@@ -3,7 +3,7 @@
 from resdyn import artifacts, provenance, readout
 
 with provenance.step(snakemake) as step:
-    translators = readout.read_translator_matrices(snakemake.input[0])
+    translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])
     d = translators[0].shape[0]
     ks = sorted({readout.k_from_fraction(d, f) for f in snakemake.params.k_fractions})
     artifacts.RssProfile.write(readout.rss_profile(translators, ks), snakemake.output[0])
