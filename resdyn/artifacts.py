@@ -78,6 +78,10 @@ __all__ = [
     "BoundaryView",
     "JacobianBlocks",
     "JacobianSums",
+    "Figure",
+    "FigureCache",
+    "artifact_classes",
+    "by_relpath",
 ]
 
 
@@ -693,8 +697,10 @@ class LensFolder(Artifact):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with io.atomic_path(directory / cls.TUNED_LENS_PARAMS) as tmp:
-            torch.save(state, tmp)
+        # through a file object: torch then names the archive "archive", not after the temporary
+        # file, so the bytes do not depend on the random temporary name
+        with io.atomic_path(directory / cls.TUNED_LENS_PARAMS) as tmp, open(tmp, "wb") as f:
+            torch.save(state, f)
         io.write_json(dict(config), directory / cls.TUNED_LENS_CONFIG)
         return directory
 
@@ -724,8 +730,8 @@ class LensCheckpoint(Artifact):
         """Write ``state`` with ``format`` and ``key`` atomically."""
         import torch
 
-        with io.atomic_path(path) as tmp:
-            torch.save({"format": cls.FORMAT, "key": key, **state}, tmp)
+        with io.atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: see write_tuned_lens
+            torch.save({"format": cls.FORMAT, "key": key, **state}, f)
 
     @classmethod
     def load(cls, path: PathLike, key: str, stacklevel: int = 1) -> dict[str, Any] | None:
@@ -1636,6 +1642,110 @@ class JacobianSums:
     def remove(path: PathLike) -> None:
         """Delete the file (a finished job's), if it is there."""
         Path(path).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------
+# figures: the PNG + PDF pair and the render cache
+
+
+class Figure(Artifact):
+    """``results/figures/…/{name}.png`` and ``.pdf``: one figure in two formats (catalogue:
+    :mod:`resdyn.plots.catalogue`).
+
+    :meth:`write` saves a matplotlib figure in every format of ``paths`` with the given
+    ``metadata`` per format (the provenance record, :func:`resdyn.plots.common.save_figure`),
+    each to a temporary name first: the files are renamed into place only after all were
+    saved, so a failure leaves none of them (and no temporary file) behind.
+    """
+
+    FORMATS: ClassVar[tuple[str, str]] = ("png", "pdf")
+
+    @classmethod
+    def write(cls, fig: Any, paths: Mapping[str, PathLike], dpi: int,
+              metadata: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Save ``fig`` as ``{format: path}`` (formats of :attr:`FORMATS`) at ``dpi``."""
+        unknown = [f for f in paths if f not in cls.FORMATS]
+        if unknown:
+            raise ValueError(f"figure formats {unknown} not supported; allowed: {list(cls.FORMATS)}")
+        resolved = [Path(p).resolve() for p in paths.values()]
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(f"figure formats {list(paths)} share one file: {[str(p) for p in paths.values()]}")
+        with contextlib.ExitStack() as stack:
+            tmps = {fmt: stack.enter_context(io.atomic_path(path)) for fmt, path in paths.items()}
+            for fmt, tmp in tmps.items():
+                fig.savefig(tmp, format=fmt, dpi=dpi, metadata=dict((metadata or {}).get(fmt, {})))
+
+
+class FigureCache(Artifact):
+    """``results/figures/.cache/``: drawn figures kept under a content key (:mod:`resdyn.plots.render`).
+
+    The entry of output ``out`` under ``key`` is ``<cache>/<out's folder>/<stem>.<key[:16]><suffix>``
+    (the folder taken relative to the cache's parent when ``out`` lies under it), with its SHA-256
+    in ``<entry>.sha256``. :meth:`store` keeps one entry per output file (older keys are removed);
+    :meth:`restore` copies entries back byte for byte only when every one is present and still has
+    its recorded SHA-256 (otherwise nothing is written and the figure is drawn again).
+    """
+
+    relpath = "results/figures/.cache"
+
+    def __init__(self, folder: PathLike):
+        self.folder = Path(folder)
+
+    def entry(self, out: PathLike, key: str) -> Path:
+        """The cache file of output ``out`` under ``key``."""
+        out, base = Path(out).absolute(), self.folder.absolute().parent
+        rel = out.parent.relative_to(base) if out.parent.is_relative_to(base) else out.parent.relative_to(out.anchor)
+        return self.folder / rel / f"{out.stem}.{key[:16]}{out.suffix}"
+
+    @staticmethod
+    def _digest_file(entry: Path) -> Path:
+        return entry.with_name(entry.name + ".sha256")
+
+    @staticmethod
+    def _copy(src: Path, dst: PathLike) -> None:
+        import shutil
+
+        with io.atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+
+    def restore(self, outputs: Sequence[PathLike], key: str) -> bool:
+        """Copy the entries of ``key`` onto ``outputs``; False (nothing written) if any is missing
+        or no longer has the SHA-256 recorded when it was stored."""
+        entries = [self.entry(o, key) for o in outputs]
+        for e in entries:
+            digest = self._digest_file(e)
+            if not (e.is_file() and digest.is_file() and digest.read_text().strip() == io.sha256_file(e)):
+                return False
+        for e, o in zip(entries, outputs):
+            self._copy(e, o)
+        return True
+
+    def store(self, outputs: Sequence[PathLike], key: str) -> None:
+        """Put ``outputs`` into the cache under ``key`` (with their SHA-256), dropping the file's
+        entries of other keys."""
+        for o in outputs:
+            e = self.entry(o, key)
+            for old in e.parent.glob(f"{Path(o).stem}.*{Path(o).suffix}*"):
+                if not old.name.startswith(e.name) and old.name.split(".")[0] == Path(o).stem:
+                    old.unlink(missing_ok=True)
+            self._copy(Path(o), e)
+            with io.atomic_path(self._digest_file(e)) as tmp:
+                tmp.write_text(io.sha256_file(e) + "\n")
+
+
+def artifact_classes() -> list[type[Artifact]]:
+    """Every artifact class of this module that has a path (``relpath``)."""
+    return [c for c in globals().values() if isinstance(c, type) and issubclass(c, Artifact) and c.relpath]
+
+
+def by_relpath(template: str) -> type[Artifact]:
+    """The artifact class whose ``relpath`` is ``template`` (e.g. ``results/{model}/{ckpt}/rss.tsv``,
+    as the figure catalogue writes its inputs); ValueError naming the template otherwise."""
+    found = [c for c in artifact_classes() if c.relpath == template]
+    if len(found) != 1:
+        raise ValueError(f"no artifact class has the path {template!r}" if not found else
+                         f"artifact path {template!r} is claimed by {[c.__name__ for c in found]}")
+    return found[0]
 
 
 # column lists of the tables that concept modules build (defined once, by the classes above)

@@ -309,6 +309,9 @@ def test_tuned_lens_export_round_trip(tmp_path):
     back = torch.load(folder / "params.pt", weights_only=True)
     assert list(back) == list(state) and all(torch.equal(back[k], v) for k, v in state.items())
     assert json.loads((folder / "config.json").read_text()) == {"d_model": 3, "num_hidden_layers": 1}
+    first = (folder / "params.pt").read_bytes()  # the same state gives the same bytes (no temporary name inside)
+    A.LensFolder.write_tuned_lens(tmp_path / "tl", state, {"d_model": 3, "num_hidden_layers": 1})
+    assert (folder / "params.pt").read_bytes() == first
 
 
 def test_lens_checkpoint_round_trip_and_foreign_files_are_ignored_naming_the_file(tmp_path):
@@ -329,3 +332,80 @@ def test_lens_checkpoint_round_trip_and_foreign_files_are_ignored_naming_the_fil
     A.LensCheckpoint.remove(path)
     A.LensCheckpoint.remove(path)
     assert not path.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Figures: inputs read by their classes, the PNG + PDF pair, the render cache
+
+
+def test_every_figure_input_is_read_by_one_artifact_class():
+    from resdyn.plots import catalogue
+
+    for spec in catalogue.FIGURES:
+        for template in spec.inputs:
+            cls = A.by_relpath(template)
+            assert cls.relpath == template and hasattr(cls, "read"), (spec.name, template)
+    with pytest.raises(ValueError, match=r"no artifact class has the path 'results/x.tsv'"):
+        A.by_relpath("results/x.tsv")
+
+
+def test_figure_inputs_are_validated_naming_the_file(tmp_path):
+    from resdyn.plots import render
+
+    path = tmp_path / "bottleneck.tsv"
+    pd.DataFrame({"s": [0], "erank": [1.0]}).to_csv(path, sep="\t", index=False)
+    with pytest.raises(A.ArtifactError, match=r"bottleneck.tsv: lacks column\(s\) \['layer', 'kind'"):
+        render.load(path, "results/{model}/{ckpt}/bottleneck.tsv")
+    (tmp_path / "phases.json").write_text("[1, 2]")
+    with pytest.raises(A.ArtifactError, match=r"phases.json: expected a JSON object of phase cut points, got list"):
+        render.load(tmp_path / "phases.json", "results/{model}/{ckpt}/phases.json")
+    arrays = {"L000_attn": {"eigenvalues": np.array([1 + 1j]), "singular_values": np.ones(1),
+                            "singular_values_JmI": np.zeros(1)}}
+    A.SpectraArrays.write(arrays, tmp_path / "spectra.h5", {"rule": "spectra"})
+    got = render.load(tmp_path / "spectra.h5", "results/{model}/{ckpt}/spectra.h5")
+    assert sorted(got) == ["L000_attn"] and np.array_equal(got["L000_attn"]["eigenvalues"], [1 + 1j])
+
+
+def _figure():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    return fig
+
+
+def test_figure_write_both_formats_with_metadata(tmp_path):
+    from PIL import Image
+
+    paths = {"png": tmp_path / "f.png", "pdf": tmp_path / "f.pdf"}
+    A.Figure.write(_figure(), paths, 40, {"png": {"resdyn_provenance": '{"a": 1}'}, "pdf": {"Subject": "s-meta"}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]
+    assert Image.open(paths["png"]).text["resdyn_provenance"] == '{"a": 1}'
+    assert paths["pdf"].read_bytes().startswith(b"%PDF") and b"s-meta" in paths["pdf"].read_bytes()
+    with pytest.raises(ValueError, match=r"figure formats \['svg'\] not supported"):
+        A.Figure.write(_figure(), {"svg": tmp_path / "f.svg"}, 40)
+    with pytest.raises(ValueError, match="share one file"):
+        A.Figure.write(_figure(), {"png": tmp_path / "g.x", "pdf": tmp_path / "g.x"}, 40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]
+
+
+def test_figure_cache_round_trip_and_tampered_entry(tmp_path):
+    cache = A.FigureCache(tmp_path / "figures" / ".cache")
+    outs = [tmp_path / "figures" / "m" / "f.png", tmp_path / "figures" / "m" / "f.pdf"]
+    outs[0].parent.mkdir(parents=True)
+    for o in outs:
+        o.write_bytes(b"drawn " + o.suffix.encode())
+    assert not cache.restore(outs, "a" * 64)  # empty cache
+    cache.store(outs, "a" * 64)
+    assert cache.entry(outs[0], "a" * 64) == tmp_path / "figures" / ".cache" / "m" / f"f.{'a' * 16}.png"
+    for o in outs:
+        o.unlink()
+    assert cache.restore(outs, "a" * 64) and outs[0].read_bytes() == b"drawn .png"
+    cache.store(outs, "b" * 64)  # a new key replaces the file's old entries
+    assert sorted(p.name for p in cache.folder.rglob("f.*")) == sorted(
+        [f"f.{'b' * 16}.png", f"f.{'b' * 16}.png.sha256", f"f.{'b' * 16}.pdf", f"f.{'b' * 16}.pdf.sha256"])
+    entry = cache.entry(outs[1], "b" * 64)
+    entry.write_bytes(b"tampered")
+    for o in outs:
+        o.unlink()
+    assert not cache.restore(outs, "b" * 64) and not any(o.exists() for o in outs)  # nothing written

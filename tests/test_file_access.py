@@ -34,10 +34,7 @@ ALLOWED = frozenset({
     "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
 })
 #: Modules that still read or write files; each entry says what remains. Remove an entry when done.
-EXCEPTIONS = {
-    "plots.common": "figures are saved by the plotting package (fig.savefig)",
-    "plots.render": "figure inputs are read by the plotting package, not yet through resdyn.artifacts",
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def file_access(source: str) -> list[tuple[int, str]]:

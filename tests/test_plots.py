@@ -106,8 +106,8 @@ def bottleneck_df(n: int = 6) -> pd.DataFrame:
 
 
 def schur_df(alphas=(0.0, 0.5, 1.0), n: int = 5) -> pd.DataFrame:
-    rows = [{"alpha": a, "s": s, "erank": 16 * (0.9 - 0.3 * a) ** s, "pr": 3.0, "log10_fro": 0.0,
-             "henrici_single": a / 2} for a in alphas for s in range(n)]
+    rows = [{"alpha": a, "s": s, "layer": s // 2, "kind": ("attn", "mlp")[s % 2], "erank": 16 * (0.9 - 0.3 * a) ** s,
+             "pr": 3.0, "log10_fro": 0.0, "henrici_single": a / 2} for a in alphas for s in range(n)]
     return pd.DataFrame(rows)
 
 

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 
-from resdyn.io import atomic_path
+from resdyn import artifacts
 from resdyn.plots.style import (
     B_LABEL, CKPT_COLUMNS, KIND_STYLE, METRIC_LABELS, PHASE_COLORS, PHASE_NAMES, PROVENANCE_KEY, RC, new_figure,
 )
@@ -295,9 +295,8 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
         png_meta["Title"] = title
         pdf_meta["Title"] = title
     try:
-        with mpl.rc_context(RC), atomic_path(png_path) as tmp_png, atomic_path(pdf_path) as tmp_pdf:
-            fig.savefig(tmp_png, format="png", dpi=dpi, metadata=png_meta)
-            fig.savefig(tmp_pdf, format="pdf", dpi=dpi, metadata=pdf_meta)
+        with mpl.rc_context(RC):
+            artifacts.Figure.write(fig, {"png": png_path, "pdf": pdf_path}, dpi, {"png": png_meta, "pdf": pdf_meta})
     finally:
         plt = sys.modules.get("matplotlib.pyplot")  # only pyplot-made figures need closing
         if plt is not None:
