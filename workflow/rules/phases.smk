@@ -79,6 +79,8 @@ rule scaling:
         "../../envs/resdyn.yaml"
     params:
         groups=config["scaling"]["groups"],
+        # the model of each phases.json, in input order (not parsed from its path)
+        models=[m for members in config["scaling"]["groups"].values() for m in members],
         n_layers={
             m: config["models"][m]["n_layers"]
             for members in config["scaling"]["groups"].values()

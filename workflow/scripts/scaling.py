@@ -8,8 +8,7 @@ with provenance.step(snakemake) as step:
     p = snakemake.params
     model_of = {m: g for g, members in p.groups.items() for m in members}
     rows = []
-    for path in snakemake.input.phases:
-        model = path.split("/")[1]
+    for model, path in zip(p.models, snakemake.input.phases, strict=True):
         cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
         for phase, width in enumerate(cuts.widths, start=1):
             rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
