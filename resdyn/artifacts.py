@@ -1677,7 +1677,8 @@ class Figure(Artifact):
 
 
 class FigureCache(Artifact):
-    """``results/figures/.cache/``: drawn figures kept under a content key (:mod:`resdyn.plots.render`).
+    """A folder of drawn figures kept under a content key (:mod:`resdyn.plots.render`; the pipeline's
+    is ``results/figures/.cache``, set by the figure rules).
 
     The entry of output ``out`` under ``key`` is ``<cache>/<out's folder>/<stem>.<key[:16]><suffix>``
     (the folder taken relative to the cache's parent when ``out`` lies under it), with its SHA-256
@@ -1685,8 +1686,6 @@ class FigureCache(Artifact):
     :meth:`restore` copies entries back byte for byte only when every one is present and still has
     its recorded SHA-256 (otherwise nothing is written and the figure is drawn again).
     """
-
-    relpath = "results/figures/.cache"
 
     def __init__(self, folder: PathLike):
         self.folder = Path(folder)

@@ -123,6 +123,16 @@ def read_every_artifact(run: Path) -> set[Path]:
                 read.add(path.with_name("lens_tokens.h5"))
             cls.read(path)
             read.add(path)
+    for folder in sorted(run.glob(re.sub(r"\{[a-z]+\}", "*", A.Activations.relpath))):
+        assert [layer for layer, _ in A.Activations.layers(folder)] == list(range(len(A.Activations.layer_files(folder))))
+        A.Activations.read_all_boundaries(folder)
+        read.update(A.Activations.layer_files(folder))
+    blocks = sorted(run.glob(re.sub(r"\{[a-z]+\}", "*", A.JacobianBlocks.relpath)))
+    for jacobians in sorted({b.parent for b in blocks}):
+        jf = A.JacobianBlocks.read([b for b in blocks if b.parent == jacobians])
+        for load in (*jf.means.values(), *jf.per_sample.values()):  # the values: finite
+            load()
+        read.update(jf.files)
     return read
 
 
@@ -131,7 +141,7 @@ def test_every_artifact_reads_through_its_class(smoke):
     tables = {p for p in (smoke / "results").rglob("*.tsv") if "lens" not in p.parent.name}
     assert tables <= read, sorted(str(p.relative_to(smoke)) for p in tables - read)
     assert {p.name for p in read} >= {"phases.json", "spectra.h5", "samples.h5", "train.jsonl", "bootstrap.tsv",
-                                      "training.tsv", "checkpoint.json"}
+                                      "training.tsv", "checkpoint.json", "lens", "layer000.h5", "layer005.h5"}
 
 
 def test_jacobian_files_follow_the_schema(smoke):
