@@ -8,8 +8,12 @@ one) and its reader, which validates what it reads and names the file and what i
 
 Concept modules (spectral, schur, topology, readout, phases, …) compute on arrays and tables;
 the scripts under ``workflow/scripts`` read through these classes, compute, and write through
-them. Only light imports here (numpy, pandas; h5py inside the HDF5 methods) so a job that reads
-an artifact does not pay for torch or scipy at start-up.
+them; the engines that stream or resume (Jacobians, activations, lens training, figures) hand
+their arrays to the writer classes here (:class:`JacobianSums`, :meth:`Activations.stream`,
+:class:`LensCheckpoint`, :class:`Figure`). Only light imports here (numpy, pandas; h5py and
+safetensors inside the methods that need them; torch only inside the writers/readers of torch's
+own formats, which only the lens job calls) so a job that reads an artifact does not pay for
+torch or scipy at start-up.
 
 TSV column kinds: ``int`` (integer values; a float column of integral values where NaN is
 allowed), ``float`` (any number), ``bool`` (True/False), ``str`` (a label: any cell). A
