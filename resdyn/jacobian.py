@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import sys
 import warnings
@@ -59,7 +58,6 @@ from resdyn import arch
 from resdyn.artifacts import JacobianBlocks, JacobianSums
 from resdyn.io import sha256_array
 
-log = logging.getLogger(__name__)
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
