@@ -1659,7 +1659,8 @@ class Figure(Artifact):
     :meth:`write` saves a matplotlib figure in every format of ``paths`` with the given
     ``metadata`` per format (the provenance record, :func:`resdyn.plots.common.save_figure`),
     each to a temporary name first: the files are renamed into place only after all were
-    saved, so a failure leaves none of them (and no temporary file) behind.
+    saved, so a failure leaves none of them (and no temporary file) behind. The formats after
+    the first reuse its layout (the figure's layout engine is off while they are saved).
     """
 
     FORMATS: ClassVar[tuple[str, str]] = ("png", "pdf")
@@ -1676,7 +1677,13 @@ class Figure(Artifact):
             raise ValueError(f"figure formats {list(paths)} share one file: {[str(p) for p in paths.values()]}")
         with contextlib.ExitStack() as stack:
             tmps = {fmt: stack.enter_context(io.atomic_path(path)) for fmt, path in paths.items()}
-            for fmt, tmp in tmps.items():
+            engine = None
+            for i, (fmt, tmp) in enumerate(tmps.items()):
+                if i == 1 and (engine := fig.get_layout_engine()) is not None:
+                    # Later formats keep the first one's layout: a layout engine would lay the figure
+                    # out again for their renderer (a third of a PDF's save time), moving axes by < 1 %.
+                    fig.set_layout_engine("none")
+                    stack.callback(fig.set_layout_engine, engine)
                 fig.savefig(tmp, format=fmt, dpi=dpi, metadata=dict((metadata or {}).get(fmt, {})))
 
 

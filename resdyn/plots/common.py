@@ -272,7 +272,8 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     chunk ``resdyn_provenance`` and into the PDF metadata ``Subject``; the PDF ``Keywords`` are
     ``"resdyn; <rule>; <wildcard values…>"`` and its ``Title`` the figure's title. Both files
     are written to temporary names and renamed only after both succeeded, so a failure leaves
-    neither (nor any temporary file) behind. The PDF carries no creation date.
+    neither (nor any temporary file) behind. The PDF carries no creation date. The figure's
+    layout engine (constrained layout) runs once, for the PNG; the PDF uses the same positions.
 
     Args:
         fig: the figure (from this module or pyplot).
