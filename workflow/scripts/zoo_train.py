@@ -20,7 +20,7 @@ with provenance.step(snakemake) as step:
         {s: staging / f"step{s}" for s in t["checkpoints"]},
         steps=t["steps"], batch_size=t["batch_size"], seq_len=t["seq_len"], lr=t["lr"], warmup=t["warmup"],
         weight_decay=t["weight_decay"], eval_every=t["eval_every"], n_eval_windows=t["n_eval_windows"],
-        seed=t["seed"], state_path=staging / "training_state.pt",
+        seed=t["seed"], state_path=staging / "training_state.pt", precision=t["precision"],
     )
     shutil.rmtree(weights, ignore_errors=True)
     staging.rename(weights)
