@@ -14,8 +14,8 @@ import argparse
 
 import numpy as np
 
-from resdyn import bootstrap as bs
-from resdyn import jacobian, spectral
+from resdyn.beyond import bootstrap as bs
+from resdyn.study_a import jacobian, spectral
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 
 from resdyn import artifacts as A
-from resdyn import bootstrap, bridge, causal, lens, phases, readout, scorecard, spectral
+from resdyn.beyond import bootstrap, bridge, causal, scorecard
+from resdyn.study_a import spectral
+from resdyn.study_b import lens, phases, readout
 
 TSV_CLASSES = sorted((c for c in vars(A).values() if isinstance(c, type) and issubclass(c, A.TsvArtifact)
                       and c is not A.TsvArtifact), key=lambda c: c.__name__)
@@ -281,7 +283,7 @@ def _activation_folder(tmp_path, n_layers=2, residual="sequential"):
 
 
 def test_activation_readers(tmp_path):
-    from resdyn import activations
+    from resdyn.study_a import activations
 
     states = _activation_folder(tmp_path)
     assert activations.read_boundary is A.Activations.read_boundary  # one reader, re-exported
@@ -311,9 +313,9 @@ def test_folder_artifacts_paths(tmp_path):
 
 def test_artifacts_imports_nothing_heavy_or_conceptual():
     """Every script imports this module: its imports enter every rule's code version and start-up."""
-    from resdyn import codeversion
+    from resdyn.infra import codeversion
 
-    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.io"}
+    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.infra", "resdyn.infra.io"}
     src = open(A.__file__).read()
     for heavy in ("torch", "transformers", "matplotlib", "scipy"):
         assert f"import {heavy}" not in src and f"from {heavy}" not in src

@@ -1,4 +1,4 @@
-"""resdyn.causal: subspace projection / patching and the model run from a layer.
+"""resdyn.beyond.causal: subspace projection / patching and the model run from a layer.
 
 Oracles: the Hugging Face forward (continuation without intervention; the same edit made by a
 forward pre-hook on layer L). Known answers: empty subspace and self-patching give KL = 0
@@ -17,8 +17,9 @@ import torch
 import transformers as tf
 from torch import nn
 
-from resdyn import arch, causal
-from resdyn.bridge import haar_subspace
+from resdyn.beyond import causal
+from resdyn.infra import arch
+from resdyn.beyond.bridge import haar_subspace
 
 VOCAB, D, LAYERS, T, B = 64, 32, 3, 10, 4
 
@@ -110,6 +111,36 @@ def test_kl_and_flips_known_answer():
     expected = 0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25)
     assert kl == pytest.approx(expected, rel=1e-12) and n == 1
     assert causal.kl_and_flips(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]))[1] == 1.0
+
+
+def test_readout_chunks_and_reference_cache_change_no_number(monkeypatch):
+    """KL and flips per comparison against scipy on the full logits, whatever the readout chunk
+    size; the same bits whether the reference readout is kept or recomputed."""
+    import scipy.special
+
+    model = make()
+    x = ids()
+    whole = causal.Continuation(model, x, chunk_elements=10**9)
+    small = causal.Continuation(model, x, chunk_elements=3 * VOCAB)  # 3 tokens per chunk, a partial last
+    assert small.chunk_tokens == 3 and (B * T) % 3 != 0
+    rng = np.random.default_rng(4)
+    for L in range(LAYERS):
+        final = whole.run(whole.stream(L), L)
+        ref_whole, ref_small = whole.reference(final), small.reference(final)
+        for V in (haar_subspace(D, 4, rng), haar_subspace(D, 9, rng)):
+            mod = whole.run(causal.project_off(whole.stream(L), V), L)
+            got = whole.compare(ref_whole, mod)
+            assert whole.compare(final, mod) == got  # a kept reference is the recomputed one, bit for bit
+            chunked = small.compare(ref_small, mod)  # the head's gemm may round rows differently by count
+            assert chunked[0] == pytest.approx(got[0], rel=1e-6) and chunked[1:] == got[1:]
+            a = scipy.special.log_softmax(arch.unembed_logits(model, final).detach().double().numpy(), axis=-1)
+            zb = arch.unembed_logits(model, mod).detach().double().numpy()
+            b = scipy.special.log_softmax(zb, axis=-1)
+            assert got[0] == pytest.approx(float(np.sum(np.exp(a) * (a - b))), rel=1e-10)
+            assert got[1] == float(np.sum(a.argmax(-1) != zb.argmax(-1))) and got[2] == B * T
+    t1 = causal.causal_table(model, x, _translators(), k=4, n_random=3, seed=5)
+    monkeypatch.setattr(causal, "REFERENCE_CACHE_BYTES", 0)  # recompute the reference each time
+    assert causal.causal_table(model, x, _translators(), k=4, n_random=3, seed=5).equals(t1)
 
 
 # ---------------------------------------------------------------- continuation vs HF
@@ -223,7 +254,7 @@ def _translators(seed: int = 0, n: int = LAYERS) -> list[np.ndarray]:
 
 
 def test_causal_table_rows_match_direct_effects_and_are_deterministic():
-    from resdyn.readout import readout_subspace
+    from resdyn.study_b.readout import readout_subspace
 
     model = make()
     x = ids()

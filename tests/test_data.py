@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from resdyn import data
+from resdyn.infra import data
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,40 @@ def test_tokenizer_roundtrip_and_eos(tokenizer):
     assert len(tokenizer) == 400
     stream = data.token_stream(tokenizer, ["a b", "c"])
     assert (stream == tokenizer.eos_token_id).sum() == 2
+
+
+def test_plain_token_encoder_matches_autotokenizer(tmp_path):
+    """The torch-free encoder gives the AutoTokenizer's token stream, id for id; a folder whose
+    config could change the encoding falls back to the AutoTokenizer."""
+    import json
+    import shutil
+
+    from transformers import PreTrainedTokenizerBase
+
+    folder = tmp_path / "tok"
+    docs = data.kjv_chapters()[:60]
+    data.train_tokenizer(docs, 300, folder)
+    light, full = data.load_token_encoder(folder), data.load_tokenizer(folder)
+    assert isinstance(light, data.PlainTokenizer) and light.eos_token_id == full.eos_token_id is not None
+    texts = docs[40:] + data.stdlib_docstrings(3) + ["  leading spaces\n\ttabs  ", "unicode: ß, ü, 日本, 🙂", ""]
+    np.testing.assert_array_equal(data.token_stream(light, texts), data.token_stream(full, texts))
+    with pytest.raises(ValueError, match="special tokens"):
+        light("x", add_special_tokens=True)
+    # a checkpoint record naming the folder resolves to it
+    record = tmp_path / "ckpt" / "checkpoint.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"folder": str(folder)}))
+    assert isinstance(data.load_token_encoder(record), data.PlainTokenizer)
+    # another tokenizer class, or a config key that may change encoding: the AutoTokenizer
+    for i, change in enumerate(({"tokenizer_class": "GPT2TokenizerFast"}, {"add_prefix_space": True},
+                                {"eos_token": "<nope>"})):
+        other = tmp_path / f"other{i}"
+        shutil.copytree(folder, other)
+        cfg = json.loads((other / "tokenizer_config.json").read_text())
+        (other / "tokenizer_config.json").write_text(json.dumps({**cfg, **change}))
+        assert data._plain_tokenizer(other) is None
+        if i == 0:
+            assert isinstance(data.load_token_encoder(other), PreTrainedTokenizerBase)
 
 
 def test_draw_blocks_deterministic_nonoverlapping():

@@ -1,4 +1,4 @@
-"""Rule logs that last (resdyn.joblog via provenance.step): progress and INFO lines reach the log
+"""Rule logs that last (resdyn.infra.joblog via provenance.step): progress and INFO lines reach the log
 file on success, the traceback on failure, and the process's own stdout/stderr come back after."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from tqdm import tqdm
 
-from resdyn import io, joblog, provenance
+from resdyn.infra import io, joblog, provenance
 
 
 class Named(list):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from resdyn import data, io, models, zoo
+from resdyn.infra import data, io, models, zoo
 
 FAMILY_CONFIGS = {
     "llama": transformers.LlamaConfig,

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import hubcache
-from resdyn import jacobian, spectral
+from resdyn.study_a import jacobian, spectral
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resdyn import io
+from resdyn.infra import io
 
 
 def load(path: str | Path) -> Any:

@@ -3,7 +3,9 @@
 import shutil
 from pathlib import Path
 
-from resdyn import artifacts, config, jacobian, models, provenance
+from resdyn import artifacts
+from resdyn.infra import config, models, provenance
+from resdyn.study_a import jacobian
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,11 +1,12 @@
 """Tokenise a split and draw fixed-length samples (held-out samples, or lens-fitting windows)."""
 
-from resdyn import artifacts, data, provenance
+from resdyn import artifacts
+from resdyn.infra import data, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
     docs_path = snakemake.input.get("heldout") or snakemake.input.train
-    tokenizer = data.load_tokenizer(snakemake.input.tokenizer)
+    tokenizer = data.load_token_encoder(snakemake.input.tokenizer)
     stream = data.token_stream(tokenizer, artifacts.Corpus.read(docs_path))
     keys = "samples.n" if snakemake.input.get("heldout") else "lens.n_train_blocks + lens.n_heldout_blocks"
     ids, sample_ids = data.draw_blocks(stream, p.n, p.length, p.seed, f"dataset {p.dataset!r} ({docs_path})", keys)

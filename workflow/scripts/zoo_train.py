@@ -3,7 +3,8 @@
 import shutil
 from pathlib import Path
 
-from resdyn import artifacts, data, provenance, zoo
+from resdyn import artifacts
+from resdyn.infra import data, provenance, zoo
 
 with provenance.step(snakemake) as step:
     arch, t = snakemake.params.arch, snakemake.params.train

@@ -33,7 +33,7 @@ import pandas as pd
 from resdyn import artifacts
 
 # The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
-from resdyn.linalg import k_from_fraction
+from resdyn.infra.linalg import k_from_fraction
 
 __all__ = [
     "RSS_COLUMNS",
@@ -49,7 +49,7 @@ __all__ = [
     "read_translator_matrices",
 ]
 
-#: The translators file in a lens folder (written by :meth:`resdyn.lens.Lens.save`).
+#: The translators file in a lens folder (written by :meth:`resdyn.study_b.lens.Lens.save`).
 TRANSLATORS_FILE = "translators.safetensors"
 
 #: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
@@ -65,7 +65,7 @@ def read_translator_matrices(directory: str | Path) -> list[np.ndarray]:
 
     Reads ``weight`` (n, d, d) of ``translators.safetensors`` with ``safetensors.numpy`` (no
     torch, no model): the float32 values widen exactly to float64, so the matrices are bit-equal
-    to :meth:`resdyn.lens.Lens.translator_matrix`. The identity reference at index n is not
+    to :meth:`resdyn.study_b.lens.Lens.translator_matrix`. The identity reference at index n is not
     included: it carries no readout subspace of its own.
     """
     from safetensors.numpy import load_file  # only this reader needs it

@@ -18,11 +18,11 @@ layer):
   the d input directions with ``vmap``; W_o is one GEMM. MLP: closed form
   ``W_down (diag(act'(g) ⊙ up) W_gate + diag(act(g)) W_up)``, one GEMM instead of three.
 * "jvp": forward mode through the whole per-token function
-  (:meth:`resdyn.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
+  (:meth:`resdyn.infra.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
 
 The differentiated sublayer runs in fp32 (bf16 weights are upcast on a copy of the layer, TF32
 is disabled); the boundary states come from one forward pass per sample in the model's dtype
-(:func:`resdyn.arch.forward_boundaries`).
+(:func:`resdyn.infra.arch.forward_boundaries`).
 
 HDF5 schema (one file per layer, ``layer{L:03d}.h5``, written by :func:`write_layer_block`)
 ----------------------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ file attrs      everything in the caller's ``attrs`` (model id, revision, conten
                 samples hash, code version, ...; dicts/lists as JSON strings), plus
                 ``layer`` (int), ``family`` (str), ``d_model`` (int), ``positions`` (int array,
                 P), ``n_samples`` (int N), ``store_dtype`` (str), ``spectral_norm_method`` (str),
-                ``schema`` (str, "resdyn.jacobian/1").
+                ``schema`` (str, "resdyn.study_a.jacobian/1").
 /positions      (P,) int64       token positions the Jacobians are taken at
 /sample_ids     (N,) int64 or utf-8 str   the samples, in processing order
 /attn/, /mlp/   one group per sublayer kind, each with
@@ -46,12 +46,12 @@ file attrs      everything in the caller's ``attrs`` (model id, revision, conten
   per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
                       Jacobians, chunked (1, 1, d, d) and gzip-compressed
 
-Parallel-residual layers (GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.arch`)
+Parallel-residual layers (GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.infra.arch`)
 have one boundary, h_L, and their file holds the groups ``/layer/`` (the operator
 J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F), ``/attn_branch/`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and
 ``/mlp_branch/`` (J_F = ∂F(ln_post_attn(h))[t]/∂h[t]) with the same datasets as above, and
 file attr ``residual`` = "parallel" ("sequential" for attn/mlp files). Downstream the operator
-(L, 'layer') takes the depth slot s = 2L + 1 (:func:`resdyn.spectral.sublayer_index`).
+(L, 'layer') takes the depth slot s = 2L + 1 (:func:`resdyn.study_a.spectral.sublayer_index`).
 
 Resume: every ``checkpoint_every`` samples the float64 sums, the per-sample arrays and the
 next sample index are saved atomically to ``.{first output name}.partial.npz`` next to the
@@ -78,9 +78,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from resdyn import arch
+from resdyn.infra import arch
 from resdyn.artifacts import JacobianBlocks, JacobianFiles, Loaders  # noqa: F401  (the reader lives there: torch-free)
-from resdyn.io import atomic_path, sha256_array
+from resdyn.infra.io import atomic_path, sha256_array
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ OPERATOR_KINDS = JacobianBlocks.OPERATOR_KINDS
 def layer_kinds(adapter: arch.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
-SCHEMA = "resdyn.jacobian/1"
+SCHEMA = "resdyn.study_a.jacobian/1"
 #: d at or below which the spectral norm is exact (SVD); above it, power iteration.
 EXACT_SPECTRAL_MAX_D = 512
 POWER_ITERATIONS = 64
@@ -276,7 +276,7 @@ def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tens
 
 
 def mlp_branch_jacobian(adapter: arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
-    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.arch.LayerSublayers.plain_mlp`)."""
+    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.infra.arch.LayerSublayers.plain_mlp`)."""
     plain = adapter.plain_mlp()
     if plain is None:
         return gated_mlp_jacobian(adapter.layer.mlp, u)

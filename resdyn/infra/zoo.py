@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from resdyn import io
+from resdyn.infra import io
 
 log = logging.getLogger(__name__)
 

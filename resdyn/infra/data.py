@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resdyn import io
+from resdyn.infra import io
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def load_hub_dataset(name: str, config: str | None, split: str, revision: str | 
     """
     import datasets
 
-    from resdyn import hub
+    from resdyn.infra import hub
 
     if not hub.datasets_offline():
         try:
@@ -261,6 +261,61 @@ def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
     starts = chosen * length
     ids = np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
     return ids, starts.astype(np.int64)
+
+
+#: tokenizer_config.json classes that run tokenizer.json as it is (no Python-side pre-processing)
+PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+#: tokenizer_config.json keys that do not change how text is encoded without special tokens
+_PLAIN_CONFIG_KEYS = {"backend", "tokenizer_class", "bos_token", "eos_token", "unk_token", "pad_token",
+                      "model_max_length", "clean_up_tokenization_spaces"}
+
+
+class PlainTokenizer:
+    """A ``tokenizer.json`` run by the ``tokenizers`` library itself, without transformers.
+
+    Encodes as :func:`load_tokenizer`'s tokenizer does for :func:`token_stream` (text without
+    special tokens; ``eos_token_id``) when :func:`load_token_encoder` finds the folder plain;
+    importing transformers (and torch with it) costs a job about 2 s.
+    """
+
+    def __init__(self, tokenizer, eos_token_id: int | None):
+        self._tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        if add_special_tokens:
+            raise ValueError("PlainTokenizer encodes without special tokens only; use load_tokenizer for more")
+        return {"input_ids": self._tokenizer.encode(text, add_special_tokens=False).ids}
+
+
+def _plain_tokenizer(folder: Path) -> PlainTokenizer | None:
+    """The folder's tokenizer as a :class:`PlainTokenizer`, or None when transformers could
+    encode differently (another tokenizer class, config keys that change encoding, an EOS token
+    outside the vocabulary)."""
+    config_file, tokenizer_file = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    if not (config_file.is_file() and tokenizer_file.is_file()):
+        return None
+    cfg = json.loads(config_file.read_text())
+    if cfg.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES or set(cfg) - _PLAIN_CONFIG_KEYS:
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    eos = cfg.get("eos_token")
+    if eos is None:
+        return PlainTokenizer(tok, None)
+    eos_id = tok.token_to_id(eos) if isinstance(eos, str) else None
+    return None if eos_id is None else PlainTokenizer(tok, eos_id)
+
+
+def load_token_encoder(path: str | Path):
+    """What :func:`token_stream` needs, as light as possible: a :class:`PlainTokenizer` for a
+    plain ``tokenizer.json`` folder (the zoo's own tokenizers), else :func:`load_tokenizer`.
+    ``path``: an HF folder or a ``checkpoint.json`` record naming one."""
+    folder = Path(path)
+    if folder.name == "checkpoint.json":
+        folder = Path(io.read_json(folder)["folder"])
+    return _plain_tokenizer(folder) or load_tokenizer(folder)
 
 
 def load_tokenizer(path: str | Path):

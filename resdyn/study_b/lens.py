@@ -71,13 +71,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, artifacts, io
-from resdyn.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
+from resdyn import artifacts
+from resdyn.infra import arch, io
+from resdyn.study_b.readout import TRANSLATORS_FILE, read_translator_matrices  # noqa: F401  (one reader, torch-free)
 
 log = logging.getLogger(__name__)
 
-FORMAT = "resdyn.lens/1"
-CHECKPOINT_FORMAT = "resdyn.lens-checkpoint/1"
+FORMAT = "resdyn.study_b.lens/1"
+CHECKPOINT_FORMAT = "resdyn.study_b.lens-checkpoint/1"
 OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")

@@ -1,14 +1,14 @@
 """Causal test of readout subspaces: remove or swap S_L^(k) in the stream and rerun the model.
 
 Study B says the tuned-lens translator A_L "reads" the top-k right singular subspace
-S_L^(k) (:func:`resdyn.readout.readout_subspace`, basis V, d × k, orthonormal) of the stream
+S_L^(k) (:func:`resdyn.study_b.readout.readout_subspace`, basis V, d × k, orthonormal) of the stream
 h_L entering layer L. If that subspace carries what later layers and the readout use, removing
 it should change the model's output more than removing a random k-subspace does.
 
 Interventions on the stream h_L (B, T, d), applied at every position of every sequence, after
 which layers L … n−1 run on the modified stream (the model's own sublayers,
-:func:`resdyn.arch.sublayers`, exactly as :func:`resdyn.arch.forward_boundaries` runs them) and
-the final raw state is read out by the model's own head (:func:`resdyn.arch.unembed_logits`):
+:func:`resdyn.infra.arch.sublayers`, exactly as :func:`resdyn.infra.arch.forward_boundaries` runs them) and
+the final raw state is read out by the model's own head (:func:`resdyn.infra.arch.unembed_logits`):
 
 - **project**: ``h ← h − (h V) Vᵀ`` — the component in S is removed;
 - **patch**: ``h ← h + ((h' − h) V) Vᵀ`` (= h − VVᵀh + VVᵀh'), h' the same layer's stream of a
@@ -54,10 +54,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from resdyn import arch, artifacts
-from resdyn import phases as ph
-from resdyn.bridge import haar_subspace
-from resdyn.readout import readout_subspace
+from resdyn import artifacts
+from resdyn.infra import arch
+from resdyn.study_b import phases as ph
+from resdyn.beyond.bridge import haar_subspace
+from resdyn.study_b.readout import readout_subspace
 
 __all__ = [
     "INTERVENTIONS",
@@ -65,14 +66,14 @@ __all__ = [
     "project_off",
     "patch_component",
     "kl_and_flips",
+    "default_chunk_elements",
+    "Reference",
     "Continuation",
     "causal_table",
 ]
 
 INTERVENTIONS: tuple[str, ...] = ("project", "patch")
 CAUSAL_COLUMNS = artifacts.CAUSAL_COLUMNS  # defined by resdyn.artifacts.CausalTable
-#: logits elements (tokens × vocab) per readout chunk
-DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,11 +132,76 @@ def kl_and_flips(logits_ref: torch.Tensor, logits_mod: torch.Tensor) -> tuple[fl
     """
     if logits_ref.shape != logits_mod.shape:
         raise ValueError(f"logits shapes differ: {tuple(logits_ref.shape)} vs {tuple(logits_mod.shape)}")
-    a = torch.log_softmax(logits_ref.double(), dim=-1)
-    b = torch.log_softmax(logits_mod.double(), dim=-1)
-    kl = (a.exp() * (a - b)).sum(-1)
-    flips = (logits_ref.argmax(-1) != logits_mod.argmax(-1)).double()
+    kl, flips = _token_kl_and_flips(_ReferenceChunk.of(logits_ref), logits_mod)
     return float(kl.sum()), float(flips.sum()), int(kl.numel())
+
+
+class _ReferenceChunk:
+    """The reference side of :func:`kl_and_flips` for one chunk of tokens: log p (float64), p
+    and the top-1 ids."""
+
+    __slots__ = ("log_p", "p", "top1")
+
+    def __init__(self, log_p: torch.Tensor, p: torch.Tensor, top1: torch.Tensor):
+        self.log_p, self.p, self.top1 = log_p, p, top1
+
+    @classmethod
+    def of(cls, logits_ref: torch.Tensor) -> _ReferenceChunk:
+        a = torch.log_softmax(logits_ref.double(), dim=-1)
+        return cls(a, a.exp(), logits_ref.argmax(-1))
+
+
+def _token_kl_and_flips(ref: _ReferenceChunk, logits_mod: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: KL(p_ref ‖ p_mod) (float64) and the top-1 flip (0/1, float64)."""
+    b = torch.log_softmax(logits_mod.double(), dim=-1)
+    kl = (ref.p * (ref.log_p - b)).sum(-1)
+    return kl, (ref.top1 != logits_mod.argmax(-1)).double()
+
+
+def default_chunk_elements(device: torch.device | str) -> int:
+    """Logits elements per readout chunk: 2^18 on a CPU, 2^24 on an accelerator.
+
+    On a CPU the float64 softmax/KL passes over a chunk (2 MB per array at 2^18) stay in the
+    caches; at 2^21 (V = 2048, 1024 tokens) they ran at memory speed, 2× slower (measured). On a
+    GPU larger chunks mean fewer, fuller kernels. KL and flips are kept per token and summed once
+    over all tokens, so the chunk size changes at most the float32 rounding of the head's logits
+    (a gemm may pick another kernel for another row count; on the default zoo, 128-token and
+    1024-token chunks gave the same bits).
+    """
+    return 1 << 18 if torch.device(device).type == "cpu" else 1 << 24
+
+
+#: Most bytes of a reference readout (log p and p in float64: 16 bytes per logit) kept for the
+#: comparisons of one layer; above it the reference is read out again for each comparison
+#: (same numbers, more time).
+REFERENCE_CACHE_BYTES = 1 << 28
+
+
+class Reference:
+    """The readout of an unmodified final raw state, for many :meth:`Continuation.compare` calls.
+
+    All comparisons of a layer (the observed subspace and every random one, both interventions)
+    share one reference, so its log-softmax, probabilities and top-1 are computed once per
+    chunk of tokens and kept when they fit in :data:`REFERENCE_CACHE_BYTES`, else recomputed
+    per comparison (the same operations either way, so the numbers are the same bit for bit).
+    """
+
+    def __init__(self, cont: Continuation, final_ref: torch.Tensor):
+        self._cont = cont
+        self.final = final_ref.reshape(-1, cont.d)
+        vocab = cont.vocab
+        self._chunks: list[_ReferenceChunk] | None = None
+        if 16 * self.final.shape[0] * vocab <= REFERENCE_CACHE_BYTES:
+            self._chunks = [self._chunk(i) for i in cont.chunk_starts(self.final.shape[0])]
+
+    def _chunk(self, start: int) -> _ReferenceChunk:
+        rows = self.final[start: start + self._cont.chunk_tokens]
+        return _ReferenceChunk.of(arch.unembed_logits(self._cont.model, rows))
+
+    def chunks(self):
+        """(start row, reference chunk) over the tokens."""
+        for j, i in enumerate(self._cont.chunk_starts(self.final.shape[0])):
+            yield i, (self._chunks[j] if self._chunks is not None else self._chunk(i))
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,20 +212,25 @@ class Continuation:
     """One batch of sequences, its residual streams, and the model run from any layer on.
 
     ``Continuation(model, input_ids)`` runs the model's sublayers once (no grad, the same
-    calls as :func:`resdyn.arch.forward_boundaries`) and keeps the streams h_0 … h_n
+    calls as :func:`resdyn.infra.arch.forward_boundaries`) and keeps the streams h_0 … h_n
     (B, T, d each; the pre-MLP states are not kept). :meth:`run` continues from layer L with a
     given stream; Gemma 4 KV-shared layers whose source layer lies before L attend over the
     source's original keys/values (the intervention happened after them).
     """
 
-    def __init__(self, model: nn.Module, input_ids: torch.Tensor, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
+    def __init__(self, model: nn.Module, input_ids: torch.Tensor, chunk_elements: int | None = None):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a (B, T) tensor, got {type(input_ids).__name__} "
                              f"{tuple(getattr(input_ids, 'shape', ()))}")
         self.model = model
         self.adapters = arch.sublayers(model)
         self.n_layers = len(self.adapters)
+        if chunk_elements is None:
+            chunk_elements = default_chunk_elements(arch.input_device(model))
         self.chunk_elements = int(chunk_elements)
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        #: tokens per readout chunk
+        self.chunk_tokens = max(1, self.chunk_elements // max(1, self.vocab))
         self._sources = {a.kv_source for a in self.adapters if a.kv_source != a.index}
         with torch.no_grad():
             self.ctx = arch.prepare(model, input_ids)
@@ -194,21 +265,29 @@ class Continuation:
                 keep.append(h)
         return h
 
+    def chunk_starts(self, n_tokens: int) -> range:
+        return range(0, n_tokens, self.chunk_tokens)
+
     @torch.no_grad()
-    def compare(self, final_ref: torch.Tensor, final_mod: torch.Tensor) -> tuple[float, float, int]:
-        """(summed KL, summed flips, tokens) between the readouts of two final raw states."""
-        ref = final_ref.reshape(-1, self.d)
+    def reference(self, final_ref: torch.Tensor) -> Reference:
+        """The readout of an unmodified final raw state, prepared for many :meth:`compare` calls."""
+        return Reference(self, final_ref)
+
+    @torch.no_grad()
+    def compare(self, final_ref: torch.Tensor | Reference, final_mod: torch.Tensor) -> tuple[float, float, int]:
+        """(summed KL, summed flips, tokens) between the readouts of two final raw states
+        (``final_ref`` may be given as its :meth:`reference`); per-token values summed once."""
+        ref = final_ref if isinstance(final_ref, Reference) else self.reference(final_ref)
         mod = final_mod.reshape(-1, self.d)
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        step = max(1, self.chunk_elements // max(1, vocab))
-        kl = flips = 0.0
-        n = 0
-        for i in range(0, ref.shape[0], step):
-            a = arch.unembed_logits(self.model, ref[i: i + step])
-            b = arch.unembed_logits(self.model, mod[i: i + step])
-            k_, f_, n_ = kl_and_flips(a, b)
-            kl, flips, n = kl + k_, flips + f_, n + n_
-        return kl, flips, n
+        if mod.shape != ref.final.shape:
+            raise ValueError(f"final states differ in shape: {tuple(ref.final.shape)} vs {tuple(mod.shape)}")
+        kl, flips = [], []
+        for i, chunk in ref.chunks():
+            k_, f_ = _token_kl_and_flips(chunk, arch.unembed_logits(self.model, mod[i: i + self.chunk_tokens]))
+            kl.append(k_)
+            flips.append(f_)
+        kl_all = torch.cat(kl)
+        return float(kl_all.sum()), float(torch.cat(flips).sum()), int(kl_all.numel())
 
     def donor(self, layer: int) -> torch.Tensor:
         """The patch donors at layer L: sample i gets sample (i + 1) mod B's stream."""
@@ -219,11 +298,11 @@ class Continuation:
 
     @torch.no_grad()
     def effect(self, layer: int, V: Any, intervention: str = "project",
-               reference: torch.Tensor | None = None) -> tuple[float, float, int]:
+               reference: torch.Tensor | Reference | None = None) -> tuple[float, float, int]:
         """(mean KL, flip rate, tokens) of one intervention at layer L with basis V (d, k).
 
-        ``reference``: the unmodified continuation's final state (``run(stream(L), L)``),
-        computed here when not given.
+        ``reference``: the unmodified continuation's final state (``run(stream(L), L)``) or its
+        :meth:`reference` readout, computed here when not given.
         """
         if intervention not in INTERVENTIONS:
             raise ValueError(f"intervention={intervention!r}; allowed: {INTERVENTIONS}")
@@ -308,7 +387,7 @@ def causal_table(
         V = readout_subspace(np.asarray(translators[L], dtype=np.float64), int(k))
         rng = np.random.default_rng([int(seed), L])
         randoms = [haar_subspace(d, int(k), rng) for _ in range(n_random)]
-        ref = cont.run(cont.stream(L), L)
+        ref = cont.reference(cont.run(cont.stream(L), L))
         for intervention in interventions:
             kl, flip, n_tok = cont.effect(L, V, intervention, reference=ref)
             null = np.array([cont.effect(L, R, intervention, reference=ref)[:2] for R in randoms])

@@ -1,9 +1,9 @@
 """Residual-stream states at every sublayer boundary, stored per layer in HDF5.
 
-States come from :func:`resdyn.arch.boundary_states` — the same sublayer split the Jacobian
+States come from :func:`resdyn.infra.arch.boundary_states` — the same sublayer split the Jacobian
 engine differentiates — so activations and Jacobians describe the same boundaries.
 
-Schema of ``activations/layer{L:03d}.h5`` (``resdyn.activations/1``):
+Schema of ``activations/layer{L:03d}.h5`` (``resdyn.study_a.activations/1``):
 
 * datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp`` (N, T', d) = m_L, T' = T − skip_positions,
   in the configured dtype; the last layer's file also has ``output`` (N, T', d), its raw output
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from resdyn import arch, io
+from resdyn.infra import arch, io
 from resdyn.artifacts import Activations, BoundaryView  # noqa: F401 - BoundaryView re-exported
 
 SCHEMA = Activations.SCHEMA
@@ -65,9 +65,9 @@ def write_activation_files(states: np.ndarray, sample_ids: np.ndarray, skip_posi
                            dtype: str, attrs: Mapping, residual: str = "sequential") -> list[Path]:
     """Write one ``layer{L:03d}.h5`` per layer from :func:`collect_boundary_states` output.
 
-    ``residual`` (:func:`resdyn.arch.residual_kind`) is stored as a file attribute: for
+    ``residual`` (:func:`resdyn.infra.arch.residual_kind`) is stored as a file attribute: for
     "parallel" layers ``pre_mlp`` holds the virtual state h_L + A (not a boundary, see
-    :mod:`resdyn.arch`) and :func:`boundaries` lists ``pre_attn`` only."""
+    :mod:`resdyn.infra.arch`) and :func:`boundaries` lists ``pre_attn`` only."""
     if residual not in RESIDUAL_KINDS:
         raise ValueError(f"residual={residual!r}: allowed are {RESIDUAL_KINDS}")
     n_layers = (states.shape[1] - 1) // 2
