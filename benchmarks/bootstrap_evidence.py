@@ -14,8 +14,9 @@ import argparse
 
 import numpy as np
 
-from resdyn import bootstrap as bs
-from resdyn import artifacts, spectral
+from resdyn.beyond import bootstrap as bs
+from resdyn import artifacts
+from resdyn.study_a import spectral
 
 
 def main() -> None:

@@ -3,9 +3,9 @@
     python benchmarks/gpu_check.py            # on a CUDA machine: Llama-3.1-8B-shaped layer, ≤ 8 min
     python benchmarks/gpu_check.py --dry      # CPU fallback at d = 256: checks the script itself
 
-Prints one table — measured value, what resdyn.cost assumes for the GPU kind, their ratio — and
-then ``MEASURED_RATES``, the measured throughputs in resdyn.cost's op classes and units, with
-the line that puts them into resdyn/cost.py's ``DEVICES``.
+Prints one table — measured value, what resdyn.infra.cost assumes for the GPU kind, their ratio — and
+then ``MEASURED_RATES``, the measured throughputs in resdyn.infra.cost's op classes and units, with
+the line that puts them into resdyn/infra/cost.py's ``DEVICES``.
 
 Contents (≤ 8 min on one H100/H200): fp32/bf16/fp64 matmul and HBM copy rates; the structured
 Jacobians of one Llama-3.1-8B-shaped layer (d 4096, d_ff 14336, 32/8 heads, T 128) on CUDA
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from resdyn import cost  # noqa: E402
+from resdyn.infra import cost  # noqa: E402
 
 
 def sync(dev):
@@ -69,7 +69,7 @@ def main() -> int:
     d, d_ff, heads, kv, vocab, T = (4096, 14336, 32, 8, 128256, 128) if cuda else (256, 896, 2, 1, 4096, 32)
     rates = cost.DEVICES[args.kind].rates if cuda else cost.CPU_CALIBRATION
     rows = []
-    measured: dict[str, float] = {}  # op class -> measured rate, in resdyn.cost's units
+    measured: dict[str, float] = {}  # op class -> measured rate, in resdyn.infra.cost's units
     t_all = time.perf_counter()
 
     def row(what, value, unit, assumed=None):
@@ -78,7 +78,7 @@ def main() -> int:
         print(f"  [{time.perf_counter() - t_all:6.1f} s] {what}: {value:.4g} {unit}", file=sys.stderr, flush=True)
 
     # 1. matmul and streaming throughput
-    from resdyn.jacobian import full_fp32_matmul
+    from resdyn.study_a.jacobian import full_fp32_matmul
 
     n = 8192 if cuda else 512
     for dtype, op in ((torch.float32, "gemm32"), (torch.bfloat16, "gemm16"), (torch.float64, "gemm64")):
@@ -98,7 +98,7 @@ def main() -> int:
     del big, dst
 
     # 2. structured Jacobians of one Llama-3.1-8B-shaped layer: GPU vs CPU
-    from resdyn import jacobian
+    from resdyn.study_a import jacobian
 
     gm = model(d, d_ff, heads, kv, 1, vocab, torch.float32, dev)
     ids = torch.randint(0, vocab, (T,), generator=torch.Generator().manual_seed(0))
@@ -130,7 +130,7 @@ def main() -> int:
     del gm, eng, jac_gpu, jac_cpu
 
     # 3. one bf16 lens training step (2 layers, the real vocabulary)
-    from resdyn import lens
+    from resdyn.study_b import lens
 
     lm = model(d, d_ff, heads, kv, 2, vocab, torch.bfloat16 if cuda else torch.float32, dev)
     B = 4096 if cuda else 256
@@ -149,7 +149,7 @@ def main() -> int:
     # 4. float64 decompositions on the device: eigvals (spectra, bootstrap exact), eig WITH
     # vectors + inverse (bootstrap perturbative: priced as 25 d³ at the eig rate + 8 d³ gemm64),
     # svd, svdvals — against the assumed rates, and the eigenvalues against the host's
-    from resdyn import linalg
+    from resdyn.infra import linalg
 
     rng = np.random.default_rng(0)
     a = np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d)
@@ -189,8 +189,8 @@ def main() -> int:
     widths = [max(len(r[i]) for r in rows + [("what", "measured", "unit", "assumed", "ratio")]) for i in range(5)]
     for r in [("what", "measured", "unit", "assumed", "ratio")] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
-    print("\n# Measured rates in resdyn.cost's units (FLOP/s; B/s for stream). To use them, put them in"
-          "\n# resdyn/cost.py as this GPU kind's Device rates, e.g.\n"
+    print("\n# Measured rates in resdyn.infra.cost's units (FLOP/s; B/s for stream). To use them, put them in"
+          "\n# resdyn/infra/cost.py as this GPU kind's Device rates, e.g.\n"
           f'#   DEVICES["{kind}"] = Device("{kind}", "gpu", {{**_GPU_COMMON, **MEASURED_RATES, '
           f'"kl64": MEASURED_RATES["stream"] / KL64_BYTES}}, "measured on {name}")'
           "\n# and note the date and GPU in the comment above _GPU_COMMON." + (

@@ -1,4 +1,4 @@
-"""Speed and memory of the sublayer-Jacobian engine (resdyn.jacobian). Prints a table; asserts nothing.
+"""Speed and memory of the sublayer-Jacobian engine (resdyn.study_a.jacobian). Prints a table; asserts nothing.
 
     .venv/bin/python benchmarks/jacobian.py [--quick] [--device cuda] [--model PATH] [--threads N]
 
@@ -46,7 +46,8 @@ import torch
 import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from resdyn import arch, jacobian  # noqa: E402
+from resdyn.infra import arch
+from resdyn.study_a import jacobian  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Measurement helpers
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     else:  # oversubscribed cores make OpenMP's spin-waits dominate small ops: show the load
         load = os.getloadavg()[0]
         where = f"CPU, {torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores"
-    print(f"\nresdyn.jacobian benchmark — {where}, torch {torch.__version__}, T={args.length}, last token")
+    print(f"\nresdyn.study_a.jacobian benchmark — {where}, torch {torch.__version__}, T={args.length}, last token")
     print(f"measured fp32 matmul throughput: {peak:.1f} GFLOP/s\n")
     print(f"(a) {label}")
     print(f"{'case':44s} {'s/sample':>10s} {'samples':>8s}")

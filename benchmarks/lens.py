@@ -8,7 +8,7 @@ evaluator (mean KL(p_final ‖ p_lens) per layer on held-out batches). Wall and 
 seconds are both printed: on a shared machine the CPU time is the steadier comparison.
 
 Methods:
-  resdyn      resdyn.lens.train_lens: one frozen forward per step, all layers' translators as one
+  resdyn      resdyn.study_b.lens.train_lens: one frozen forward per step, all layers' translators as one
               stacked (n, d, d) weight, batched readout + fused KL (gradient-only on steps
               whose loss is not logged), global clipping as tuned-lens.
   tuned-lens  the ``tuned-lens`` package's TunedLens module driven by the loop of its own trainer
@@ -43,8 +43,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resdyn import arch  # noqa: E402
-from resdyn import lens as L  # noqa: E402
+from resdyn.infra import arch  # noqa: E402
+from resdyn.study_b import lens as L  # noqa: E402
 
 # tuned-lens's trainer defaults (ingredients.Optimizer + train_loop): SGD-Nesterov, lr_scale 1,
 # momentum 0.9, weight decay 1e-3, grad-norm clip 1, no warmup, LR decayed linearly to 0.
@@ -114,7 +114,7 @@ def pretrain(model: nn.Module, batches: list[torch.Tensor], lr: float = 3e-3) ->
 def hf_batches(path: str, n: int, batch: int, length: int, seed: int) -> list[torch.Tensor]:
     from transformers import AutoTokenizer
 
-    from resdyn import data
+    from resdyn.infra import data
 
     tok = AutoTokenizer.from_pretrained(path)
     stream = np.concatenate([np.asarray(tok(doc)["input_ids"]) for doc in data.kjv_chapters()[:400]])

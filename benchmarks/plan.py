@@ -1,4 +1,4 @@
-"""Calibrate the cost model (resdyn/cost.py): run each heavy rule's core at three sizes, one thread.
+"""Calibrate the cost model (resdyn/infra/cost.py): run each heavy rule's core at three sizes, one thread.
 
     OMP_NUM_THREADS=1 python benchmarks/plan.py            # ≈ 3-5 min on a loaded 2-core box
     python benchmarks/plan.py --quick                       # smallest sizes only (seconds)
@@ -6,7 +6,7 @@
 
 For every (rule core, size) it measures, in a forked child, CPU time and the peak of the data
 memory the core holds — its inputs (weights, Jacobians, states: built in the child, as the job
-holds them) and its working memory — and compares them with :mod:`resdyn.cost`'s price of the
+holds them) and its working memory — and compares them with :mod:`resdyn.infra.cost`'s price of the
 same work (the op amounts of the rule's cost function without the per-job start-up and file
 reads the core does not do; memory ``host_bytes − BASE_HOST_BYTES``). Memory is measured like
 the model counts it: the parent fixes glibc's mmap threshold (freed buffers go back to the OS),
@@ -18,9 +18,9 @@ fitted — one throughput constant per op class of the CPU device kind, by non-n
 squares on relative error (time = Σ work_op · x_op, x_op = 1/rate_op) — over the primitive
 kernels and the rule cores together; the table shows predicted/measured with the fitted rates
 and the worst ratio; the column ``stored`` repeats the ratio with the rates stored in
-resdyn/cost.py, to confirm a stored calibration. Time is the child's CPU time (one thread:
+resdyn/infra/cost.py, to confirm a stored calibration. Time is the child's CPU time (one thread:
 equal to the wall time of an idle machine); on the shared CI box the wall time is inflated by other processes' load and is
-printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/cost.py.
+printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/infra/cost.py.
 
 Sizes: d = 384, 640, 1024 with Llama 3.1 (d_ff = 3.5 d, 128-wide heads, 4 query heads per KV
 head) and Qwen2.5 (d_ff = 5.29 d, 7 query heads per KV head, at d = 640) aspect ratios. (At
@@ -54,7 +54,7 @@ import scipy.linalg  # noqa: E402
 import scipy.optimize  # noqa: E402
 import torch  # noqa: E402
 
-from resdyn import cost  # noqa: E402
+from resdyn.infra import cost  # noqa: E402
 
 torch.set_num_threads(1)
 EXCLUDE = ("gunzip",)  # file reads: the cores get arrays
@@ -113,7 +113,7 @@ def _child(core, q) -> None:
 def measure(core: Callable[[], tuple]) -> tuple[float, float, float, cost.Cost]:
     """(CPU seconds, wall seconds, peak data bytes added over the forked process's, price) of one
     core. ``core()`` runs in the child and returns (a :class:`Setup` or the timed callable, its
-    :class:`resdyn.cost.Cost`): either way the inputs are built in the measured process."""
+    :class:`resdyn.infra.cost.Cost`): either way the inputs are built in the measured process."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(core, q))
@@ -143,14 +143,17 @@ def prepare_parent() -> int:
     except (OSError, AttributeError):
         pass
     import h5py  # noqa: F401
-    # resdyn.topology imports these lazily: a job pays them once (cost.STARTUP_S), not per core
+    # resdyn.study_a.topology imports these lazily: a job pays them once (cost.STARTUP_S), not per core
     import igraph  # noqa: F401
     import leidenalg  # noqa: F401
     import scipy.sparse  # noqa: F401
     import scipy.stats  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    from resdyn import activations, causal, lens, linalg, readout, schur, spectral, topology  # noqa: F401
+    from resdyn.beyond import causal
+    from resdyn.infra import linalg
+    from resdyn.study_a import activations, schur, spectral, topology
+    from resdyn.study_b import lens, readout  # noqa: F401
 
     a = np.random.default_rng(0).standard_normal((1024, 1024))
     t = torch.from_numpy(a.astype(np.float32))
@@ -202,9 +205,9 @@ def base_config(N: int, T: int) -> dict:
 
 
 def core_jacobians(s, cfg):
-    """As :func:`resdyn.jacobian.write_layer_block` holds them: the float64 sums and the first
+    """As :func:`resdyn.study_a.jacobian.write_layer_block` holds them: the float64 sums and the first
     ``store_first_n`` samples' Jacobians (float32) per kind, next to the weights."""
-    from resdyn import jacobian
+    from resdyn.study_a import jacobian
 
     N, T, n_first = cfg["samples"]["n"], cfg["samples"]["length"], cfg["jacobian"]["store_first_n"]
 
@@ -230,11 +233,11 @@ def core_jacobians(s, cfg):
 
 
 def core_activations(s, cfg):
-    """The job's streaming writer (:func:`resdyn.activations.stream_activation_files`) into a
+    """The job's streaming writer (:func:`resdyn.study_a.activations.stream_activation_files`) into a
     temporary folder."""
     import tempfile
 
-    from resdyn import activations
+    from resdyn.study_a import activations
 
     def make():
         model = hf_model(s)
@@ -251,7 +254,7 @@ def core_activations(s, cfg):
 
 
 def core_lens(s, cfg):
-    from resdyn import lens
+    from resdyn.study_b import lens
 
     T = cfg["samples"]["length"]
 
@@ -266,7 +269,8 @@ def core_lens(s, cfg):
 
 
 def core_causal(s, cfg):
-    from resdyn import causal, readout
+    from resdyn.beyond import causal
+    from resdyn.study_b import readout
 
     k = readout.k_from_fraction(s.d, cfg["causal"]["k_fraction"])
 
@@ -290,7 +294,7 @@ def _jacobians(s, n=None, noise=0.05):
 
 
 def core_spectra(s, cfg):
-    from resdyn import spectral
+    from resdyn.study_a import spectral
 
     def make():
         mats = _jacobians(s)
@@ -305,7 +309,7 @@ def core_spectra(s, cfg):
 
 
 def core_schur(s, cfg):
-    from resdyn import schur
+    from resdyn.study_a import schur
 
     def make():
         mats = _jacobians(s)
@@ -315,7 +319,7 @@ def core_schur(s, cfg):
 
 
 def _core_bootstrap(s, cfg, method):
-    from resdyn import bootstrap
+    from resdyn.beyond import bootstrap
 
     # samples 0.2 % apart: the regime where perturbation theory applies at d ≤ 1024 (at 5 %
     # a random spectrum's gaps are too small and every sublayer falls back)
@@ -343,12 +347,13 @@ def core_bootstrap_exact(s, cfg):
 
 def core_communities(s, cfg):
     """One boundary as the job reads it: float16 states from an HDF5 file, upcast to float32
-    (:meth:`resdyn.artifacts.Activations.read_boundary`), then :func:`resdyn.topology.analyse_boundary`."""
+    (:meth:`resdyn.artifacts.Activations.read_boundary`), then :func:`resdyn.study_a.topology.analyse_boundary`."""
     import tempfile
 
     import h5py
 
-    from resdyn import artifacts, topology
+    from resdyn import artifacts
+    from resdyn.study_a import topology
 
     N, Tk = cfg["samples"]["n"], cfg["samples"]["length"] - cfg["activations"]["skip_positions"]
     c = cost.cost_communities(cfg, s)
@@ -374,7 +379,7 @@ def core_communities(s, cfg):
 
 
 def core_rss(s, cfg):
-    from resdyn import readout
+    from resdyn.study_b import readout
 
     ks = [readout.k_from_fraction(s.d, f) for f in cfg["readout"]["k_fractions"]]
 
@@ -391,7 +396,8 @@ def core_rss(s, cfg):
 
 def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
     """Single-op kernels (fit aids), inputs built and touched in the child before timing."""
-    from resdyn import causal, linalg
+    from resdyn.beyond import causal
+    from resdyn.infra import linalg
 
     def prim(op, amount):
         return cost.Cost(work={op: amount})
@@ -518,7 +524,7 @@ def main() -> int:
     for r in rows:
         p = predicted(r["cost"], rates)
         ratio = p / r["seconds"]
-        stored = predicted(r["cost"], cost.CPU_CALIBRATION) / r["seconds"]  # the rates in resdyn/cost.py
+        stored = predicted(r["cost"], cost.CPU_CALIBRATION) / r["seconds"]  # the rates in resdyn/infra/cost.py
         core = not r["rule"].startswith("prim:")
         if core and abs(ratio - 1) > abs(worst - 1):
             worst, worst_rule = ratio, f"{r['rule']} d={r['d']}"
@@ -537,7 +543,7 @@ def main() -> int:
                      key=lambda x: abs(x - 1), default=1.0)
     print(f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
           f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}; with the rates "
-          f"stored in resdyn/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
+          f"stored in resdyn/infra/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
     print(f"worst predicted/measured peak-memory ratio over the rule cores: {worst_mem:.2f} "
           f"({worst_mem_rule}); target within [0.65, 1.35]; memory = the core's peak anonymous (data) "
           f"memory over the process it was forked from, predicted = cost.host_bytes − cost.BASE_HOST_BYTES")

@@ -27,7 +27,8 @@ import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from resdyn import linalg, schur, spectral  # noqa: E402
+from resdyn.infra import linalg
+from resdyn.study_a import schur, spectral  # noqa: E402
 
 STEPS = {
     "eigvals": "eigenvalues only (LAPACK geev, no vectors)",

@@ -1,4 +1,4 @@
-"""Speed and memory of resdyn.topology: correlation_graph and signed_leiden at model scale.
+"""Speed and memory of resdyn.study_a.topology: correlation_graph and signed_leiden at model scale.
 
 Synthetic activations: d units in groups of 16; pairs of groups load ± on a shared latent factor
 (so they are anti-correlated), every group has its own factor, plus unit noise. The tokens are
@@ -59,7 +59,7 @@ def token_chunks(n_tokens: int, d: int, seed: int, chunk: int = 1024, group: int
 
 
 def child(args: argparse.Namespace) -> dict:
-    from resdyn import topology as T
+    from resdyn.study_a import topology as T
 
     base = current_rss_mib()
     tracemalloc.start()
@@ -133,7 +133,7 @@ def main() -> None:
             rows.append(json.loads(out.strip().splitlines()[-1]))
 
     print(
-        f"resdyn.topology benchmark: d={args.d}, tokens={args.tokens}, top_k={args.top_k}, "
+        f"resdyn.study_a.topology benchmark: d={args.d}, tokens={args.tokens}, top_k={args.top_k}, "
         f"threads={os.environ.get('OMP_NUM_THREADS', 'default')}, cpus={os.cpu_count()}"
     )
     head = f"{'stage':<18} {'seconds':>8} {'RSS before':>11} {'peak RSS':>9} {'tracemalloc':>12}  result"

@@ -2,7 +2,7 @@
 
 Each class owns its path relative to the run folder (:meth:`path`), the layout of its file
 (TSV columns and their kinds, HDF5 groups/attributes; the schema is in the class docstring),
-its writer (atomic, via :mod:`resdyn.io`, with the provenance sidecar where the step asks for
+its writer (atomic, via :mod:`resdyn.infra.io`, with the provenance sidecar where the step asks for
 one) and its reader, which validates what it reads and names the file and what is wrong
 (a missing column, a wrong kind, a non-finite number where none is allowed, a wrong shape).
 
@@ -18,7 +18,7 @@ torch or scipy at start-up.
 TSV column kinds: ``int`` (integer values; a float column of integral values where NaN is
 allowed), ``float`` (any number), ``bool`` (True/False), ``str`` (a label: any cell). A
 numeric cell may be NaN/Inf only in a column listed in ``allow_nan`` or in a row whose
-``reason`` column is non-empty — the same rule :func:`resdyn.io.write_tsv` applies on write.
+``reason`` column is non-empty — the same rule :func:`resdyn.infra.io.write_tsv` applies on write.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from resdyn import io
-from resdyn.io import PathLike
+from resdyn.infra import io
+from resdyn.infra.io import PathLike
 
 __all__ = [
     "Artifact",
@@ -117,7 +117,7 @@ class Artifact:
 
 
 class TsvArtifact(Artifact):
-    """Base of a TSV table artifact (tab-separated, header row, written by :func:`resdyn.io.write_tsv`).
+    """Base of a TSV table artifact (tab-separated, header row, written by :func:`resdyn.infra.io.write_tsv`).
 
     Subclasses set ``relpath`` (a template relative to the run folder, e.g.
     ``results/{model}/{ckpt}/spectra.tsv``), ``columns`` ({name: kind}, the columns every file
@@ -178,7 +178,7 @@ class TsvArtifact(Artifact):
 
     @classmethod
     def write(cls, table: pd.DataFrame, path: PathLike, provenance: dict | None = None) -> None:
-        """Write ``table`` atomically after checking its columns (:func:`resdyn.io.write_tsv`)."""
+        """Write ``table`` atomically after checking its columns (:func:`resdyn.infra.io.write_tsv`)."""
         missing = [c for c in cls.columns if c not in table.columns]
         if missing:
             raise ArtifactError(f"{path}: refusing to write a {cls.__name__} without column(s) {missing}")
@@ -204,7 +204,7 @@ _CKPT = "results/{model}/{ckpt}/"
 class SpectraTable(TsvArtifact):
     """``results/{model}/{ckpt}/spectra.tsv``: operator metrics of each sublayer's mean Jacobian.
 
-    One row per sublayer in depth order (:func:`resdyn.spectral.spectra_table`). Columns:
+    One row per sublayer in depth order (:func:`resdyn.study_a.spectral.spectra_table`). Columns:
     ``layer`` int, ``kind`` str (attn | mlp | layer), ``s`` int (sublayer index), ``d`` int,
     ``spectral_radius``, ``condition_number``, ``sigma_max``, ``sigma_min``, ``fro_J``,
     ``fro_minus_identity``, ``nonnormal_fro``, ``henrici``, ``henrici_JmI``,
@@ -225,7 +225,7 @@ class SpectraTable(TsvArtifact):
 class BottleneckTable(TsvArtifact):
     """``results/{model}/{ckpt}/bottleneck.tsv``: cumulative products' effective rank by depth.
 
-    One row per sublayer s (:func:`resdyn.spectral.bottleneck_table`): ``s`` int, ``layer`` int,
+    One row per sublayer s (:func:`resdyn.study_a.spectral.bottleneck_table`): ``s`` int, ``layer`` int,
     ``kind`` str, ``d`` int, ``erank``, ``participation_ratio``, ``log10_fro`` (of the product
     J_s ⋯ J_0), ``erank_single``, ``pr_single`` (of J_s alone) float, all finite.
     """
@@ -238,7 +238,7 @@ class BottleneckTable(TsvArtifact):
 class SchurCurves(TsvArtifact):
     """``results/{model}/{ckpt}/schur.tsv``: bottleneck curves of J(α) = Q(Λ + αN)Q*.
 
-    One row per (alpha, s), sorted by alpha then s (:func:`resdyn.schur.schur_bottleneck`):
+    One row per (alpha, s), sorted by alpha then s (:func:`resdyn.study_a.schur.schur_bottleneck`):
     ``alpha`` float, ``s``, ``layer`` int, ``kind`` str, ``erank``, ``pr``, ``log10_fro``,
     ``henrici_single`` float, all finite.
     """
@@ -250,7 +250,7 @@ class SchurCurves(TsvArtifact):
 class CouplingTable(TsvArtifact):
     """``results/{model}/{ckpt}/coupling.tsv``: boundary-vs-interior gain per residual boundary.
 
-    One row per (layer, boundary) (:func:`resdyn.topology.coupling_from_tables`): ``layer`` int,
+    One row per (layer, boundary) (:func:`resdyn.study_a.topology.coupling_from_tables`): ``layer`` int,
     ``boundary`` str, ``kind`` str, ``s`` int, ``gain`` str, ``effect_log_median_ratio``,
     ``rank_biserial``, ``p_value`` float, ``n_boundary``, ``n_interior`` int,
     ``median_boundary``, ``median_interior`` float, ``reason`` str (why a row's test is empty;
@@ -266,7 +266,7 @@ class CouplingTable(TsvArtifact):
 class CommunitiesSummary(TsvArtifact):
     """``results/{model}/{ckpt}/communities_summary.tsv``: one row per (layer, boundary).
 
-    :func:`resdyn.topology.analyse_boundary`'s summary: ``layer`` int, ``boundary`` str,
+    :func:`resdyn.study_a.topology.analyse_boundary`'s summary: ``layer`` int, ``boundary`` str,
     ``n_units``, ``n_communities`` int, ``sizes`` str (comma-separated community sizes),
     ``largest``, ``n_singletons`` int, ``quality``, ``resolution``, ``modularity`` float,
     ``n_edges``, ``n_negative_edges``, ``n_boundary``, ``n_tokens``, ``n_constant_units`` int.
@@ -306,7 +306,7 @@ class CommunityPartitions(TsvArtifact):
 class CheckpointsTable(TsvArtifact):
     """``results/{model}/checkpoints.tsv``: per-sublayer metrics of every checkpoint side by side.
 
-    :func:`resdyn.spectral.checkpoint_table` merged with :func:`resdyn.topology.significant_counts`:
+    :func:`resdyn.study_a.spectral.checkpoint_table` merged with :func:`resdyn.study_a.topology.significant_counts`:
     ``ckpt`` str, ``layer`` int, ``kind`` str, ``s`` int, metric columns (float, extra), and the
     per-checkpoint coupling counts ``n_significant``, ``n_boundaries`` (NaN for a checkpoint
     without coupling), ``sign_dependence_rho``, ``sign_dependence_p`` (NaN when undefined).
@@ -320,7 +320,7 @@ class CheckpointsTable(TsvArtifact):
 class CouplingCounts(TsvArtifact):
     """``results/{model}/coupling_counts.tsv``: significant boundaries per checkpoint.
 
-    :func:`resdyn.topology.significant_counts` plus ``model``: ``ckpt`` str, ``n_significant``,
+    :func:`resdyn.study_a.topology.significant_counts` plus ``model``: ``ckpt`` str, ``n_significant``,
     ``n_boundaries`` int, ``sign_dependence_rho``, ``sign_dependence_p`` float, ``model`` str.
     """
 
@@ -335,7 +335,7 @@ class SpectraArrays(Artifact):
     * root attrs: ``schema`` = "resdyn.spectra/1", plus provenance attrs (scalars as is,
       anything else JSON-encoded as a string);
     * one group per sublayer ``L{layer:03d}_{kind}`` (kind attn, mlp or layer) with attrs
-      ``layer``, ``kind``, ``s`` (:func:`resdyn.spectral.sublayer_index`) and 1-D datasets of
+      ``layer``, ``kind``, ``s`` (:func:`resdyn.study_a.spectral.sublayer_index`) and 1-D datasets of
       one length d: ``eigenvalues`` complex128 sorted by descending |λ|, ``singular_values``
       float64 and ``singular_values_JmI`` float64 (of J − I), both descending.
     """
@@ -350,7 +350,7 @@ class SpectraArrays(Artifact):
     def depth_index(layer: int, kind: str) -> int:
         """The group attr ``s`` = 2·layer + (0 for attn, 1 for mlp or layer).
 
-        :func:`resdyn.spectral.sublayer_index` (a test keeps the two equal); repeated here so
+        :func:`resdyn.study_a.spectral.sublayer_index` (a test keeps the two equal); repeated here so
         that this module imports nothing of resdyn but io: every script imports it, and its
         imports enter every rule's code version.
         """
@@ -391,7 +391,7 @@ class SpectraArrays(Artifact):
     @classmethod
     def write(cls, arrays: Mapping[str, Mapping[str, Any]], path: PathLike,
               attrs: Mapping[str, Any] | None = None) -> None:
-        """Write ``arrays`` ({group: {dataset: array}}, :func:`resdyn.spectral.spectra_table`) atomically."""
+        """Write ``arrays`` ({group: {dataset: array}}, :func:`resdyn.study_a.spectral.spectra_table`) atomically."""
         import h5py
 
         checked = cls._checked(arrays, path)
@@ -447,7 +447,7 @@ class SpectraArrays(Artifact):
 class CausalTable(TsvArtifact):
     """``results/{model}/{ckpt}/causal.tsv``: readout-subspace interventions per layer.
 
-    One row per (layer, intervention) (:func:`resdyn.causal.causal_table`), :data:`CAUSAL_COLUMNS`:
+    One row per (layer, intervention) (:func:`resdyn.beyond.causal.causal_table`), :data:`CAUSAL_COLUMNS`:
     ``layer`` int, ``intervention`` str (project | patch), ``k``, ``d`` int, ``kl``, ``flip_rate``,
     ``random_kl_mean``, ``random_kl_sd``, ``random_flip_mean``, ``random_flip_sd``, ``kl_z``,
     ``kl_p`` float, ``n_random``, ``n_samples``, ``n_tokens`` int, ``phase`` int (NaN for the
@@ -464,7 +464,7 @@ class CausalTable(TsvArtifact):
 class BridgeTable(TsvArtifact):
     """``results/{model}/{ckpt}/bridge.tsv``: subspace transport next to Jacobian and RSS profiles.
 
-    One row per layer L = 0 … n−1 (:func:`resdyn.bridge.bridge_tables`): :data:`TRANSPORT_COLUMNS`
+    One row per layer L = 0 … n−1 (:func:`resdyn.beyond.bridge.bridge_tables`): :data:`TRANSPORT_COLUMNS`
     (``layer``, ``k``, ``d`` int, ``transport``, ``random_mean``, ``random_sd``, ``random_p``
     float, ``n_random`` int, ``chance`` float), then the Jacobian profiles (extra float columns
     such as ``complex_frac_attn``, ``henrici_mlp``, ``cum_erank``), ``rss``, ``rss_k`` and
@@ -480,7 +480,7 @@ class BridgeTable(TsvArtifact):
 class BridgeAlignment(TsvArtifact):
     """``results/{model}/{ckpt}/bridge_alignment.tsv``: where each Jacobian profile changes vs the phase cuts.
 
-    One row per profile (:func:`resdyn.bridge.alignment_table`), :data:`ALIGNMENT_COLUMNS`:
+    One row per profile (:func:`resdyn.beyond.bridge.alignment_table`), :data:`ALIGNMENT_COLUMNS`:
     ``profile`` str, ``change_layer`` int, ``delta`` float, ``b1``, ``b2`` int, ``b1_found``,
     ``b2_found`` bool, ``dist_b1``, ``dist_b2``, ``dist_nearest`` int, ``chance_dist_nearest``
     float, ``n_positions`` int.
@@ -494,8 +494,8 @@ class BridgeAlignment(TsvArtifact):
 class BootstrapTable(TsvArtifact):
     """``results/{model}/{ckpt}/bootstrap.tsv``: bootstrap intervals over samples.
 
-    :data:`BOOTSTRAP_COLUMNS` (:func:`resdyn.bootstrap.jacobian_bootstrap` +
-    :func:`resdyn.bootstrap.not_bootstrapped_rows`): ``metric`` str, ``layer`` int, ``kind`` str,
+    :data:`BOOTSTRAP_COLUMNS` (:func:`resdyn.beyond.bootstrap.jacobian_bootstrap` +
+    :func:`resdyn.beyond.bootstrap.not_bootstrapped_rows`): ``metric`` str, ``layer`` int, ``kind`` str,
     ``s`` int (NaN for whole-model rows), ``estimate``, ``ci_low``, ``ci_high``, ``level`` float,
     ``n_resamples``, ``n_bootstrap_samples``, ``n_samples_total`` int, ``estimate_all_samples``
     float, ``seed`` int, ``bootstrapped`` bool, ``note`` str, ``reason`` str (non-empty where the
@@ -522,7 +522,7 @@ class BootstrapReplicates(TsvArtifact):
 class ScorecardTable(TsvArtifact):
     """``results/{model}/scorecard.tsv``: one row per claim with its verdict.
 
-    :data:`SCORECARD_COLUMNS` (:func:`resdyn.scorecard.scorecard`): ``claim_id``, ``claim``,
+    :data:`SCORECARD_COLUMNS` (:func:`resdyn.beyond.scorecard.scorecard`): ``claim_id``, ``claim``,
     ``statistic`` str, ``value``, ``ci_low``, ``ci_high`` float (NaN only in a row with a
     ``reason``), ``ci_source``, ``study_value``, ``verdict``, ``reason``, ``detail``, ``ckpts`` str.
     """
@@ -540,7 +540,7 @@ class ScorecardTable(TsvArtifact):
 class LensMetrics(TsvArtifact):
     """``results/{model}/{ckpt}/lens_metrics.tsv``: readout quality of the tuned and the logit lens.
 
-    One row per (lens, layer) (:func:`resdyn.lens.lens_metrics`): ``lens`` str (tuned | logit),
+    One row per (lens, layer) (:func:`resdyn.study_b.lens.lens_metrics`): ``lens`` str (tuned | logit),
     ``layer`` int, ``kl``, ``ce``, ``hit1``, ``hit5`` float, ``n_tokens`` int, ``converged``
     bool, ``steps``, ``converged_step`` int, ``final_heldout_kl`` float, ``reason`` str (why a
     row's numbers are empty, e.g. the logit lens has no training record).
@@ -580,12 +580,12 @@ class LensFolder(Artifact):
       ``d_model``, ``n_layers``, ``vocab_size``, ``unembed_hash``, ``softcap``, ``translator``,
       ``training`` (options), ``steps_trained``, ``stop_reason``, ``convergence`` (records of
       layer, converged, converged_step, steps, final_heldout_kl, rel_change), built by
-      :meth:`resdyn.lens.Lens.config`;
+      :meth:`resdyn.study_b.lens.Lens.config`;
     * ``tuned_lens/``: the same translators in EleutherAI tuned-lens's format
-      (:meth:`write_tuned_lens`: ``params.pt`` + ``config.json``; read by :mod:`resdyn.lens_import`).
+      (:meth:`write_tuned_lens`: ``params.pt`` + ``config.json``; read by :mod:`resdyn.study_b.lens_import`).
 
     :meth:`read` validates the folder on its own (format, shapes agree with config.json, curve
-    columns); whether it fits a model (readout hash, sizes) is :meth:`resdyn.lens.Lens.load`'s
+    columns); whether it fits a model (readout hash, sizes) is :meth:`resdyn.study_b.lens.Lens.load`'s
     check. :meth:`read_translator_matrices` reads the translators alone, without torch.
     """
 
@@ -685,7 +685,7 @@ class LensFolder(Artifact):
         """``[A_0, …, A_{n−1}]``, ``A_L = I + W_L`` float64 (d, d), from the translators file alone.
 
         Read with ``safetensors.numpy`` (no torch, no model): the float32 values widen exactly to
-        float64, so the matrices are bit-equal to :meth:`resdyn.lens.Lens.translator_matrix`. The
+        float64, so the matrices are bit-equal to :meth:`resdyn.study_b.lens.Lens.translator_matrix`. The
         identity reference at index n is not included: it carries no readout subspace of its own.
         """
         weight, _ = cls._read_translators(directory)
@@ -714,9 +714,9 @@ class LensCheckpoint(Artifact):
 
     A ``torch.save`` dict (loaded with ``weights_only=True``): ``format`` =
     "resdyn.lens-checkpoint/1", ``key`` (the fingerprint of everything the trajectory depends on,
-    :func:`resdyn.lens._fingerprint`), and the training loop's state (translators, optimizer state,
+    :func:`resdyn.study_b.lens._fingerprint`), and the training loop's state (translators, optimizer state,
     step, curve rows, held-out history, convergence counters, stream position;
-    :func:`resdyn.lens._fit`). :meth:`load` returns None for a missing file and, with a warning
+    :func:`resdyn.study_b.lens._fit`). :meth:`load` returns None for a missing file and, with a warning
     naming the file and the fault, for one of another format or key or that does not load.
     """
 
@@ -770,7 +770,7 @@ class LensCheckpoint(Artifact):
 class RssProfile(TsvArtifact):
     """``results/{model}/{ckpt}/rss.tsv``: readout-subspace similarity of adjacent layers.
 
-    One row per (layer, k) (:func:`resdyn.readout.rss_profile`), :data:`RSS_COLUMNS`: ``layer``
+    One row per (layer, k) (:func:`resdyn.study_b.readout.rss_profile`), :data:`RSS_COLUMNS`: ``layer``
     int (L = 0 … n−2, the pair L, L+1), ``k`` int, ``k_fraction`` float (= k / d), ``d`` int (the
     hidden size, stored so readers need not reconstruct it), ``rss``, ``grassmann_distance``,
     ``energy`` float, all finite.
@@ -783,7 +783,7 @@ class RssProfile(TsvArtifact):
 class ResolutionTable(TsvArtifact):
     """``results/{model}/{ckpt}/resolution.tsv``: energy vs visibility of each readout dimension.
 
-    One row per configured fraction (:func:`resdyn.readout.resolution_table`): ``k_fraction``
+    One row per configured fraction (:func:`resdyn.study_b.readout.resolution_table`): ``k_fraction``
     float, ``k`` int, ``energy``, ``mean_rss``, ``visibility`` float, ``pareto`` bool.
     """
 
@@ -794,13 +794,13 @@ class ResolutionTable(TsvArtifact):
 class PhaseCuts(Artifact):
     """``results/{model}/{ckpt}/phases.json``: the phase cut of the RSS profile.
 
-    The JSON object of :meth:`resdyn.phases.Cutpoints.to_json` (keys and their meaning in the
-    :class:`resdyn.phases.Cutpoints` docstring: ``b1``, ``b2``, ``peak``, ``b1_found``,
+    The JSON object of :meth:`resdyn.study_b.phases.Cutpoints.to_json` (keys and their meaning in the
+    :class:`resdyn.study_b.phases.Cutpoints` docstring: ``b1``, ``b2``, ``peak``, ``b1_found``,
     ``b2_found``, ``reason``, ``spans``, ``widths``, ``n``, ``window``, ``method``,
     ``sensitivity``, ``notes``, ``profile``, ``smoothed``, ``stages``, optional ``k`` and
     ``k_fraction_requested``). :meth:`read` checks it is such an object; the full validation
     (types, 0 ≤ b1 ≤ peak ≤ b2 ≤ n−1, spans/widths agree) is
-    ``phases.Cutpoints.from_json(PhaseCuts.read(path), source=path)``, kept in resdyn.phases so
+    ``phases.Cutpoints.from_json(PhaseCuts.read(path), source=path)``, kept in resdyn.study_b.phases so
     this module imports nothing of resdyn but io (its imports enter every rule's code version).
     """
 
@@ -821,7 +821,7 @@ class PhaseCuts(Artifact):
 
     @classmethod
     def write(cls, cuts: Any, path: PathLike) -> None:
-        """Write a :class:`resdyn.phases.Cutpoints` (or its :meth:`to_json` object) atomically; NaN refused."""
+        """Write a :class:`resdyn.study_b.phases.Cutpoints` (or its :meth:`to_json` object) atomically; NaN refused."""
         obj = cuts if isinstance(cuts, Mapping) else cuts.to_json()
         missing = [k for k in cls.KEYS if k not in obj]
         if missing:
@@ -832,9 +832,9 @@ class PhaseCuts(Artifact):
 class LayerGeometry(TsvArtifact):
     """``results/{model}/{ckpt}/geometry.tsv``: per-layer geometry of the residual stream.
 
-    One row per state (:func:`resdyn.geometry.layer_geometry` + :func:`resdyn.geometry.with_lens_hits`):
+    One row per state (:func:`resdyn.study_b.geometry.layer_geometry` + :func:`resdyn.study_b.geometry.with_lens_hits`):
     ``layer`` int, ``state`` str (h_L | output), ``n_tokens`` int, ``hidden_erank`` float,
-    the update columns (:data:`resdyn.geometry.UPDATE_COLUMNS`: ``update_orthogonality``,
+    the update columns (:data:`resdyn.study_b.geometry.UPDATE_COLUMNS`: ``update_orthogonality``,
     ``attn_orthogonality``, ``mlp_orthogonality``, ``n_excluded``, ``norm_ratio``,
     ``norm_ratio_of_means``, ``relative_update_norm``; NaN on the ``output`` row, which has no
     update after it), then the lens hit rates (extra float columns, e.g. ``tuned_hit1``).
@@ -852,7 +852,7 @@ class LayerGeometry(TsvArtifact):
 class PhaseMetrics(TsvArtifact):
     """``results/{model}/{ckpt}/phase_metrics.tsv``: geometry summarised per phase.
 
-    One row per (phase, metric) (:func:`resdyn.geometry.phase_table`): ``phase`` int (1–3),
+    One row per (phase, metric) (:func:`resdyn.study_b.geometry.phase_table`): ``phase`` int (1–3),
     ``phase_name`` str, ``metric`` str, ``mean``, ``sd`` float, ``n_layers`` int, ``reason`` str (why
     ``sd`` or ``mean`` is empty: a phase of fewer than two layers).
     """
@@ -874,7 +874,7 @@ class ScalingWidths(TsvArtifact):
 class ScalingFits(TsvArtifact):
     """``results/scaling/phase_widths.tsv``: phase width vs depth fits per group and phase.
 
-    :func:`resdyn.geometry.depth_scaling` plus ``group``: ``phase`` int, ``status`` str,
+    :func:`resdyn.study_b.geometry.depth_scaling` plus ``group``: ``phase`` int, ``status`` str,
     ``slope``, ``intercept``, ``slope_ci_low``, ``slope_ci_high``, ``slope_se``, ``p_value``,
     ``r_squared`` float (NaN only in a row with a ``reason``), ``n_models``, ``n_depths``,
     ``n_obs`` int, ``reason`` str, ``group`` str.
@@ -894,7 +894,7 @@ class ScalingFits(TsvArtifact):
 class TrainingCurve(TsvArtifact):
     """``models/{model}/training.tsv``: the loss curve of a zoo model's training.
 
-    One row per evaluation (:func:`resdyn.zoo.train_zoo_model`): ``step``, ``lr`` float,
+    One row per evaluation (:func:`resdyn.infra.zoo.train_zoo_model`): ``step``, ``lr`` float,
     ``train_loss`` (NaN at step 0, whose ``reason`` says there was no batch yet),
     ``heldout_loss``, ``unigram_loss`` (the held-out loss of the unigram baseline) float,
     ``reason`` str.
@@ -941,7 +941,7 @@ class Samples(Artifact):
     HDF5 datasets ``input_ids`` (N, T) integer token ids and ``sample_ids`` (N,) integer (the
     block's start offset in its token stream); root attrs: the caller's (dataset, split file,
     seed, …; dicts/lists as JSON strings) and ``samples_hash`` = SHA-256 of both arrays
-    (:func:`resdyn.io.sha256_array`), re-checked on read.
+    (:func:`resdyn.infra.io.sha256_array`), re-checked on read.
     """
 
     relpath = "results/{model}/samples.h5"
@@ -982,11 +982,11 @@ class Samples(Artifact):
 class CheckpointRecord(Artifact):
     """``models/{model}/{ckpt}/checkpoint.json``: where one checkpoint's weights are, and their hash.
 
-    The JSON object of :func:`resdyn.models.resolve_checkpoint`: the checkpoint's config entry
+    The JSON object of :func:`resdyn.infra.models.resolve_checkpoint`: the checkpoint's config entry
     (``model``, ``checkpoint``, ``source``, ``dtype``, ``repo``/``revision`` or ``path``, …) plus
     ``folder`` (absolute path of the weights), ``resolved_commit`` (hub commit or null),
     ``weight_files`` (list of names), ``content_hash`` and ``tokenizer_hash`` (SHA-256 hex of the
-    weight and tokenizer files, :func:`resdyn.io.sha256_tree`).
+    weight and tokenizer files, :func:`resdyn.infra.io.sha256_tree`).
     """
 
     relpath = "models/{model}/{ckpt}/checkpoint.json"
@@ -1025,7 +1025,7 @@ class CheckpointRecord(Artifact):
 class Activations(Artifact):
     """``results/{model}/{ckpt}/activations/layer{L:03d}.h5``: residual states at every boundary.
 
-    Schema ``resdyn.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
+    Schema ``resdyn.study_a.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
     (N, T', d) = m_L (the last layer's file also ``output``, its raw output before the final
     norm), ``sample_ids`` (N,), ``positions`` (T',); attrs ``schema``, ``layer``,
     ``skip_positions``, ``residual`` (sequential | parallel; for a parallel layer ``pre_mlp`` is
@@ -1188,7 +1188,7 @@ class Activations(Artifact):
 
 class BoundaryView:
     """:meth:`Activations.read_all_boundaries` without reading: a lazy (N, 2·n_layers + 1, T', d)
-    float32 view of a folder of layer files for :func:`resdyn.geometry.layer_geometry`, which
+    float32 view of a folder of layer files for :func:`resdyn.study_b.geometry.layer_geometry`, which
     indexes it as ``view[samples, state, positions, units]`` (an int state, slices elsewhere) one
     state and one chunk of samples at a time — host memory is a chunk, not N·(2n+1)·T'·d·4 bytes
     (140 GB at Llama-3.1-8B shapes with N = 1000, T = 128)."""
@@ -1319,7 +1319,7 @@ class JacobianBlocks(Artifact):
     """``results/{model}/{ckpt}/jacobians/{block}/layer{L:03d}.h5``: per-layer mean and per-sample Jacobians.
 
     Schema ``resdyn.jacobian/1`` (one file per layer, written by :meth:`write_layer` from the
-    sums of :func:`resdyn.jacobian.write_layer_block`); N samples, P positions per sample
+    sums of :func:`resdyn.study_a.jacobian.write_layer_block`); N samples, P positions per sample
     (default P = 1: the last token), d = hidden size:
 
     file attrs      the caller's ``attrs`` (model id, revision, content hash, dtype, samples hash,

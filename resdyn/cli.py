@@ -13,11 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from resdyn import io
+from resdyn.infra import io
 
 
 def _provenance(args: argparse.Namespace) -> int:
-    from resdyn import provenance
+    from resdyn.infra import provenance
 
     if not Path(args.file).exists():
         raise FileNotFoundError(errno.ENOENT, "no such file", args.file)
@@ -54,7 +54,7 @@ def _provenance(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from resdyn import provenance
+    from resdyn.infra import provenance
 
     roots = args.path or [r for r in ("results", "models") if Path(r).exists()]
     missing = [r for r in roots if not Path(r).exists()]
@@ -71,8 +71,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from resdyn import config as rc
-    from resdyn import cost, plan
+    from resdyn.infra import config as rc
+    from resdyn.infra import cost, plan
 
     try:
         cfg = rc.load_config(args.config)

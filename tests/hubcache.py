@@ -121,7 +121,7 @@ def add_snapshot(hub_cache: Path, repo: str, revision: str, repo_type: str = "mo
 
 
 def documents() -> list[str]:
-    from resdyn import data
+    from resdyn.infra import data
 
     return data.kjv_chapters()[:N_DOCUMENTS]
 
@@ -266,7 +266,7 @@ def write_tuned_lens(hub_cache: Path, repo: str, snapshot: Path, seed: int = 0) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from resdyn import lens
+    from resdyn.study_b import lens
 
     model = AutoModelForCausalLM.from_pretrained(snapshot)
     n, d = model.config.num_hidden_layers, model.config.hidden_size
@@ -280,7 +280,7 @@ def write_tuned_lens(hub_cache: Path, repo: str, snapshot: Path, seed: int = 0) 
 def build_pythia(hf_home: Path) -> Path:
     """The tiny Pythia models (a checkpoint series and a depth series), their lenses in the
     Space layout, and the dataset under ``hf_home/hub``; returns the hub cache."""
-    from resdyn import data
+    from resdyn.infra import data
 
     hub_cache = Path(hf_home) / "hub"
     docs = documents()
@@ -295,7 +295,7 @@ def build_pythia(hf_home: Path) -> Path:
 
 def build(hf_home: Path) -> Path:
     """Every paper-mini model and the dataset under ``hf_home/hub``; returns the hub cache."""
-    from resdyn import data
+    from resdyn.infra import data
 
     hub_cache = Path(hf_home) / "hub"
     docs = documents()

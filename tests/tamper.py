@@ -75,7 +75,7 @@ def planned_rules(work: Path, config: str = CONFIG) -> set[str]:
 
 def make_corpus(work: Path) -> list[str]:
     """Two UTF-8 text files of KJV chapters (blank-line separated): the `text` dataset."""
-    from resdyn import data
+    from resdyn.infra import data
 
     chapters = data.kjv_chapters()[:40]
     (work / "corpus").mkdir(parents=True, exist_ok=True)
@@ -92,7 +92,7 @@ def make_local_model(folder: Path, docs: list[str], seed: int = 0) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from resdyn import data
+    from resdyn.infra import data
 
     folder.mkdir(parents=True, exist_ok=True)
     data.train_tokenizer(docs, 300, folder)
@@ -120,7 +120,7 @@ def tamper_config(paths: list[str]) -> dict:
 
 def build(work: Path, cores: int = 2) -> Path:
     """Copy the workflow to ``work``, make the local model and corpus, run it to the end."""
-    from resdyn import data
+    from resdyn.infra import data
 
     shutil.copytree(ROOT, work, ignore=IGNORE)
     paths = make_corpus(work)

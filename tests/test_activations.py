@@ -1,4 +1,4 @@
-"""resdyn.activations: streamed layer files equal the collect-then-write path."""
+"""resdyn.study_a.activations: streamed layer files equal the collect-then-write path."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from resdyn import activations
 from resdyn.artifacts import Activations, BoundaryView
+from resdyn.study_a import activations
 from test_arch import make_model  # noqa: F401
 
 
@@ -34,7 +34,7 @@ def test_streamed_files_equal_collected(tmp_path, dtype):
 
 
 def test_boundary_view_gives_the_same_geometry_as_reading_everything(tmp_path):
-    from resdyn import geometry
+    from resdyn.study_b import geometry
 
     model = make_model("llama")
     ids = np.random.default_rng(1).integers(0, model.config.vocab_size, (5, 12))

@@ -1,4 +1,4 @@
-"""resdyn.arch: the sublayer split reproduces each family's HF decoder layer.
+"""resdyn.infra.arch: the sublayer split reproduces each family's HF decoder layer.
 
 Oracles are HF's own forward passes: hooks on the decoder layers (h_L, the raw last output) and
 on the submodule that receives the pre-MLP state (m_L). Tiny random fp32 models, eager attention
@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
-from resdyn import arch
+from resdyn.infra import arch
 
 VOCAB = 100
 LENGTH = 9

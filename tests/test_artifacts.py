@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 
 from resdyn import artifacts as A
-from resdyn import bootstrap, bridge, causal, lens, phases, readout, scorecard, spectral
+from resdyn.beyond import bootstrap, bridge, causal, scorecard
+from resdyn.study_a import spectral
+from resdyn.study_b import lens, phases, readout
 
 TSV_CLASSES = sorted((c for c in vars(A).values() if isinstance(c, type) and issubclass(c, A.TsvArtifact)
                       and c is not A.TsvArtifact), key=lambda c: c.__name__)
@@ -312,9 +314,9 @@ def test_folder_artifacts_paths(tmp_path):
 
 def test_artifacts_imports_nothing_heavy_or_conceptual():
     """Every script imports this module: its imports enter every rule's code version and start-up."""
-    from resdyn import codeversion
+    from resdyn.infra import codeversion
 
-    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.io"}
+    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.infra", "resdyn.infra.io"}
     heavy = {"torch", "transformers", "matplotlib", "scipy"}
     # torch only inside the writers/readers of torch's own file formats, which the jobs that
     # train a lens call (they have torch loaded already); nowhere else, and never at import

@@ -1,4 +1,4 @@
-"""resdyn.bootstrap: percentile intervals (calibration, constants, determinism) and the Jacobian bootstrap."""
+"""resdyn.beyond.bootstrap: percentile intervals (calibration, constants, determinism) and the Jacobian bootstrap."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 import transformers as tf
 
-from resdyn import bootstrap as bs
-from resdyn import artifacts, jacobian, spectral
+from resdyn.beyond import bootstrap as bs
+from resdyn import artifacts
+from resdyn.study_a import jacobian, spectral
 
 
 # ---------------------------------------------------------------- generic utilities
@@ -198,7 +199,7 @@ def _tiny_llama() -> torch.nn.Module:
 
 
 def test_bootstrap_from_jacobian_files(tmp_path):
-    """Files written by resdyn.jacobian (4 samples, 2 positions, first 3 kept whole)."""
+    """Files written by resdyn.study_a.jacobian (4 samples, 2 positions, first 3 kept whole)."""
     model = _tiny_llama()
     samples = np.random.default_rng(0).integers(3, 50, size=(4, 8))
     folder = tmp_path / "layers000-001"
@@ -399,7 +400,7 @@ def test_perturbative_coverage_matches_exact():
 def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
     """The CUDA code path (resampled means and running products as torch tensors, eigen-analyses
     via torch) run on the CPU's torch gives the host path's table."""
-    from resdyn import linalg
+    from resdyn.infra import linalg
 
     rng = np.random.default_rng(9)
     d, n = 16, 8
@@ -417,7 +418,7 @@ def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
 
 def test_cost_of_the_perturbative_method():
     """cost_bootstrap: (2 + 2 + 2.5 + R/32) eigvals-equivalents per sublayer instead of R."""
-    from resdyn import cost
+    from resdyn.infra import cost
 
     s = cost.Shape(n_layers=4, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
     cfg = {"jacobian": {"store_first_n": 16}, "bootstrap": {"n_resamples": 50, "method": "exact"}}
@@ -517,7 +518,7 @@ def test_studentized_jacobian_bootstrap_rows_and_henrici_coverage():
 
 
 def test_scorecard_paired_difference_uses_the_studentized_interval():
-    from resdyn import scorecard
+    from resdyn.beyond import scorecard
 
     row = pd.DataFrame({"metric": ["m"], "bootstrapped": [True], "n_resamples": [4], "n_bootstrap_samples": [9],
                         "seed": [0], "estimate": [1.0], "interval": ["studentized"]})

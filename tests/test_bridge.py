@@ -1,4 +1,4 @@
-"""resdyn.bridge: transport of readout subspaces and cut-point alignment — known answers and oracles."""
+"""resdyn.beyond.bridge: transport of readout subspaces and cut-point alignment — known answers and oracles."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 from scipy.stats import ortho_group
 
-from resdyn import bridge, phases, readout, spectral
+from resdyn.beyond import bridge
+from resdyn.study_a import spectral
+from resdyn.study_b import phases, readout
 
 
 def _orthogonal(d: int, seed: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""resdyn.causal: subspace projection / patching and the model run from a layer.
+"""resdyn.beyond.causal: subspace projection / patching and the model run from a layer.
 
 Oracles: the Hugging Face forward (continuation without intervention; the same edit made by a
 forward pre-hook on layer L). Known answers: empty subspace and self-patching give KL = 0
@@ -17,8 +17,9 @@ import torch
 import transformers as tf
 from torch import nn
 
-from resdyn import arch, causal
-from resdyn.bridge import haar_subspace
+from resdyn.beyond import causal
+from resdyn.infra import arch
+from resdyn.beyond.bridge import haar_subspace
 
 VOCAB, D, LAYERS, T, B = 64, 32, 3, 10, 4
 
@@ -253,7 +254,7 @@ def _translators(seed: int = 0, n: int = LAYERS) -> list[np.ndarray]:
 
 
 def test_causal_table_rows_match_direct_effects_and_are_deterministic():
-    from resdyn.readout import readout_subspace
+    from resdyn.study_b.readout import readout_subspace
 
     model = make()
     x = ids()

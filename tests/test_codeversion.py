@@ -1,4 +1,4 @@
-"""Code versions derived from a script's import closure (resdyn.codeversion).
+"""Code versions derived from a script's import closure (resdyn.infra.codeversion).
 
 The oracle for the real scripts is the standard library's ``modulefinder`` (bytecode analysis),
 independent of the ``ast`` walk under test. A synthetic package covers the import forms.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resdyn import codeversion as cv
+from resdyn.infra import codeversion as cv
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "workflow" / "scripts").glob("*.py"))

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resdyn import config as rc
+from resdyn.infra import config as rc
 from resdyn.plots import catalogue as figs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +34,7 @@ def test_defaults_are_filled():
                               "jacobian": {"store_first_n": 2}})
     assert cfg["samples"] == {"n": 64, "length": 64, "seed": 0}
     assert cfg["models"]["m"]["train"]["checkpoints"] == [0, 300, 600]
+    assert cfg["models"]["m"]["train"]["precision"] == "float32"
     assert cfg["phases"]["window"] == 3
     assert cfg["jacobian"]["positions"] == "last"
     assert rc.checkpoints(cfg, "m") == ["step0", "step300", "step600"]
@@ -83,6 +84,8 @@ BAD = [
     (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),
     (_set(["studies"], ["A", "C"]), ["studies.1", "'C'", "'A', 'B'"]),
     (_set(["studies"], []), ["studies", "[]", "non-empty"]),
+    (_set(["models", "tiny_llama", "train", "precision"], "float16"),
+     ["models.tiny_llama.train.precision", "'float16'", "'bfloat16'"]),
 ]
 
 

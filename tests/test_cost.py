@@ -1,4 +1,4 @@
-"""The cost model (resdyn/cost.py), `resdyn plan`, and that the rules take their resources from it."""
+"""The cost model (resdyn/infra/cost.py), `resdyn plan`, and that the rules take their resources from it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import scipy.linalg
 import torch
 
-from resdyn import config as rc
-from resdyn import cost, plan, spectral
+from resdyn.infra import config as rc
+from resdyn.infra import cost, plan
+from resdyn.study_a import spectral
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_A = REPO / "configs" / "paper-a.yaml"
@@ -123,7 +124,7 @@ def test_mlp_jacobian_flops_match_torch_flop_counter():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
-    from resdyn import jacobian
+    from resdyn.study_a import jacobian
 
     d, d_ff = 64, 224
     mlp = LlamaMLP(LlamaConfig(hidden_size=d, intermediate_size=d_ff)).eval()
@@ -206,9 +207,9 @@ def test_eigen_henrici_reuses_one_schur_factor():
 
 
 def _force_device_path(monkeypatch) -> list:
-    """Make the CUDA switch (resdyn.linalg.on_cuda, which bootstrap.py reads too)
+    """Make the CUDA switch (resdyn.infra.linalg.on_cuda, which bootstrap.py reads too)
     treat any device as CUDA, so the torch code paths run on the CPU; returns the call log."""
-    from resdyn import linalg
+    from resdyn.infra import linalg
 
     calls: list = []
 
@@ -267,7 +268,7 @@ def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dic
 @pytest.mark.slow
 def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hub_env):
     """`snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and
-    (CPU rules) threads are exactly resdyn.cost.resources(...) — the numbers `resdyn plan` sums."""
+    (CPU rules) threads are exactly resdyn.infra.cost.resources(...) — the numbers `resdyn plan` sums."""
     jobs = _dry_run_resources(PAPER_A, hub_env)
     priced = [(r, w, res) for r, w, res in jobs if r in cost.RULES]
     assert {r for r, _, _ in priced} >= set(HEAVY), {r for r, _, _ in priced}
@@ -277,13 +278,13 @@ def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hu
         assert int(res["runtime"]) == want["runtime"], (rule, w, res, want)
         if rule in ("spectra", "schur", "bootstrap", "communities", "bridge", "rss", "resolution"):
             assert int(res["threads"]) == want["threads"], (rule, w, res, want)
-    print(f"{len(priced)} jobs: resources equal resdyn.cost.resources for every one")
+    print(f"{len(priced)} jobs: resources equal resdyn.infra.cost.resources for every one")
 
 
 def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
     """The cuda code path of the bootstrap (torch eigvals, Henrici by subtraction, products on
     the device), run on the CPU's torch, equals the host path (one Schur factor per matrix)."""
-    from resdyn import bootstrap as bs
+    from resdyn.beyond import bootstrap as bs
 
     rng = np.random.default_rng(3)
     base = {(L, k): np.eye(24) + rng.standard_normal((24, 24)) / 4 for L in range(2) for k in ("attn", "mlp")}
@@ -301,10 +302,10 @@ def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
 def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
     """config.json's use_parallel_residual (absent = transformers' default, true) reaches the
     shape through config validation: parallel NeoX layers are one operator (3 Jacobian groups,
-    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.arch decides."""
+    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.infra.arch decides."""
     import transformers
 
-    from resdyn import arch, hub
+    from resdyn.infra import arch, hub
 
     kw = {} if parallel is None else {"use_parallel_residual": parallel}
     hf = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_attention_heads=4,
@@ -356,7 +357,7 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
             assert res is None and rule in local, (rule, "has no cost function: must be a localrule without resources")
             assert rule in cost.LOCAL_UNPRICED_RULES, (rule, "`resdyn plan` must name it")
             continue
-        assert res is not None, (rule, "priced by resdyn.cost but requests nothing")
+        assert res is not None, (rule, "priced by resdyn.infra.cost but requests nothing")
         items = dict(line.strip().rstrip(",").split("=", 1) for line in res.group(1).splitlines())
         assert set(items) >= {"mem_mb", "runtime"}, (rule, items)
         for key, value in items.items():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from resdyn import data
+from resdyn.infra import data
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from resdyn.geometry import (
+from resdyn.study_b.geometry import (
     LAYER_COLUMNS,
     depth_scaling,
     hidden_effective_rank,

@@ -14,8 +14,8 @@ import transformers
 import yaml
 
 import hubcache
-from resdyn import config as rc
-from resdyn import data, hub, io, models
+from resdyn.infra import config as rc
+from resdyn.infra import data, hub, io, models
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -1,4 +1,4 @@
-"""resdyn.jacobian: exact per-token sublayer Jacobians and their HDF5 accumulation.
+"""resdyn.study_a.jacobian: exact per-token sublayer Jacobians and their HDF5 accumulation.
 
 Oracle: ``torch.autograd.functional.jacobian`` of HF's full-sequence decoder layer (the attention
 half read out by a hook, the MLP half by substituting m_L, see tests/test_arch.py), whose
@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import sigkill
-from resdyn import arch, artifacts, jacobian
+from resdyn import artifacts
+from resdyn.infra import arch
+from resdyn.study_a import jacobian
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     FAMILIES,
     PARALLEL,
@@ -345,7 +347,7 @@ def test_bad_arguments(tmp_path):
 
 _RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from test_arch import make_model, sample_ids
-    from resdyn import jacobian
+    from resdyn.study_a import jacobian
 
     if slow:
         sigkill.slow_down(jacobian.JacobianEngine, "compute", 0.4)

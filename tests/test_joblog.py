@@ -1,4 +1,4 @@
-"""Rule logs that last (resdyn.joblog via provenance.step): progress and INFO lines reach the log
+"""Rule logs that last (resdyn.infra.joblog via provenance.step): progress and INFO lines reach the log
 file on success, the traceback on failure, and the process's own stdout/stderr come back after."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from tqdm import tqdm
 
-from resdyn import io, joblog, provenance
+from resdyn.infra import io, joblog, provenance
 
 
 class Named(list):
@@ -90,3 +90,17 @@ def test_describe_folders_and_missing_files(tmp_path):
     assert joblog.describe(tmp_path / "nope") == f"{tmp_path / 'nope'}: missing"
     (tmp_path / "bad.h5").write_text("not hdf5")
     assert "unreadable for the log" in joblog.describe(tmp_path / "bad.h5")
+
+
+def test_warnings_reach_the_log_after_an_earlier_job_in_the_same_process(tmp_path):
+    # an earlier step inside a catch_warnings block (as pytest runs every test) must not stop
+    # the next step's warnings from reaching its log
+    with warnings.catch_warnings():
+        with provenance.step(fake_job(tmp_path / "first")):
+            pass
+    sm = fake_job(tmp_path / "second")
+    with warnings.catch_warnings(record=True):
+        with provenance.step(sm):
+            warnings.warn("the second job's warning")
+            io.write_tsv(pd.DataFrame({"x": [1]}), sm.output.out)
+    assert "the second job's warning" in (tmp_path / "second" / "logs" / "job.log").read_text()

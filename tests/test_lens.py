@@ -1,4 +1,4 @@
-"""Tests of resdyn.lens: tuned-lens translators, the logit lens, persistence, export, metrics.
+"""Tests of resdyn.study_b.lens: tuned-lens translators, the logit lens, persistence, export, metrics.
 
 Models are tiny (d = 32, 4 layers, vocab 100, fp32) Llama / OLMo 2 / Gemma 2 built from their
 config classes and trained a few steps on a synthetic pattern (noisy bigram chain, then a copy
@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM
 
 import sigkill
-from resdyn import arch, artifacts
-from resdyn import lens as L
+from resdyn import artifacts
+from resdyn.infra import arch
+from resdyn.study_b import lens as L
 
 VOCAB, D, N_LAYERS = 100, 32, 4
 FAST = dict(steps=400, eval_every=10, patience=5, tol=1e-2, progress=False)
@@ -519,7 +520,7 @@ def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path
 
 _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from test_lens import RESUME, build, synthetic_batches
-    from resdyn import lens as L
+    from resdyn.study_b import lens as L
 
     if slow:
         sigkill.slow_down(L, "_train_step_kl", 0.1)

@@ -1,4 +1,4 @@
-"""resdyn.lens_import: tuned-lens checkpoints (config.json + params.pt) into resdyn's Lens.
+"""resdyn.study_b.lens_import: tuned-lens checkpoints (config.json + params.pt) into resdyn's Lens.
 
 Oracles: the translators resdyn itself exported (round trip must be bit-identical), tuned-lens's
 own ``transform_hidden``/``forward`` on a lens saved by the tuned-lens package (in a throwaway
@@ -13,8 +13,9 @@ import shutil
 import pytest
 import torch
 
-from resdyn import arch, lens_import
-from resdyn import lens as L
+from resdyn.infra import arch
+from resdyn.study_b import lens_import
+from resdyn.study_b import lens as L
 from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 
@@ -130,7 +131,7 @@ def test_lens_saved_by_tuned_lens_imports(pythia, tmp_path):
 def test_config_lens_import_spec_and_validation(tmp_path, trained):
     """lens.source: tuned_lens fills {model}/{ckpt}/{repo} per model; a local folder without the
     two files stops validation with one line naming the folder."""
-    from resdyn import config as rc
+    from resdyn.infra import config as rc
 
     cfg = {"datasets": {"e": {"source": "embedded"}},
            "models": {"m": {"source": "train", "dataset": "e", "family": "llama", "n_layers": 8, "d_model": 32,
@@ -155,7 +156,7 @@ def test_offline_hub_lens_must_be_cached(tmp_path, monkeypatch):
     """HF_HUB_OFFLINE with a hub lens that is not in the cache stops validation with one line
     naming the repository, the folder and the download command."""
     import hubcache
-    from resdyn import config as rc
+    from resdyn.infra import config as rc
 
     cache = tmp_path / "hub"
     from safetensors.torch import save_file

@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from resdyn import data, io, models, zoo
+from resdyn.infra import data, io, models, zoo
 
 FAMILY_CONFIGS = {
     "llama": transformers.LlamaConfig,
@@ -151,25 +151,104 @@ def test_unigram_baseline_closed_form():
     assert zoo.unigram_cross_entropy(train, np.array([0, 2]), 4) == pytest.approx(-(np.log(3 / 8) + np.log(1 / 8)) / 2)
 
 
-def _train(tok_dir, tmp_path, tag, steps=12, state_every=100):
+def _ce_problem(n=300, d=16, v=50, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    h = (2 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()
+    w = torch.randn(v, d, generator=g, dtype=dtype).requires_grad_()
+    return h, w, torch.randint(0, v, (n,), generator=g)
+
+
+def test_linear_cross_entropy_matches_autograd_of_cross_entropy():
+    h, w, y = _ce_problem()
+    ref = torch.nn.functional.cross_entropy(h @ w.T, y)
+    ref_h, ref_w = torch.autograd.grad(ref, (h, w))
+    for chunk in (7, 128, 1000):  # chunks that do and do not divide N, and one chunk
+        loss = zoo.linear_cross_entropy(h, w, y, chunk=chunk)
+        got_h, got_w = torch.autograd.grad(2.5 * loss, (h, w))  # an upstream gradient ≠ 1
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-13)
+        torch.testing.assert_close(got_h, 2.5 * ref_h, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(got_w, 2.5 * ref_w, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="expected"):
+        zoo.linear_cross_entropy(h, w[:, :3], y)
+
+
+def test_linear_cross_entropy_bfloat16_gradient_matmuls():
+    """bfloat16 rounds g, h, W and the two matmul outputs (relative error ≤ 2⁻⁸ each); the
+    value keeps float32 logits. Oracle: the same formula in float64 from the rounded inputs."""
+    h, w, y = _ce_problem(dtype=torch.float32)
+    loss = zoo.linear_cross_entropy(h, w, y, torch.bfloat16, chunk=1000)
+    got_h, got_w = torch.autograd.grad(loss, (h, w))
+    h64, w64 = h.detach().double(), w.detach().double()
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(h64 @ w64.T, y).item(), rel=1e-6)
+    g = torch.softmax(h64 @ w64.T, -1) - torch.nn.functional.one_hot(y, w.shape[0])
+    bf = lambda x: x.to(torch.bfloat16).double()  # noqa: E731
+    g = bf(g.float())
+    want_h = (g @ bf(w64)) / len(y)
+    want_w = (g.T @ bf(h64)) / len(y)
+    # rounding of the output (2⁻⁸) plus float32 accumulation and g's float32 softmax (≪ 2⁻⁸)
+    torch.testing.assert_close(got_h.double(), want_h, rtol=2**-8, atol=1e-7)
+    torch.testing.assert_close(got_w.double(), want_w, rtol=2**-8, atol=1e-7)
+    exact_h = torch.autograd.grad(zoo.linear_cross_entropy(h, w, y), h)[0]
+    assert not torch.equal(got_h, exact_h)  # the bfloat16 path was taken
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_next_token_loss_equals_transformers_loss(family):
+    model = zoo.build_model(zoo.Architecture(family, 2, 32, 4, 2, 64, 64), 100, seed=0)
+    batch = torch.randint(0, 100, (3, 20), generator=torch.Generator().manual_seed(1))
+    ref = model(input_ids=batch, labels=batch, use_cache=False).loss
+    ref_grads = torch.autograd.grad(ref, list(model.parameters()))
+    loss = zoo.next_token_loss(model, batch, "float32")
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    low = zoo.next_token_loss(model, batch, "bfloat16")
+    assert low.item() == pytest.approx(ref.item(), rel=1e-2) and low.item() != loss.item()
+    with pytest.raises(ValueError, match="allowed: float32, bfloat16"):
+        zoo.next_token_loss(model, batch, "float16")
+
+
+def test_training_attention_is_sdpa_in_float32():
+    """Without autocast the training attention is SDPA bit for bit; under bfloat16 autocast its
+    output is SDPA of the float32-upcast inputs (not the bfloat16 kernel)."""
+    model = zoo.build_model(zoo.Architecture("llama", 2, 32, 4, 2, 64, 64), 100, seed=0)
+    assert model.config._attn_implementation == zoo.TRAIN_ATTENTION
+    batch = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    ours = model(input_ids=batch).logits
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(ours, model(input_ids=batch).logits)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g).bfloat16() for _ in range(3))
+    attn = model.model.layers[0].self_attn
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = zoo._sdpa_float32(attn, q, k, v, None, is_causal=True, scaling=8**-0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want.transpose(1, 2).to(torch.bfloat16))
+
+
+def _train(tok_dir, tmp_path, tag, steps=12, state_every=100, precision="float32"):
     tok = data.load_tokenizer(tok_dir)
     stream = data.token_stream(tok, data.kjv_chapters()[:40])
     arch = zoo.Architecture("llama", 2, 32, 4, 2, 64, 64)
     return zoo.train_zoo_model(
         arch, stream[:20000], stream[20000:], tok_dir, {0: tmp_path / tag / "s0", steps: tmp_path / tag / "final"},
         steps=steps, batch_size=4, seq_len=32, lr=3e-3, warmup=2, weight_decay=0.0, eval_every=4,
-        n_eval_windows=8, seed=0, state_path=tmp_path / tag / "state.pt", state_every=state_every, progress=False)
+        n_eval_windows=8, seed=0, state_path=tmp_path / tag / "state.pt", state_every=state_every, progress=False,
+        precision=precision)
 
 
-def test_zoo_training_learns_saves_and_resumes(tmp_path, tok_dir):
-    curve = _train(tok_dir, tmp_path, "a")
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_zoo_training_learns_saves_and_resumes(tmp_path, tok_dir, precision):
+    curve = _train(tok_dir, tmp_path, "a", precision=precision)
     assert list(curve["step"]) == [0, 4, 8, 12]
     assert curve["heldout_loss"].iloc[-1] < curve["heldout_loss"].iloc[0]
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "final")
     assert loaded.config.num_hidden_layers == 2
     assert (tmp_path / "a" / "final" / "tokenizer.json").is_file()
     # An interrupted run (state saved at step 8) resumed gives the same final weights and curve.
-    _train(tok_dir, tmp_path, "b", steps=12, state_every=8)
+    _train(tok_dir, tmp_path, "b", steps=12, state_every=8, precision=precision)
     import shutil
 
     shutil.rmtree(tmp_path / "c", ignore_errors=True)
@@ -190,15 +269,14 @@ def test_zoo_training_learns_saves_and_resumes(tmp_path, tok_dir):
     zoo.heldout_loss = failing
     try:
         with pytest.raises(Stop):
-            _train(tok_dir, tmp_path, "c", steps=12, state_every=8)
+            _train(tok_dir, tmp_path, "c", steps=12, state_every=8, precision=precision)
     finally:
         zoo.heldout_loss = orig
     assert (tmp_path / "c" / "state.pt").is_file()
-    resumed = _train(tok_dir, tmp_path, "c", steps=12, state_every=8)
-    a = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "final")
-    c = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "c" / "final")
-    for (n, p), (_, q) in zip(a.named_parameters(), c.named_parameters()):
-        assert torch.equal(p, q), n
+    resumed = _train(tok_dir, tmp_path, "c", steps=12, state_every=8, precision=precision)
+    a, b, c = (transformers.AutoModelForCausalLM.from_pretrained(tmp_path / t / "final") for t in "abc")
+    for (n, p), (_, q), (_, r) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+        assert torch.equal(p, q) and torch.equal(p, r), n  # same seed: bit-identical, resumed or not
     np.testing.assert_allclose(resumed["heldout_loss"], curve["heldout_loss"], rtol=0, atol=0)
     assert not (tmp_path / "c" / "state.pt").exists()
 

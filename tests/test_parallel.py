@@ -12,7 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from resdyn import activations, arch, artifacts, bridge, causal, jacobian, schur, spectral, topology
+from resdyn import artifacts
+from resdyn.beyond import bridge, causal
+from resdyn.infra import arch
+from resdyn.study_a import activations, jacobian, schur, spectral, topology
 from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 N_LAYERS, D = 4, 32
@@ -114,7 +117,7 @@ def test_cost_model_prices_parallel_layers_and_imported_lenses():
     training."""
     import copy
 
-    from resdyn import cost
+    from resdyn.infra import cost
 
     base = {"samples": {"n": 8, "length": 16}, "jacobian": {"positions": "last", "store_first_n": 2,
                                                              "store_dtype": "float32"},

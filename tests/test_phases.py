@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from resdyn.phases import cutpoints, phase_of_layer, phase_spans, profile_at, smooth
+from resdyn.study_b.phases import cutpoints, phase_of_layer, phase_spans, profile_at, smooth
 
 METHODS = [("none", 1), ("moving_average", 3), ("savgol", 5)]
 
@@ -228,7 +228,7 @@ def test_phase_spans_validation(n, b1, b2):
 
 
 def test_profile_at_picks_k_and_orders_layers():
-    from resdyn.readout import rss_profile
+    from resdyn.study_b.readout import rss_profile
 
     rng = np.random.default_rng(0)
     d, n = 16, 6
@@ -302,14 +302,14 @@ def _phases_json(**change):
     ],
 )
 def test_cutpoints_from_json_names_the_file_and_the_problem(change, match):
-    from resdyn.phases import Cutpoints
+    from resdyn.study_b.phases import Cutpoints
 
     with pytest.raises(ValueError, match="^results/m/c/phases.json: " + match):
         Cutpoints.from_json(_phases_json(**change), source="results/m/c/phases.json")
 
 
 def test_cutpoints_from_json_refuses_missing_keys_and_non_objects():
-    from resdyn.phases import Cutpoints
+    from resdyn.study_b.phases import Cutpoints
 
     js = _phases_json()
     del js["smoothed"], js["b2"]
@@ -321,7 +321,7 @@ def test_cutpoints_from_json_refuses_missing_keys_and_non_objects():
 
 def test_profile_at_reads_d_from_the_table():
     """d comes from the d column, not from k / k_fraction: change d, and the target k follows."""
-    from resdyn.readout import rss_profile
+    from resdyn.study_b.readout import rss_profile
 
     rng = np.random.default_rng(1)
     table = rss_profile([np.eye(16) + 0.4 * rng.standard_normal((16, 16)) for _ in range(5)], [2, 4, 8])

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from resdyn import io, provenance
+from resdyn.infra import io, provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -266,7 +266,7 @@ def rule_scripts(work: Path) -> dict[str, str]:
 
 def reached_modules(work: Path, script: str) -> set[str]:
     """resdyn modules a script reaches, by the standard library's modulefinder (bytecode), the
-    oracle for resdyn.codeversion's ast walk."""
+    oracle for resdyn.infra.codeversion's ast walk."""
     finder = modulefinder.ModuleFinder(path=[str(work)])  # only the copy's resdyn is findable
     finder.run_script(str(work / script))
     return {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")}

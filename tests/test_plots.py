@@ -17,7 +17,7 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from resdyn import provenance
+from resdyn.infra import provenance
 from resdyn.plots import bridge, catalogue, common, render, study_a_spectra, study_a_topology, study_b, style, zoo
 
 # One namespace over the figure modules (the tests below predate the split of resdyn/plots.py).
@@ -356,7 +356,7 @@ def test_coupling_profile_filled_vs_hollow():
     two = pd.concat([df.assign(ckpt="step0"), df.assign(ckpt="final")], ignore_index=True)
     (ax,) = _check(plots.coupling_profile(two, "t"), 1)
     assert {"step0", "final"} <= {ln.get_label() for ln in ax.get_lines()}
-    # the empty table resdyn.topology.coupling_table returns for no rows
+    # the empty table resdyn.study_a.topology.coupling_table returns for no rows
     _check(plots.coupling_profile(pd.DataFrame(columns=["p_value", "q_value", "significant"]), "t"), 1)
     with pytest.raises(ValueError, match="significant"):
         plots.coupling_profile(df.drop(columns=["significant", "q_value"]), "t")
@@ -672,8 +672,8 @@ def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
         assert im.format == "PNG"
         assert json.loads(im.text[plots.PROVENANCE_KEY]) == PROV_JSON
     assert provenance.read(png) == PROV_JSON  # no sidecar: read from the PNG
-    # the sidecar a rule writes with resdyn.io holds the same record
-    from resdyn import io as rio
+    # the sidecar a rule writes with resdyn.infra.io holds the same record
+    from resdyn.infra import io as rio
 
     rio.write_json(PROV, rio.prov_path(png), nan_as_null=("bad",))  # io refuses NaN unless declared
     assert provenance.read(png) == PROV_JSON
@@ -725,7 +725,7 @@ def test_save_figure_closes_pyplot_figures(tmp_path):
 def test_numerical_modules_do_not_import_matplotlib():
     code = (
         "import sys\n"
-        "import resdyn.spectral, resdyn.readout, resdyn.phases, resdyn.schur, resdyn.geometry\n"
+        "import resdyn.study_a.spectral, resdyn.study_b.readout, resdyn.study_b.phases, resdyn.study_a.schur, resdyn.study_b.geometry\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn'))\n"
         "print(bad[:5]); sys.exit(1 if bad else 0)\n"
     )
@@ -759,7 +759,7 @@ def test_catalogue_names_existing_functions_and_every_figure_module():
         assert callable(fn) and fn.__module__ == spec.module, spec.name
     assert {f.module for f in catalogue.FIGURES} == {m.__name__ for m in FIGURE_MODULES}
     # the figure script imports every figure module statically: its rule's code version covers them
-    from resdyn import codeversion
+    from resdyn.infra import codeversion
 
     closure = codeversion.import_closure(Path(__file__).parent.parent / "workflow" / "scripts" / "figure.py")
     assert {f.module for f in catalogue.FIGURES} | {catalogue.RENDER_MODULE} <= closure
@@ -820,7 +820,7 @@ def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_pa
     assert {n for n in after if after[n] != edited[n]} == {
         f.name for f in catalogue.FIGURES if f.module == "resdyn.plots.study_b"}
     # the shared helpers, the render module and what they import: every figure
-    for rel in ("plots/common.py", "plots/render.py", "io.py"):
+    for rel in ("plots/common.py", "plots/render.py", "infra/io.py"):
         (pkg / rel).write_text((pkg / rel).read_text() + "\n# edited\n")
         now = _versions(pkg)
         assert all(now[n] != edited[n] for n in now), rel
@@ -844,7 +844,7 @@ def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> 
 
 
 def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_path):
-    from resdyn import io as rio
+    from resdyn.infra import io as rio
 
     work, cache = tmp_path / "results" / "figures", tmp_path / "results" / "figures" / ".cache"
     work.mkdir(parents=True)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from resdyn import io, provenance
+from resdyn.infra import io, provenance
 
 
 def _sm(rule: str, inputs: list[Path], outputs: list[Path], log: Path) -> SimpleNamespace:

@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 import hubcache
-from resdyn import artifacts, spectral
+from resdyn import artifacts
+from resdyn.study_a import spectral
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy.linalg import hadamard, subspace_angles
 
-from resdyn.readout import (
+from resdyn.study_b.readout import (
     energy_share,
     grassmann_distance,
     k_from_fraction,

@@ -1,4 +1,4 @@
-"""Unit tests of resdyn.schur: Schur surgery of the non-normal part."""
+"""Unit tests of resdyn.study_a.schur: Schur surgery of the non-normal part."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
 
-from resdyn import schur as sc
-from resdyn import spectral as sp
+from resdyn.study_a import schur as sc
+from resdyn.study_a import spectral as sp
 
 
 def rng(seed: int = 0) -> np.random.Generator:

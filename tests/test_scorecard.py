@@ -1,4 +1,4 @@
-"""resdyn.scorecard: synthetic tables where each claim holds, fails or cannot be tested."""
+"""resdyn.beyond.scorecard: synthetic tables where each claim holds, fails or cannot be tested."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from resdyn import bootstrap as bs
-from resdyn import scorecard as sc
+from resdyn.beyond import bootstrap as bs
+from resdyn.beyond import scorecard as sc
 
 COL = "complex_frac_J_tol1e-06"
 S = 12  # sublayers: early third s 0-3, late third s 8-11

@@ -1,4 +1,4 @@
-"""Unit tests of resdyn.spectral: known answers and independent numpy/scipy oracles."""
+"""Unit tests of resdyn.study_a.spectral: known answers and independent numpy/scipy oracles."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import scipy.linalg
 import scipy.stats
 from scipy.optimize import linear_sum_assignment
 
-from resdyn import spectral as sp
+from resdyn.study_a import spectral as sp
 
 
 def rng(seed: int = 0) -> np.random.Generator:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import tamper as T
-from resdyn import io
+from resdyn.infra import io
 
 pytestmark = pytest.mark.slow
 

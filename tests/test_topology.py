@@ -1,4 +1,4 @@
-"""Oracles for resdyn.topology: correlation, top-k sparsification, signed Leiden, boundary units,
+"""Oracles for resdyn.study_a.topology: correlation, top-k sparsification, signed Leiden, boundary units,
 participation, gains, coupling test calibration, BH-FDR and the table builders."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from statsmodels.stats.multitest import multipletests
 
-from resdyn import topology as T
+from resdyn.study_a import topology as T
 
 # ----------------------------------------------------------------------------------------------
 # helpers

@@ -20,7 +20,7 @@ def bridge_profiles(bridge_df: pd.DataFrame, phases: Mapping[str, Any] | None = 
 
     Panels: RSS at the phase k; Jacobian transport of S_L into S_{L+1} with the random-subspace
     mean ± sd and the chance level k/d; complex fraction and Henrici departure (attn, mlp);
-    cumulative effective rank. Columns from :func:`resdyn.bridge.bridge_tables`.
+    cumulative effective rank. Columns from :func:`resdyn.beyond.bridge.bridge_tables`.
     """
     df = check_frame(bridge_df, "bridge table")
     if df.empty:
@@ -60,7 +60,7 @@ def bridge_profiles(bridge_df: pd.DataFrame, phases: Mapping[str, Any] | None = 
 @styled
 def causal_effects(causal_df: pd.DataFrame, title: str = "") -> Figure:
     """Causal test per layer: KL and top-1 flip rate after projecting off (or patching) S_L^(k),
-    against random k-subspaces (mean ± sd). Columns from :func:`resdyn.causal.causal_table`."""
+    against random k-subspaces (mean ± sd). Columns from :func:`resdyn.beyond.causal.causal_table`."""
     df = check_frame(causal_df, "causal table")
     if df.empty:
         return empty_figure(title, "layer L", "KL", "the causal table")

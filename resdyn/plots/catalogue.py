@@ -31,7 +31,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from resdyn.codeversion import PACKAGE_DIR, import_closure, module_file
+from resdyn.infra.codeversion import PACKAGE_DIR, import_closure, module_file
 
 __all__ = ["FigureSpec", "FIGURES", "SCOPES", "CATEGORIES", "by_name", "of_scope", "studies_on", "enabled",
            "require_studies", "output_path", "input_paths", "figure_code_version"]
@@ -161,7 +161,7 @@ def of_scope(scope: str, config: dict | None = None) -> tuple[FigureSpec, ...]:
 
 def require_studies(config: dict, name: str, path: str = "") -> None:
     """Stop with one line when figure ``name`` needs a study that ``config['studies']`` leaves out."""
-    from resdyn.config import ConfigError
+    from resdyn.infra.config import ConfigError
 
     missing = sorted(by_name(name).studies - studies_on(config))
     if missing:

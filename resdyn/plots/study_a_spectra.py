@@ -115,7 +115,7 @@ def _tol_columns(df: pd.DataFrame, which: str) -> list[tuple[float, str]]:
 def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
     """Complex fraction, Henrici departure and self-alignment vs depth index s.
 
-    Columns (``spectra.tsv``, :func:`resdyn.spectral.spectra_table`): ``s``, ``kind`` (or
+    Columns (``spectra.tsv``, :func:`resdyn.study_a.spectral.spectra_table`): ``s``, ``kind`` (or
     derived from s), ``complex_frac_J_tol*`` (and ``complex_frac_JmI_tol*``: dashed), ``henrici``
     (and ``henrici_JmI``), ``self_alignment_*``. Three axes stacked (shared x); attention
     points filled circles, MLP hollow squares.
@@ -172,7 +172,7 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
 def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:
     """Rank of the cumulative Jacobian P_s along depth (the bottleneck "funnel"), log y.
 
-    Columns (``bottleneck.tsv``, :func:`resdyn.spectral.bottleneck_table`): ``s``, ``erank`` and
+    Columns (``bottleneck.tsv``, :func:`resdyn.study_a.spectral.bottleneck_table`): ``s``, ``erank`` and
     optionally ``participation_ratio``, the single-sublayer references ``erank_single``,
     ``pr_single`` (dashed) and ``d`` (dotted: full rank). One axes.
     """
@@ -212,7 +212,7 @@ def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:
 def schur_curves(schur_df: pd.DataFrame, title: str) -> Figure:
     """Cumulative effective rank vs s after Schur surgery, one line per α (sequential colours).
 
-    Columns (``schur.tsv``, :func:`resdyn.schur.schur_bottleneck`): ``alpha``, ``s``, ``erank``.
+    Columns (``schur.tsv``, :func:`resdyn.study_a.schur.schur_bottleneck`): ``alpha``, ``s``, ``erank``.
     α = 1 is the unaltered Jacobian, α = 0 its normal part. One axes, log y.
     """
     df = check_frame(schur_df, "Schur table")
@@ -249,7 +249,7 @@ DEFAULT_CKPT_METRICS = ("complex_frac_J_tol1e-06", "henrici", "self_alignment_kf
 def checkpoint_comparison(ckpt_df: pd.DataFrame, metrics: Sequence[str] | None = None, title: str = "") -> Figure:
     """One panel per metric vs s, one line per checkpoint in the order the table lists them.
 
-    Columns (:func:`resdyn.spectral.checkpoint_table`): ``ckpt`` (or ``checkpoint``), ``s``
+    Columns (:func:`resdyn.study_a.spectral.checkpoint_table`): ``ckpt`` (or ``checkpoint``), ``s``
     and the ``metrics`` (default: the first ``complex_frac_J_tol*``, ``henrici``,
     ``self_alignment_kfrac``, ``cum_erank`` — those present). Cumulative ranks on log y.
     """

@@ -44,7 +44,7 @@ def _parse_sizes(v: Any, row: int) -> np.ndarray:
 def community_sizes(summary_df: pd.DataFrame, title: str) -> Figure:
     """Community sizes per boundary (strip + median), number of communities and CPM quality.
 
-    Columns (one row per boundary, :func:`resdyn.topology.community_summary` plus identifiers):
+    Columns (one row per boundary, :func:`resdyn.study_a.topology.community_summary` plus identifiers):
     ``layer``, ``boundary`` (pre_attn / pre_mlp), ``n_communities``, ``sizes`` (JSON list
     string or list) and optionally ``quality``. Axes: sizes (log y), number of communities,
     and quality when present.

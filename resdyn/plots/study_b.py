@@ -26,7 +26,7 @@ _LENS_STYLE = {"tuned": (PALETTE[0], "-", "o"), "logit": (PALETTE[1], "--", "s")
 def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
     """KL, cross-entropy, Hit@1 and Hit@5 vs layer; tuned lens solid, logit lens dashed.
 
-    Columns (``lens_metrics.tsv``, :func:`resdyn.lens.lens_metrics`): ``lens``, ``layer``,
+    Columns (``lens_metrics.tsv``, :func:`resdyn.study_b.lens.lens_metrics`): ``lens``, ``layer``,
     ``kl``, ``ce``, ``hit1``, ``hit5``. Four axes (2 × 2).
     """
     df = check_frame(metrics_df, "lens metrics")
@@ -57,8 +57,8 @@ def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
 def rss_profile_plot(rss_df: pd.DataFrame, phases: Mapping[str, Any] | None, title: str) -> Figure:
     """RSS profile vs layer, one line per k; the phase cut (b1, peak, b2) and phases marked.
 
-    Columns (``rss.tsv``, :func:`resdyn.readout.rss_profile`): ``layer``, ``rss`` and ``k``
-    and/or ``k_fraction``. ``phases`` (``phases.json``, :func:`resdyn.phases.cutpoints`):
+    Columns (``rss.tsv``, :func:`resdyn.study_b.readout.rss_profile`): ``layer``, ``rss`` and ``k``
+    and/or ``k_fraction``. ``phases`` (``phases.json``, :func:`resdyn.study_b.phases.cutpoints`):
     keys ``b1``, ``b2``, ``peak`` (int or None), ``reason``; optional ``k`` (the line used for
     the cut, drawn thicker) and ``smoothed`` (drawn dotted). One axes.
     """
@@ -106,7 +106,7 @@ def rss_profile_plot(rss_df: pd.DataFrame, phases: Mapping[str, Any] | None, tit
 def resolution_frontier(res_df: pd.DataFrame, title: str) -> Figure:
     """Resolution sweep: energy vs visibility per k, Pareto-optimal k highlighted and connected.
 
-    Columns (``resolution.tsv``, :func:`resdyn.readout.resolution_table`): ``energy``,
+    Columns (``resolution.tsv``, :func:`resdyn.study_b.readout.resolution_table`): ``energy``,
     ``visibility``, ``k`` (labels; or ``k_fraction``) and ``pareto`` (computed when absent).
     One axes.
     """
@@ -120,7 +120,7 @@ def resolution_frontier(res_df: pd.DataFrame, title: str) -> Figure:
     if "pareto" in df.columns:
         front = as_bool(df["pareto"])
     else:
-        from resdyn.readout import pareto_front
+        from resdyn.study_b.readout import pareto_front
 
         front = pareto_front(e, v)
     fig, (ax,) = new_figure(1, panel=(4.8, 3.6))
@@ -150,7 +150,7 @@ def phase_metric_profiles(geometry_df: pd.DataFrame, phases: Mapping[str, Any] |
                           metrics: Sequence[str] | None = None, title: str = "") -> Figure:
     """Each metric vs layer with the three phases shaded (phase 3 extends to the last row).
 
-    Columns (``layer_geometry``, :func:`resdyn.geometry.layer_geometry`, possibly joined with
+    Columns (``layer_geometry``, :func:`resdyn.study_b.geometry.layer_geometry`, possibly joined with
     lens columns): ``layer`` and the ``metrics`` (default: those of ``hidden_erank``,
     ``update_orthogonality``, ``norm_ratio``, ``relative_update_norm`` present). One axes per
     metric.
@@ -182,7 +182,7 @@ def phase_width_scaling(widths_df: pd.DataFrame, fits_df: pd.DataFrame | None, t
     """Phase width vs model depth per phase, with the OLS lines and slope ± CI in the legend.
 
     ``widths_df``: ``n_layers``, ``phase``, ``width`` (``model`` optional).
-    ``fits_df`` (:func:`resdyn.geometry.depth_scaling`): ``phase``, ``status``, ``slope``,
+    ``fits_df`` (:func:`resdyn.study_b.geometry.depth_scaling`): ``phase``, ``status``, ``slope``,
     ``intercept``, ``slope_ci_low``, ``slope_ci_high``; phases whose status is not ``ok``
     (e.g. ``too_few_depths``) get points only. One axes.
     """

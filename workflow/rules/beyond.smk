@@ -1,7 +1,7 @@
 # Beyond the two studies: the A<->B bridge, a causal test of readout subspaces, bootstrap
 # intervals and the replication scorecard.
 
-from resdyn.scorecard import scaling_group
+from resdyn.beyond.scorecard import scaling_group
 
 
 rule bridge:

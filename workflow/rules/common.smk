@@ -1,9 +1,9 @@
-# Validation and lookups. The logic lives in resdyn.config, where pytest reaches it.
-from resdyn import config as rc
-from resdyn import cost as rcost
-from resdyn.codeversion import script_code_version
+# Validation and lookups. The logic lives in resdyn.infra.config, where pytest reaches it.
+from resdyn.infra import config as rc
+from resdyn.infra import cost as rcost
+from resdyn.infra.codeversion import script_code_version
 from resdyn.plots import catalogue as figs
-from resdyn.scorecard import scaling_group
+from resdyn.beyond.scorecard import scaling_group
 
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
@@ -41,7 +41,7 @@ wildcard_constraints:
 
 
 def cost(rule, what):
-    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.cost), the numbers
+    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.infra.cost), the numbers
     `resdyn plan` prints; memory and runtime grow with the attempt."""
 
     def value(wildcards, attempt):

@@ -1,6 +1,8 @@
 """Residual states at every sublayer boundary of one checkpoint, one HDF5 file per layer."""
 
-from resdyn import activations, arch, artifacts, models, provenance
+from resdyn import artifacts
+from resdyn.infra import arch, models, provenance
+from resdyn.study_a import activations
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,6 +1,8 @@
 """Bootstrap over samples: CIs (percentile or studentized) of Henrici departure, complex fraction and full-depth erank."""
 
-from resdyn import artifacts, bootstrap, models, provenance
+from resdyn import artifacts
+from resdyn.beyond import bootstrap
+from resdyn.infra import models, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,6 +1,9 @@
 """Bridge A<->B: Jacobian transport of readout subspaces, and cut points vs operator-type changes."""
 
-from resdyn import artifacts, bridge, phases, provenance, readout
+from resdyn import artifacts
+from resdyn.beyond import bridge
+from resdyn.infra import provenance
+from resdyn.study_b import phases, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

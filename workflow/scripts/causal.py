@@ -1,6 +1,9 @@
 """Causal test: project off / patch each layer's readout subspace and rerun the model, vs random subspaces."""
 
-from resdyn import arch, artifacts, causal, lens, models, phases, provenance, readout
+from resdyn import artifacts
+from resdyn.beyond import causal
+from resdyn.infra import arch, models, provenance
+from resdyn.study_b import lens, phases, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

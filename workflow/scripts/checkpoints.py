@@ -1,6 +1,8 @@
 """Study A metrics across a model's checkpoints (step 0 = architecture-only null)."""
 
-from resdyn import artifacts, provenance, spectral, topology
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_a import spectral, topology
 
 with provenance.step(snakemake) as step:
     names = snakemake.params.ckpts

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from resdyn import artifacts, provenance, topology
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_a import topology
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

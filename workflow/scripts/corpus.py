@@ -1,6 +1,7 @@
 """Load a dataset's documents and split them into train / held-out (seeded, whole documents)."""
 
-from resdyn import artifacts, data, provenance
+from resdyn import artifacts
+from resdyn.infra import data, provenance
 
 with provenance.step(snakemake) as step:
     spec = snakemake.params.spec

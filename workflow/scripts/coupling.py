@@ -1,6 +1,8 @@
 """Do boundary units carry different Jacobian gain than interior units? Per boundary, with BH FDR."""
 
-from resdyn import artifacts, provenance, topology
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_a import topology
 
 with provenance.step(snakemake) as step:
     jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)

@@ -6,7 +6,7 @@ cache (resdyn.plots.render), so only figures whose inputs, params or code change
 
 import logging
 
-from resdyn import provenance
+from resdyn.infra import provenance
 from resdyn.plots import catalogue, render
 
 # Every figure module, imported here so that the rule's code version covers them (render

@@ -1,6 +1,8 @@
 """Mean sublayer Jacobians of one layer block over the model's samples (resumable)."""
 
-from resdyn import artifacts, config, jacobian, models, provenance
+from resdyn import artifacts
+from resdyn.infra import config, models, provenance
+from resdyn.study_a import jacobian
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
-from resdyn import artifacts, lens, lens_import, models, provenance
+from resdyn import artifacts
+from resdyn.infra import models, provenance
+from resdyn.study_b import lens, lens_import
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,6 +1,8 @@
 """KL, cross-entropy, Hit@1/Hit@5 per layer for the tuned lens and the logit lens (held-out samples)."""
 
-from resdyn import artifacts, lens, models, provenance
+from resdyn import artifacts
+from resdyn.infra import models, provenance
+from resdyn.study_b import lens
 
 with provenance.step(snakemake) as step:
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)

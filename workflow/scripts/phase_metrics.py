@@ -1,6 +1,8 @@
 """Per-layer hidden-state geometry and lens hits, aggregated over the three RSS phases."""
 
-from resdyn import artifacts, geometry, phases, provenance
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_b import geometry, phases
 
 with provenance.step(snakemake) as step:
     per_layer = geometry.layer_geometry(artifacts.Activations.view(snakemake.input.activations))

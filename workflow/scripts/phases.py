@@ -1,6 +1,8 @@
 """Cut the RSS profile at the configured k into rise / plateau / descent (two-stage Kneedle)."""
 
-from resdyn import artifacts, phases, provenance
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_b import phases
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,6 +1,8 @@
 """Resolution sweep over k: energy(k), visibility(k) and the Pareto frontier."""
 
-from resdyn import artifacts, provenance, readout
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_b import readout
 
 with provenance.step(snakemake) as step:
     translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])

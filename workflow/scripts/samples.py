@@ -1,6 +1,7 @@
 """Tokenise a split and draw fixed-length samples (held-out samples, or lens-fitting windows)."""
 
-from resdyn import artifacts, data, provenance
+from resdyn import artifacts
+from resdyn.infra import data, provenance
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

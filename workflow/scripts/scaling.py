@@ -2,7 +2,9 @@
 
 import pandas as pd
 
-from resdyn import artifacts, geometry, phases, provenance
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_b import geometry, phases
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

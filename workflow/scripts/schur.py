@@ -1,6 +1,8 @@
 """Schur surgery: bottleneck curves of J(alpha) = Q (Lambda + alpha N) Q* for each alpha."""
 
-from resdyn import artifacts, provenance, schur
+from resdyn import artifacts
+from resdyn.infra import provenance
+from resdyn.study_a import schur
 
 with provenance.step(snakemake) as step:
     jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)

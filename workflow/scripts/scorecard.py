@@ -1,6 +1,9 @@
 """Replication scorecard: one row per headline claim, with statistic, interval and verdict."""
 
-from resdyn import artifacts, phases, provenance, scorecard
+from resdyn import artifacts
+from resdyn.beyond import scorecard
+from resdyn.infra import provenance
+from resdyn.study_b import phases
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -1,6 +1,8 @@
 """Spectra and operator-type metrics of every sublayer's mean Jacobian, and the bottleneck."""
 
-from resdyn import artifacts, models, provenance, spectral
+from resdyn import artifacts
+from resdyn.infra import models, provenance
+from resdyn.study_a import spectral
 
 with provenance.step(snakemake) as step:
     p = snakemake.params

@@ -3,7 +3,8 @@
 import shutil
 from pathlib import Path
 
-from resdyn import artifacts, data, provenance, zoo
+from resdyn import artifacts
+from resdyn.infra import data, provenance, zoo
 
 with provenance.step(snakemake) as step:
     arch, t = snakemake.params.arch, snakemake.params.train
@@ -20,7 +21,7 @@ with provenance.step(snakemake) as step:
         {s: staging / f"step{s}" for s in t["checkpoints"]},
         steps=t["steps"], batch_size=t["batch_size"], seq_len=t["seq_len"], lr=t["lr"], warmup=t["warmup"],
         weight_decay=t["weight_decay"], eval_every=t["eval_every"], n_eval_windows=t["n_eval_windows"],
-        seed=t["seed"], state_path=staging / "training_state.pt",
+        seed=t["seed"], state_path=staging / "training_state.pt", precision=t["precision"],
     )
     shutil.rmtree(weights, ignore_errors=True)
     staging.rename(weights)

@@ -12,7 +12,7 @@ pooled. All arithmetic is float64.
 
 Indexing: per-layer rows use the model layer ``L``; RSS-profile point ``L`` (``S_L`` vs
 ``S_{L+1}``) describes the same update ``h_L → h_{L+1}``, so a layer's phase is the phase of
-profile point ``L`` (see :mod:`resdyn.phases`).
+profile point ``L`` (see :mod:`resdyn.study_b.phases`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn.spectral import effective_rank
+from resdyn.infra.linalg import effective_rank
 
 __all__ = [
     "hidden_singular_values",
@@ -154,7 +154,7 @@ def hidden_effective_rank(H: np.ndarray, method: str = "auto") -> float:
     """Roy–Vetterli effective rank of a centered hidden-state matrix.
 
     ``erank(H) = exp(−Σ_i p_i log p_i)``, ``p_i = σ_i / Σ_j σ_j``, σ the singular values of
-    ``H_c = H − 1 μᵀ`` (tokens × d, μ = mean token), via :func:`resdyn.spectral.effective_rank`.
+    ``H_c = H − 1 μᵀ`` (tokens × d, μ = mean token), via :func:`resdyn.study_a.spectral.effective_rank`.
     Reference: O. Roy and M. Vetterli, "The effective rank: a measure of effective
     dimensionality", EUSIPCO 2007.
 
@@ -166,7 +166,7 @@ def hidden_effective_rank(H: np.ndarray, method: str = "auto") -> float:
     Returns
     -------
     float in [1, min(tokens − 1, d)]; 0 when ``H_c = 0`` (all tokens identical: rank 0, as in
-    :func:`resdyn.spectral.effective_rank`).
+    :func:`resdyn.study_a.spectral.effective_rank`).
 
     Examples
     --------
@@ -463,7 +463,7 @@ def phase_metrics(
     """Aggregate per-layer metrics over the three phases.
 
     A row with layer ``L`` belongs to phase 1 if ``L ≤ b1``, phase 2 if ``b1 < L ≤ b2``, phase 3
-    if ``L > b2`` — the phases of RSS-profile point ``L`` (:func:`resdyn.phases.phase_of_layer`).
+    if ``L > b2`` — the phases of RSS-profile point ``L`` (:func:`resdyn.study_b.phases.phase_of_layer`).
     Rows beyond the profile (the last layer ``n−1`` and the ``output`` row of
     :func:`layer_geometry`) fall into phase 3; filter ``per_layer`` first to leave them out.
 
@@ -521,7 +521,7 @@ def with_lens_hits(
 ) -> pd.DataFrame:
     """Add lens readout columns to a per-layer table: ``{lens}_{column}`` joined on ``layer``.
 
-    ``lens_metrics`` is the ``lens_metrics.tsv`` table (:func:`resdyn.lens.lens_metrics`: one row
+    ``lens_metrics`` is the ``lens_metrics.tsv`` table (:func:`resdyn.study_b.lens.lens_metrics`: one row
     per (lens ∈ {tuned, logit}, layer), layer L = the lens reading ``h_L``, L = n the model's
     output) — the same layer index as :func:`layer_geometry` (row L describes ``h_L``; the
     ``output`` row is L = n). Gives e.g. ``tuned_hit1``, ``tuned_hit5``, ``logit_hit1``,
@@ -557,8 +557,8 @@ def with_lens_hits(
 def phase_table(
     per_layer: pd.DataFrame, cuts: Any, metrics: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """:func:`phase_metrics` with the cut points of a :func:`resdyn.phases.cutpoints` result
-    (a :class:`resdyn.phases.Cutpoints`, or a mapping with keys ``b1`` and ``b2``).
+    """:func:`phase_metrics` with the cut points of a :func:`resdyn.study_b.phases.cutpoints` result
+    (a :class:`resdyn.study_b.phases.Cutpoints`, or a mapping with keys ``b1`` and ``b2``).
 
     ``metrics`` defaults to the columns of :data:`PHASE_METRICS` present in ``per_layer``. The
     ``output`` row of :func:`layer_geometry` (``state == "output"``, not a layer) is left out;
@@ -588,7 +588,7 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     """How phase widths scale with depth: per phase, OLS ``width = intercept + slope · n_layers``.
 
     ``width`` is a phase's number of RSS-profile points (one per layer among the first
-    ``n_layers − 1``; :func:`resdyn.phases.phase_spans`), so the three widths of a model sum to
+    ``n_layers − 1``; :func:`resdyn.study_b.phases.phase_spans`), so the three widths of a model sum to
     ``n_layers − 1``. Fitted with ``statsmodels.OLS`` (constant added); the slope's
     ``1 − alpha`` confidence interval is the usual t interval.
 

@@ -185,7 +185,7 @@ def write_tsv(table: pd.DataFrame, path: PathLike, provenance: dict | None = Non
 
     Non-finite numbers are refused (:func:`check_finite_table`) unless their column is in
     ``allow_nan`` or their row has a ``reason``. With ``provenance`` the sidecar
-    ``<path>.prov.json`` is written too (see resdyn.provenance).
+    ``<path>.prov.json`` is written too (see resdyn.infra.provenance).
     """
     check_finite_table(table, path, allow_nan)
     with atomic_path(path) as tmp:

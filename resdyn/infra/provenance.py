@@ -30,13 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resdyn import io
+from resdyn.infra import io
 
 log = logging.getLogger(__name__)
 
 PACKAGES = ("resdyn", "torch", "transformers", "numpy", "scipy", "pandas", "h5py", "igraph",
             "leidenalg", "kneed", "statsmodels", "snakemake")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _now() -> str:
@@ -211,12 +211,12 @@ def step(snakemake) -> Iterator[Step]:
     """Context for a rule's script: log to ``snakemake.log[0]``, write provenance at the end.
 
     Everything the job prints (tqdm bars, warnings, logging) goes to its log file
-    (:func:`resdyn.joblog.job_log`), which opens with INFO lines on the rule, its inputs and
+    (:func:`resdyn.infra.joblog.job_log`), which opens with INFO lines on the rule, its inputs and
     threads and closes with its outputs, seconds, device and peak memory. Exceptions are logged
     with their traceback and re-raised, so Snakemake marks the job failed and (outputs being
     written atomically) nothing half-written remains.
     """
-    from resdyn import joblog
+    from resdyn.infra import joblog
 
     log_file = snakemake.log[0] if len(snakemake.log) else None
     with joblog.job_log(log_file):

@@ -1,6 +1,6 @@
-"""Import tuned lenses published in EleutherAI tuned-lens's format into a :class:`resdyn.lens.Lens`.
+"""Import tuned lenses published in EleutherAI tuned-lens's format into a :class:`resdyn.study_b.lens.Lens`.
 
-Format (tuned-lens 0.2.0 ``TunedLens.save``, the one :meth:`resdyn.lens.Lens.export_tuned_lens`
+Format (tuned-lens 0.2.0 ``TunedLens.save``, the one :meth:`resdyn.study_b.lens.Lens.export_tuned_lens`
 writes): a folder with ``config.json`` (``d_model``, ``num_hidden_layers``, ``bias``,
 ``unembed_hash``, ``base_model_name_or_path`` …) and ``params.pt``, the state dict of a
 ModuleList of ``nn.Linear(d, d)``: keys ``"{i}.weight"`` (d, d) and ``"{i}.bias"`` (d,) for
@@ -16,7 +16,7 @@ when ``HF_HUB_OFFLINE`` is unset and the network answers).
 Checks before anything is imported: the files exist and parse; the translators cover layers
 0..n−1 with (d, d) weights and (d,) biases; n and d equal the model's layer count and width;
 the ``unembed_hash`` recorded by tuned-lens equals this model's
-(:func:`resdyn.lens.tuned_lens_unembed_hash`), i.e. the lens was fitted through this model's
+(:func:`resdyn.study_b.lens.tuned_lens_unembed_hash`), i.e. the lens was fitted through this model's
 unembedding (tuned-lens itself only warns). Each failure is one ValueError naming the file, the
 value and what was expected.
 """
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from resdyn import lens as lens_mod
 from resdyn.artifacts import LensFolder
+from resdyn.study_b import lens as lens_mod
 
 CONFIG_FILE, PARAMS_FILE = LensFolder.TUNED_LENS_CONFIG, LensFolder.TUNED_LENS_PARAMS
 REPO_TYPES = ("model", "space", "dataset")
@@ -132,7 +132,7 @@ def import_tuned_lens(
     source: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
 ) -> lens_mod.Lens:
-    """A :class:`resdyn.lens.Lens` bound to ``model`` from a tuned-lens folder.
+    """A :class:`resdyn.study_b.lens.Lens` bound to ``model`` from a tuned-lens folder.
 
     Raises ValueError when the lens's layer count or width differ from the model's, or when its
     recorded ``unembed_hash`` differs from the model's (it was fitted through another

@@ -64,7 +64,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from resdyn import arch, artifacts
+from resdyn import artifacts
+from resdyn.infra import arch
 from resdyn.artifacts import LensCheckpoint, LensFolder
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Which Hugging Face model types resdyn can split into sublayers (no torch import: config
-validation reads these tables before any job; ``resdyn.arch`` uses them to split models)."""
+validation reads these tables before any job; ``resdyn.infra.arch`` uses them to split models)."""
 
 #: family name -> (HF config model types, HF decoder-layer class name)
 SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {

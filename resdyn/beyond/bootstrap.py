@@ -20,19 +20,19 @@ per-position Jacobians, and a bootstrap replicate of a sublayer's mean Jacobian 
 the resampled samples' Jacobians, J* = (1/n) Σ_i c_i J_i with c ~ Multinomial(n, 1/n). The
 *same* resampled samples are used for every sublayer of a replicate (the samples are the unit
 of the whole forward pass), and — because the index draws depend only on (seed, n) — for every
-checkpoint of a model, so replicates of two checkpoints can be paired (:mod:`resdyn.scorecard`).
+checkpoint of a model, so replicates of two checkpoints can be paired (:mod:`resdyn.beyond.scorecard`).
 On every replicate:
 
 - ``henrici`` and ``complex_fraction`` (share of eigenvalues with |Im λ| > tol·max(1, |λ|)) of
-  every sublayer's mean Jacobian (:func:`resdyn.spectral.henrici_departure`,
-  :func:`resdyn.spectral.complex_fraction`);
+  every sublayer's mean Jacobian (:func:`resdyn.study_a.spectral.henrici_departure`,
+  :func:`resdyn.study_a.spectral.complex_fraction`);
 - ``cum_erank_full_depth``: effective rank of P = J_{S−1} ⋯ J_0 over all S sublayers
-  (Frobenius-rescaled after each product, like :func:`resdyn.spectral.cumulative_spectrum`, with :class:`resdyn.linalg.NormalisedProduct`);
+  (Frobenius-rescaled after each product, like :func:`resdyn.study_a.spectral.cumulative_spectrum`, with :class:`resdyn.infra.linalg.NormalisedProduct`);
 - ``complex_fraction_early_minus_late`` and ``henrici_early_minus_late``: the mean over the
   first third of sublayers minus the mean over the last third (:func:`early_late`).
 
 Only the first n = ``jacobian.store_first_n`` samples keep their whole Jacobians
-(``per_sample`` in the HDF5 files, :mod:`resdyn.jacobian`), so the bootstrap runs over those n
+(``per_sample`` in the HDF5 files, :mod:`resdyn.study_a.jacobian`), so the bootstrap runs over those n
 (column ``n_bootstrap_samples``); ``n_samples_total`` is the N of the mean Jacobian. ``estimate``
 is the statistic of the mean of those n samples (the plug-in value the interval belongs to);
 ``estimate_all_samples`` is the statistic of the stored all-N mean (what ``spectra.tsv`` and
@@ -58,7 +58,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn import artifacts, linalg, spectral
+from resdyn import artifacts
+from resdyn.infra import linalg
+from resdyn.study_a import spectral
 
 __all__ = [
     "percentile_ci",
@@ -514,9 +516,9 @@ def jacobian_bootstrap(
         n_samples_total: N of ``means`` (default n).
         memory_budget: bytes of (d, d) replicate matrices held at once; replicates beyond it are
             processed in further passes over the files (each pass reloads and decompresses
-            every sublayer). Default :func:`resdyn.cost.bootstrap_memory_budget`: every row in
+            every sublayer). Default :func:`resdyn.infra.cost.bootstrap_memory_budget`: every row in
             one pass up to 16 GiB (one pass at d = 4096, R = 50), the size the job requests.
-        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.linalg.eigen_henrici`).
+        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.infra.linalg.eigen_henrici`).
         method: ``exact`` (every replicate decomposed) or ``perturbative`` (replicate spectra of
             each sublayer from one decomposition of its n-sample mean, :func:`perturbative_rows`;
             a sublayer where that does not apply or fails its a-posteriori check is decomposed
@@ -533,7 +535,7 @@ def jacobian_bootstrap(
     Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
     (eigenvalues and Henrici from the same factor; before, a Schur factor *and* eigvals: 2×),
     torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
-    (:func:`resdyn.cost.cost_bootstrap`).
+    (:func:`resdyn.infra.cost.cost_bootstrap`).
     """
     R = _check_int(n_resamples, "n_resamples", 1)
     seed = _check_int(seed, "seed", 0)
@@ -575,7 +577,7 @@ def jacobian_bootstrap(
     how = [method] * S
     why = [""] * S
     if memory_budget is None:
-        from resdyn.cost import bootstrap_memory_budget
+        from resdyn.infra.cost import bootstrap_memory_budget
 
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn.linalg import (
+from resdyn.infra.linalg import (
     NormalisedProduct,
     as_square,
     as_values,
@@ -66,7 +66,7 @@ from resdyn.linalg import (
     schur_factor,
     svd,
 )
-from resdyn.spectral import check_chain, ordered_sublayers
+from resdyn.study_a.spectral import check_chain, ordered_sublayers
 
 __all__ = ["SchurSplit", "schur_split", "scale_nonnormal", "schur_bottleneck", "FORMS"]
 
@@ -227,7 +227,7 @@ def schur_bottleneck(
     """Bottleneck curves of the surgically altered Jacobians: ranks of P_s(α) = J_s(α) ⋯ J_0(α).
 
     Each sublayer is Schur-decomposed once; for every α a running product is kept (rescaled by
-    its Frobenius norm each step, see :func:`resdyn.spectral.cumulative_spectrum`). Memory:
+    its Frobenius norm each step, see :func:`resdyn.study_a.spectral.cumulative_spectrum`). Memory:
     one Schur pair plus len(alphas) products of size d×d.
 
     Args:

@@ -10,7 +10,7 @@ Each rule's job is priced by one function (:data:`RULES`) from the model shape
   boundary) whose interpreter overhead dominates small shapes; ``graph``: edges × resolutions
   of the signed Leiden runs (igraph/leidenalg, single-threaded; random-like graphs are its slow
   case, which is what the benchmark uses); ``kl64``: logit pairs compared by the float64
-  KL/flip readout of :func:`resdyn.causal.kl_and_flips` (per logit: two float64 casts, two
+  KL/flip readout of :func:`resdyn.beyond.causal.kl_and_flips` (per logit: two float64 casts, two
   log-softmaxes, an exp, four element-wise passes and two argmaxes — about 3 transcendental
   evaluations and 170 bytes of memory traffic, far more than the 12 bytes of a plain fp32
   softmax; unmodelled it left the causal test 25-40 % under-predicted at small d);
@@ -24,7 +24,7 @@ CI-class machine (one thread) by ``benchmarks/plan.py`` and are stored in
 :data:`CPU_CALIBRATION`; the GPU rates are documented assumptions for the H100/H200 class
 (``benchmarks/gpu_check.sh`` measures them on a real GPU). :func:`resources` turns a price into
 Snakemake resources (``mem_mb``, ``runtime`` in minutes, ``threads``), growing with ``attempt``;
-the rules call it through callables, and ``resdyn plan`` (:mod:`resdyn.plan`) sums the same
+the rules call it through callables, and ``resdyn plan`` (:mod:`resdyn.infra.plan`) sums the same
 prices over every job, so the cluster request and the plan cannot disagree.
 
 Nominal decomposition counts for a d×d matrix (GVL, *Matrix Computations*, 4th ed., §7.5.6,
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resdyn.linalg import k_from_fraction
+from resdyn.infra.linalg import k_from_fraction
 
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
@@ -52,8 +52,8 @@ OPS: tuple[str, ...] = (
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 GB = 1e9
 MiB = 2**20
-EXACT_SPECTRAL_MAX_D = 512  # = resdyn.jacobian.EXACT_SPECTRAL_MAX_D (not imported: no torch here)
-JACOBIAN_GPU_BATCH = 16  # = resdyn.jacobian.default_batch_size on CUDA
+EXACT_SPECTRAL_MAX_D = 512  # = resdyn.study_a.jacobian.EXACT_SPECTRAL_MAX_D (not imported: no torch here)
+JACOBIAN_GPU_BATCH = 16  # = resdyn.study_a.jacobian.default_batch_size on CUDA
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ CPU_CALIBRATION: dict[str, float] = {
     "gunzip": 1.5e8,  # not fitted (the cores get arrays): zlib inflate, ~150 MB/s one core
     "calls": 253.0,
     "graph": 6.44e4,
-    "kl64": 2.56e7,  # logit pairs/s of resdyn.causal.kl_and_flips (float64)
+    "kl64": 2.56e7,  # logit pairs/s of resdyn.beyond.causal.kl_and_flips (float64)
 }
 
 # H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
@@ -220,11 +220,11 @@ class ShapeError(ValueError):
 def model_shape(config: dict, model: str) -> Shape:
     """Shape of ``config["models"][model]`` from its keys: ``n_layers``, ``d_model``, ``n_heads``,
     ``n_kv_heads``, ``d_ff``, ``vocab_size`` — for hub/local models filled from the model's
-    ``config.json`` by config validation (:mod:`resdyn.hub`), for the zoo the tokenizer's
+    ``config.json`` by config validation (:mod:`resdyn.infra.hub`), for the zoo the tokenizer's
     vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
     GPT-NeoX is parallel residual when ``parallel_residual`` (config.json's
     ``use_parallel_residual``) is true or absent — transformers' default, as
-    :func:`resdyn.arch.residual_kind` decides — and sequential (two sublayers) otherwise.
+    :func:`resdyn.infra.arch.residual_kind` decides — and sequential (two sublayers) otherwise.
     """
     m = config["models"][model]
     vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
@@ -235,7 +235,7 @@ def model_shape(config: dict, model: str) -> Shape:
     if missing:
         raise ShapeError(
             f"config key 'models.{model}': the cost model needs {', '.join(missing)}; validate the config "
-            "(resdyn.config.validate_config reads them from the model's config.json) or set them"
+            "(resdyn.infra.config.validate_config reads them from the model's config.json) or set them"
         )
     d_ff = m["d_ff"]
     if isinstance(d_ff, list):  # per-layer widths: the mean prices the sum
@@ -298,7 +298,7 @@ def _forward_flops(s: Shape, tokens: float, layers: float, T: int) -> float:
 
 
 def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost:
-    """One block of layers, N samples, P positions (structured engine, :mod:`resdyn.jacobian`).
+    """One block of layers, N samples, P positions (structured engine, :mod:`resdyn.study_a.jacobian`).
 
     Per sample: one forward of the context through layers 0..max(block) in the model dtype;
     per layer and position, fp32 (TF32 off):
@@ -312,7 +312,7 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     Host: one shard of the weights (device_map loading; all of them on a CPU), float64 sums 2·8·d² and the first
     ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Working memory (host on a CPU,
     device on a GPU): fp32 copies of the block's layers (only for non-fp32 weights,
-    :meth:`resdyn.arch.LayerSublayers.to_float32`), then the larger of the two stages — MLP:
+    :meth:`resdyn.infra.arch.LayerSublayers.to_float32`), then the larger of the two stages — MLP:
     the d_ff × d matrices diag(·)W_gate and diag(·)W_up (2·4·d·d_ff) and the two d × d
     results; attention: the forward-mode tangents of one chunk of c input directions, about
     three H × T score-sized fp32 arrays each (12·H·T·c bytes; c = the engine's chunk,
@@ -332,15 +332,15 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     c.add("gemm32", N * L * P * per)
     c.add("jvp", N * L * P * d * (4.0 * T * s.d_q + 12.0 * s.n_heads * T))
     stream = 3 * 4.0 * d * s.d_ff + 4 * 4.0 * d * s.d_q + 2 * 3 * 8.0 * d * d
-    if d <= EXACT_SPECTRAL_MAX_D:  # σ_max exact: singular values of each J (resdyn.jacobian)
+    if d <= EXACT_SPECTRAL_MAX_D:  # σ_max exact: singular values of each J (resdyn.study_a.jacobian)
         c.add("svdvals", N * L * P * 2 * decomposition_flops("svdvals", d))
     else:
         stream += 2 * 128 * 8.0 * d * d
     c.add("stream", N * L * P * stream)
-    batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.jacobian.default_batch_size: one forward per batch
+    batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.study_a.jacobian.default_batch_size: one forward per batch
     c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
     acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
-    # tangent chunk of resdyn.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
+    # tangent chunk of resdyn.study_a.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
     chunk = max(1, min(d, int(2**30 // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
     stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
@@ -353,7 +353,7 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
 
 def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
     """Boundary states of every layer: N forwards of T tokens, streamed sample by sample into the
-    layer files (:func:`resdyn.activations.stream_activation_files`: the host holds one sample's
+    layer files (:func:`resdyn.study_a.activations.stream_activation_files`: the host holds one sample's
     (2n+1)·(T−skip)·d float32 states, not all N); disk: N·(2n+1)·(T−skip)·d in
     ``activations.dtype``."""
     N, T = config["samples"]["n"], config["samples"]["length"]
@@ -370,7 +370,7 @@ def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
-    """Tuned-lens training (:func:`resdyn.lens.train_lens`), ``steps`` steps of B tokens, n layers.
+    """Tuned-lens training (:func:`resdyn.study_b.lens.train_lens`), ``steps`` steps of B tokens, n layers.
 
     Per step: the frozen forward 2·B·P_layers (model dtype; its MLP holds two B × d_ff
     activations at a time, 2·4·B·d_ff bytes on a CPU); the final logits 2·B·d·V; the
@@ -386,7 +386,7 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
-    if lc.get("source", "train") == "tuned_lens":  # imported (resdyn.lens_import): load, check, write
+    if lc.get("source", "train") == "tuned_lens":  # imported (resdyn.study_b.lens_import): load, check, write
         c.add("stream", 3 * 4.0 * n * d * (d + 1))
         c.host_bytes = BASE_HOST_BYTES + s.weight_bytes + 2 * 4.0 * n * d * (d + 1)
         c.device_bytes = s.weight_bytes + 4.0 * n * d * (d + 1) if gpu else 0.0
@@ -402,7 +402,7 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add("stream", steps * 16.0 * B * n * V + evals * 12.0 * held * n * V)
     c.add("calls", steps * (n + 4) + evals * (n + 1))
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * (lc["n_train_blocks"] + lc["n_heldout_blocks"]) * T
-    # logits chunk (resdyn.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
+    # logits chunk (resdyn.study_b.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
     # logits, softmax and gradient in fp32
     chunk = min(B * n * V, 2**27 if gpu else 2**22)
     dev = s.weight_bytes + 3 * 4.0 * n * d * d + 3 * 4.0 * chunk + 4.0 * B * (n + 1) * d + 2 * 4.0 * B * s.d_ff
@@ -429,18 +429,18 @@ def cost_lens_metrics(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
-    """Causal test (:func:`resdyn.causal.causal_table`).
+    """Causal test (:func:`resdyn.beyond.causal.causal_table`).
 
-    Runs: the :class:`~resdyn.causal.Continuation` forward once through all n layers (it keeps
+    Runs: the :class:`~resdyn.beyond.causal.Continuation` forward once through all n layers (it keeps
     the streams h_0..h_n); then for every stream L = 0..n−1 the reference continuation and, per
     intervention (project, patch), the observed and ``n_random`` random subspaces' modified
     continuations through layers L..n−1: Σ_L (n−L) = n(n+1)/2 layer passes per run,
     runs = 1 + 2·(n_random + 1); each layer pass 2·B·T·P_layer (+ attention) on B =
     ``causal.n_samples`` sequences of T tokens, in the model dtype.
     Comparisons: 2·(n_random + 1) per layer, each reading out its modified final state through
-    the head (2·B·T·d·V FLOPs; the reference once per layer, :class:`resdyn.causal.Reference`)
+    the head (2·B·T·d·V FLOPs; the reference once per layer, :class:`resdyn.beyond.causal.Reference`)
     and comparing the B·T·V logit pairs in float64
-    (:func:`resdyn.causal.kl_and_flips`, op class ``kl64``); plus the readout subspace of every
+    (:func:`resdyn.beyond.causal.kl_and_flips`, op class ``kl64``); plus the readout subspace of every
     translator (n SVDs with vectors) and the Haar draws, on the host.
     Host memory: the n float64 translators, the n+1 streams (4·B·T·d each) and the larger of
     one comparison chunk of c = min(B·T, ⌊2^18/V⌋)·V logits (2^24 on a GPU) held as two fp32
@@ -475,7 +475,7 @@ def _as_list(x: Any) -> list:
 
 
 #: Host bytes of weights a GPU job holds while loading: transformers' ``device_map`` reads each
-#: safetensors shard straight to the device (resdyn.models.load_model), ≈ one shard (≤ 5 GB).
+#: safetensors shard straight to the device (resdyn.infra.models.load_model), ≈ one shard (≤ 5 GB).
 SHARD_BYTES = 5.0 * GB
 
 
@@ -490,7 +490,7 @@ def _n_sublayers(s: Shape) -> int:
 
 
 def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
-    """``spectra`` (:func:`resdyn.spectral.spectra_table` + ``bottleneck_table``), per sublayer:
+    """``spectra`` (:func:`resdyn.study_a.spectral.spectra_table` + ``bottleneck_table``), per sublayer:
     one real Schur factor T (eigenvalues = its diagonal blocks, Henrici = its strictly upper
     part), one SVD with vectors (singular values, self-alignment), the singular values of J − I,
     and for the bottleneck one fp64 product (2 d³) and its singular values (the single-sublayer
@@ -510,7 +510,7 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_schur(config: dict, s: Shape) -> Cost:
-    """``schur`` (:func:`resdyn.schur.schur_bottleneck`), per sublayer: one real Schur with its
+    """``schur`` (:func:`resdyn.study_a.schur.schur_bottleneck`), per sublayer: one real Schur with its
     basis Z (25 d³ nominal); per α: J(α) = Z (D(α) + αU) Zᵀ (two fp64 GEMMs, 4 d³), the running
     product (2 d³) and its singular values. Host only (no torch Schur). Memory: J, T, Z, a
     temporary and one product per α."""
@@ -525,14 +525,14 @@ def cost_schur(config: dict, s: Shape) -> Cost:
 
 
 def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
-    """``bootstrap`` (:func:`resdyn.bootstrap.jacobian_bootstrap`), R = ``n_resamples`` + 2 rows
+    """``bootstrap`` (:func:`resdyn.beyond.bootstrap.jacobian_bootstrap`), R = ``n_resamples`` + 2 rows
     (the all-N mean, the n-sample mean, R − 2 replicates) × S sublayers, d×d, n stored samples.
 
     ``method: exact``: each row and sublayer one eigen-analysis of the resampled mean: on the
     host one real Schur factor T (eigenvalues and Henrici together), on a GPU torch eigvals
     (Henrici by subtraction, guarded): R·S eigvals (10 d³ nominal each).
 
-    ``method: perturbative`` (:func:`resdyn.bootstrap.perturbative_spectra`), per sublayer:
+    ``method: perturbative`` (:func:`resdyn.beyond.bootstrap.perturbative_spectra`), per sublayer:
       * the two means exactly: 2 eigvals (20 d³);
       * one eigendecomposition with vectors of the n-sample mean: 25 d³ nominal (GVL: Hessenberg
         + QR with the accumulated basis and back-substitution), i.e. 2.5 eigvals-equivalents,
@@ -578,7 +578,7 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)
-    # perturbative (resdyn.bootstrap.perturbative_spectra): E (n complex d²) throughout; while E
+    # perturbative (resdyn.beyond.bootstrap.perturbative_spectra): E (n complex d²) throughout; while E
     # is built, the samples and their deviations (3 n real d², freed before the replicates);
     # then a chunk of F_r with its two temporaries (chunk_bytes ≤ 2 GiB holds all three); and
     # the d² arrays V, V⁻¹, K, λ_p − λ_q (complex, 16 B), gaps, couplings (8 B), the cluster
@@ -601,7 +601,7 @@ def cost_communities(config: dict, s: Shape) -> Cost:
     sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
     per resolution (``graph``). Memory: the larger of the read (fp16 states and their float32
     upcast, 6·M·d, :meth:`resdyn.artifacts.Activations.read_boundary`) and the analysis (the float32 states,
-    two float64 token chunks of ``resdyn.topology._CHUNK_BYTES`` = 32 MiB: the chunk and its
+    two float64 token chunks of ``resdyn.study_a.topology._CHUNK_BYTES`` = 32 MiB: the chunk and its
     shifted copy), plus R and its sparsified copy (2·8·d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, S = N * Tk, s.d, _n_sublayers(s)
@@ -641,7 +641,7 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
 
 
 def cost_readout(config: dict, s: Shape) -> Cost:
-    """``rss`` and ``resolution`` (:mod:`resdyn.readout`): one SVD with vectors per translator
+    """``rss`` and ``resolution`` (:mod:`resdyn.study_b.readout`): one SVD with vectors per translator
     (n), then per k and consecutive pair the k×k overlap V_Lᵀ V_{L+1} (2 d k²) and its singular
     values (8/3 k³ ≪). Memory: the n float64 translators and their V (2n·8·d²) at once, plus
     one SVD in flight (gesdd: the copy it overwrites, U, Vᵀ and a ≈ 4 d² workspace, 6·8·d²)."""
@@ -723,7 +723,7 @@ def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None
     s = model_shape(config, w["model"])
     gpu = uses_gpu(config, rule)
     if rule == "jacobians":
-        from resdyn import config as rc
+        from resdyn.infra import config as rc
 
         layers = rc.block_layers(w["block"]) if "block" in w else list(range(s.n_layers))
         return cost_jacobians(config, s, layers, gpu)
@@ -796,7 +796,7 @@ def resources(config: dict, rule: str, wildcards: Mapping[str, str] | None = Non
 
 def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:
     """Every priced job of a config's DAG as (rule, wildcards), in the order of ``rule all``."""
-    from resdyn import config as rc
+    from resdyn.infra import config as rc
 
     studies = {st for st in ("A", "B") if rc.runs(config, st)}
     datasets_used = set()

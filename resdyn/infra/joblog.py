@@ -62,6 +62,9 @@ def job_log(path: str | Path | None) -> Iterator[None]:
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, handlers=[logging.StreamHandler(sys.stderr)], force=True,
                         format=LOG_FORMAT)
+    # Off, then on: a warnings.catch_warnings block (a library, pytest) that ended since the last
+    # call has put back its own showwarning, and captureWarnings(True) alone would not re-install.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)

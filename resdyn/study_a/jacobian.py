@@ -18,19 +18,19 @@ layer):
   the d input directions with ``vmap``; W_o is one GEMM. MLP: closed form
   ``W_down (diag(act'(g) ⊙ up) W_gate + diag(act(g)) W_up)``, one GEMM instead of three.
 * "jvp": forward mode through the whole per-token function
-  (:meth:`resdyn.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
+  (:meth:`resdyn.infra.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
 
 The differentiated sublayer runs in fp32 (bf16 weights are upcast on a copy of the layer, TF32
 is disabled); the boundary states come from one forward pass per sample in the model's dtype
-(:func:`resdyn.arch.forward_boundaries`).
+(:func:`resdyn.infra.arch.forward_boundaries`).
 
 Files: the per-layer HDF5 schema (``layer{L:03d}.h5``, "resdyn.jacobian/1") and its reader are
 :class:`resdyn.artifacts.JacobianBlocks`; this module only computes. Parallel-residual layers
-(GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.arch`) have one boundary, h_L, and
+(GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.infra.arch`) have one boundary, h_L, and
 store the operator J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F as kind ``layer`` beside the branch
 Jacobians ``attn_branch`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and ``mlp_branch`` (J_F =
 ∂F(ln_post_attn(h))[t]/∂h[t]); downstream the operator (L, 'layer') takes the depth slot
-s = 2L + 1 (:func:`resdyn.spectral.sublayer_index`).
+s = 2L + 1 (:func:`resdyn.study_a.spectral.sublayer_index`).
 
 Resume: every ``checkpoint_every`` samples the float64 sums, the per-sample arrays and the
 next sample index are saved atomically (:class:`resdyn.artifacts.JacobianSums`) next to the
@@ -54,9 +54,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from resdyn import arch
 from resdyn.artifacts import JacobianBlocks, JacobianSums
-from resdyn.io import sha256_array
+from resdyn.infra import arch
+from resdyn.infra.io import sha256_array
 
 
 # The file layout's group names, defined by the artifact class (see its docstring).
@@ -251,7 +251,7 @@ def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tens
 
 
 def mlp_branch_jacobian(adapter: arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
-    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.arch.LayerSublayers.plain_mlp`)."""
+    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.infra.arch.LayerSublayers.plain_mlp`)."""
     plain = adapter.plain_mlp()
     if plain is None:
         return gated_mlp_jacobian(adapter.layer.mlp, u)

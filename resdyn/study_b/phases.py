@@ -2,7 +2,7 @@
 
 Study B. The RSS profile ``r_0 … r_{m−1}`` (``m = n_layers − 1`` points; point ``L`` compares
 the readout subspaces ``S_L`` and ``S_{L+1}``, i.e. it describes layer ``L``'s update, see
-:mod:`resdyn.readout`) typically rises, plateaus and descends. The phases are
+:mod:`resdyn.study_b.readout`) typically rises, plateaus and descends. The phases are
 
 - phase 1 (rise)      ``[0, b1]``,
 - phase 2 (plateau)   ``(b1, b2]``,
@@ -338,7 +338,7 @@ class Cutpoints:
         required = [f.name for f in fields(cls) if f.name not in ("k", "k_fraction_requested")]
         missing = [name for name in required if name not in obj]
         if missing:
-            raise ValueError(f"{source}: lacks keys {missing} (a phases.json written by resdyn.phases has {required})")
+            raise ValueError(f"{source}: lacks keys {missing} (a phases.json written by resdyn.study_b.phases has {required})")
 
         def integer(name: str, v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int):
@@ -415,7 +415,7 @@ def cutpoints(
     within ``flat_tol``) → ``b1`` = concave-increasing knee on ``[0, p]`` → ``b2`` = concave-decreasing knee on
     ``[p, end]``. If a stage has no knee: ``b1 = p`` / ``b2 = p`` (fallback), with the cause in
     ``reason``. Indices refer to the profile (point ``L`` = layer ``L``'s update; see
-    :mod:`resdyn.readout`).
+    :mod:`resdyn.study_b.readout`).
 
     If ``window`` exceeds the profile length it is reduced to the largest odd value ≤ n (noted
     in ``notes``); everything else about ``window``/``method`` is validated as in
@@ -517,7 +517,7 @@ def cutpoints(
 
 
 def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
-    """The RSS profile at one readout dimension, from a :func:`resdyn.readout.rss_profile` table.
+    """The RSS profile at one readout dimension, from a :func:`resdyn.study_b.readout.rss_profile` table.
 
     The hidden size d is the table's ``d`` column (one value); the target is
     ``k* = k_from_fraction(d, k_fraction)``. If the table has ``k*`` that is used, otherwise
@@ -541,7 +541,7 @@ def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
     >>> profile_at(t, 0.25), profile_at(t, 0.4)
     (([0.6, 0.7], 2), ([0.9, 0.95], 4))
     """
-    from resdyn.linalg import k_from_fraction
+    from resdyn.infra.linalg import k_from_fraction
 
     if not isinstance(rss, pd.DataFrame):
         raise ValueError(f"rss must be a pandas DataFrame (an rss.tsv table), got {type(rss).__name__}")

@@ -15,10 +15,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from resdyn import hub
+from resdyn.infra import hub
 
 # Package data, so that an installed (non-editable) resdyn validates configs too.
-SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):

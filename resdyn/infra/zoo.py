@@ -11,6 +11,12 @@ windows of the train token stream (seeded), held-out loss on fixed held-out wind
 token frequencies, add-one smoothed, on the held-out windows).
 Resume: a training state (weights, optimiser, RNG, step, curve) is saved atomically every
 ``state_every`` steps; a killed job restarts from it and produces the same checkpoints.
+
+Speed (CPU, measured in docs/speed.md): ``precision: bfloat16`` runs the decoder's linear
+layers under bfloat16 autocast (AVX512-BF16 doubles the matmul rate) while attention, norms,
+the residual stream, the logits and the cross-entropy stay float32; the unembedding and the
+loss are one chunked, fused function (:func:`linear_cross_entropy`) that never materialises the
+full (tokens × vocabulary) logits; AdamW is the fused kernel. Held-out losses are always float32.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from resdyn import io
+from resdyn.infra import io
 
 log = logging.getLogger(__name__)
 
 FAMILIES = ("llama", "olmo2")
+PRECISIONS = ("float32", "bfloat16")
+TRAIN_ATTENTION = "resdyn_sdpa_float32"
 
 
 @dataclass(frozen=True)
@@ -65,9 +73,10 @@ def build_model(arch: Architecture, vocab_size: int, seed: int, eos_token_id: in
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
-        # Training only: PyTorch's fused attention is ~25 % faster per step on a CPU than the
-        # eager softmax(QKᵀ)V (measured on the zoo shapes). Analyses reload with eager attention.
-        attn_implementation="sdpa",
+        # Training only: PyTorch's fused attention is ~10 % faster per step on a CPU than the
+        # eager softmax(QKᵀ)V (measured on the zoo shapes), and stays float32 under bfloat16
+        # autocast (see _sdpa_float32). Analyses reload with eager attention.
+        attn_implementation=_training_attention(),
     )
     if arch.family == "llama":
         config = transformers.LlamaConfig(**common)
@@ -79,6 +88,100 @@ def build_model(arch: Architecture, vocab_size: int, seed: int, eos_token_id: in
         raise ValueError(f"zoo family {arch.family!r} unknown; allowed: {', '.join(FAMILIES)}")
     torch.manual_seed(seed)
     return cls(config)
+
+
+def _sdpa_float32(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention run in float32 whatever the autocast dtype.
+
+    Under bfloat16 autocast q, k, v arrive in bfloat16, where PyTorch's CPU flash kernel is
+    4× slower than in float32 (head_dim 16) and the softmax loses precision; upcasting costs
+    little (attention has no weights). Without autocast this is plain SDPA, bit for bit.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    with torch.autocast("cpu", enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def _training_attention() -> str:
+    """Register :func:`_sdpa_float32` with transformers (idempotent) and return its name."""
+    import transformers
+
+    transformers.AttentionInterface.register(TRAIN_ATTENTION, _sdpa_float32)
+    return TRAIN_ATTENTION
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean next-token cross-entropy of a linear head, with its gradient computed in the forward.
+
+    For hidden states h (N, d), head W (V, d), labels y (N,) and logits z_i = W h_i:
+    ``L = (1/N) Σ_i [logsumexp(z_i) − z_{i,y_i}]``, ``∂L/∂h_i = Wᵀ g_i / N`` and
+    ``∂L/∂W = Σ_i g_i h_iᵀ / N`` with ``g_i = softmax(z_i) − e_{y_i}``.
+    Tokens are processed in chunks, so the (N × V) logits never exist at once (they would be
+    16 MB at the zoo's 2048 × 2048, streamed through memory four times by a plain
+    log_softmax + nll_loss); the loss is a scalar, so both gradients are computed in the same
+    pass and the backward only scales them. z and the softmax are float32 (float64 for float64
+    input); the two gradient matmuls (Wᵀg, g hᵀ) run in ``mm_dtype`` (bfloat16: g, h, W rounded).
+    """
+
+    @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, mm_dtype: torch.dtype, chunk: int):
+        acc = torch.promote_types(h.dtype, torch.float32)
+        h, w = h.to(acc), w.to(acc)
+        h_mm, w_mm = h.to(mm_dtype), w.to(mm_dtype)
+        n = h.shape[0]
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros_like(w)
+        total = torch.zeros((), dtype=acc)
+        for s in range(0, n, chunk):
+            y = labels[s : s + chunk]
+            z = h[s : s + chunk] @ w.T
+            g = torch.softmax(z, dim=-1)
+            # logsumexp(z) = z_v − log softmax(z)_v at v = argmax z (one softmax pass, no exp).
+            lse = z.amax(dim=-1) - g.amax(dim=-1).log()
+            total += (lse - z.gather(1, y[:, None]).squeeze(1)).sum()
+            g[torch.arange(len(y)), y] -= 1
+            g = g.to(mm_dtype)
+            grad_h[s : s + chunk] = g @ w_mm
+            grad_w += g.T @ h_mm[s : s + chunk]
+        ctx.save_for_backward(grad_h.div_(n), grad_w.div_(n))
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad, grad_w * grad, None, None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor,
+                         mm_dtype: torch.dtype | None = None, chunk: int = 256) -> torch.Tensor:
+    """Differentiable mean cross-entropy of ``softmax(h Wᵀ)`` against ``labels``; see
+    :class:`_LinearCrossEntropy`. h (N, d), w (V, d), labels (N,) int64 in [0, V)."""
+    if h.ndim != 2 or w.ndim != 2 or h.shape[1] != w.shape[1] or labels.shape != h.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: shapes h {tuple(h.shape)}, w {tuple(w.shape)}, labels "
+                         f"{tuple(labels.shape)}; expected (N, d), (V, d), (N,)")
+    mm_dtype = mm_dtype or torch.promote_types(h.dtype, torch.float32)
+    return _LinearCrossEntropy.apply(h, w, labels, mm_dtype, chunk)
+
+
+def next_token_loss(model, batch: torch.Tensor, precision: str = "float32") -> torch.Tensor:
+    """Training loss of a causal LM on token windows (B, T): mean over the B·(T−1) next-token
+    predictions, as transformers' ``labels=`` loss, but fused (:func:`linear_cross_entropy`).
+
+    ``precision="bfloat16"``: the decoder's matmuls run under bfloat16 autocast (attention,
+    norms and the residual stream stay float32; :func:`_sdpa_float32`), and so do the head's two
+    gradient matmuls; the logits and softmax stay float32.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision {precision!r} unknown; allowed: {', '.join(PRECISIONS)}")
+    low = precision == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+        hidden = model.model(input_ids=batch, use_cache=False).last_hidden_state
+    d = hidden.shape[-1]
+    return linear_cross_entropy(hidden[:, :-1].reshape(-1, d), model.lm_head.weight, batch[:, 1:].reshape(-1),
+                                torch.bfloat16 if low else None)
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
@@ -142,23 +245,28 @@ def train_zoo_model(
     seed: int,
     state_path: str | Path,
     state_every: int = 100,
+    precision: str = "float32",
     progress: bool = True,
 ) -> pd.DataFrame:
     """Train one zoo model and save HF checkpoints at the requested steps.
 
     ``checkpoint_dirs`` maps a step (0 = initialisation, ≤ ``steps``) to its output folder.
     Returns the loss curve: step, lr, train_loss (mean over the steps since the last eval),
-    heldout_loss, unigram_loss.
+    heldout_loss, unigram_loss. ``precision`` is the training-step precision
+    (:func:`next_token_loss`); held-out losses are always float32.
     """
     from transformers import AutoTokenizer
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision {precision!r} unknown; allowed: {', '.join(PRECISIONS)}")
     bad = [s for s in checkpoint_dirs if not 0 <= s <= steps]
     if bad:
         raise ValueError(f"checkpoint steps {bad} outside [0, {steps}] (train.steps)")
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = build_model(arch, len(tok), seed, tok.eos_token_id)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    # The fused (one-kernel) AdamW: fewer passes over the parameters than the per-tensor loop.
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), fused=True)
 
     rng_eval = np.random.default_rng(seed + 1)
     n_win = len(heldout_stream) // seq_len
@@ -176,7 +284,7 @@ def train_zoo_model(
     # A saved state is only resumed when it was made by exactly this training setup.
     fingerprint = io.sha256_array(train_stream, heldout_stream) + repr(
         (arch, sorted(checkpoint_dirs), steps, batch_size, seq_len, lr, warmup, weight_decay, eval_every,
-         n_eval_windows, seed))
+         n_eval_windows, seed, precision))
     state_path = Path(state_path)
     start, rows, running = 0, [], []
     if state_path.exists():
@@ -201,7 +309,7 @@ def train_zoo_model(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, lr, warmup, steps)
         batch = batch_at(step)
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss = next_token_loss(model, batch, precision)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"training loss is {float(loss)} at step {step + 1}; lower train.lr")
         opt.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 
 PACKAGE = "resdyn"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 __all__ = ["module_file", "imported_modules", "import_closure", "script_code_version"]
 

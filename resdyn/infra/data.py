@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resdyn import io
+from resdyn.infra import io
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def load_hub_dataset(name: str, config: str | None, split: str, revision: str | 
     """
     import datasets
 
-    from resdyn import hub
+    from resdyn.infra import hub
 
     if not hub.datasets_offline():
         try:

@@ -29,7 +29,7 @@ attention and MLP sublayers, the cumulative effective rank after the layer (``bo
 at s = 2L+1) and the transport. For each profile x_0 … x_{m−1} the largest change is at the
 layer ``L* = argmax_{L ≥ 1} |x_L − x_{L−1}|`` (first on ties, NaNs skipped): the operator type
 changes *between layers L*−1 and L**. Phase boundary b (between RSS points b and b+1, the
-updates of layers b and b+1, :mod:`resdyn.phases`) and that change coincide iff ``L* = b + 1``,
+updates of layers b and b+1, :mod:`resdyn.study_b.phases`) and that change coincide iff ``L* = b + 1``,
 so the distance is ``|L* − (b + 1)|`` layers. ``chance_dist_nearest`` is the expected distance
 to the nearer cut point of a change position drawn uniformly from the profile's possible
 positions L = 1 … m−1, so "aligned" can be judged against chance.
@@ -48,8 +48,8 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts
-from resdyn import phases as ph
-from resdyn.readout import readout_subspace
+from resdyn.study_b import phases as ph
+from resdyn.study_b.readout import readout_subspace
 
 __all__ = [
     "haar_subspace",

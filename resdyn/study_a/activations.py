@@ -1,6 +1,6 @@
 """Residual-stream states at every sublayer boundary of a model, streamed into per-layer files.
 
-States come from :func:`resdyn.arch.boundary_states` — the same sublayer split the Jacobian
+States come from :func:`resdyn.infra.arch.boundary_states` — the same sublayer split the Jacobian
 engine differentiates — so activations and Jacobians describe the same boundaries. The files
 (``activations/layer{L:03d}.h5``, schema ``resdyn.activations/1``), their writers and readers
 are :class:`resdyn.artifacts.Activations`; this module runs the model.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from resdyn import arch
+from resdyn.infra import arch
 from resdyn.artifacts import Activations
 
 

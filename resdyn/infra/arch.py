@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 # The family tables live in a torch-free module: config validation reads them too.
-from resdyn.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
+from resdyn.infra.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
 
 
 # ----------------------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ TokenFunction = Callable[[torch.Tensor], torch.Tensor]
 CoreFunction = Callable[..., torch.Tensor]
 
 #: RMSNorm classes whose math is ``w ⊙ x / sqrt(mean(x²) + eps)`` (w absent: no scale). The
-#: closed-form Jacobians in resdyn.jacobian rely on this; any other norm class is refused there.
+#: closed-form Jacobians in resdyn.study_a.jacobian rely on this; any other norm class is refused there.
 RMS_NORM_CLASSES = frozenset(
     {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Olmo2RMSNorm", "Olmo3RMSNorm", "Gemma4RMSNorm"}
 )

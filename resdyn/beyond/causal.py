@@ -1,14 +1,14 @@
 """Causal test of readout subspaces: remove or swap S_L^(k) in the stream and rerun the model.
 
 Study B says the tuned-lens translator A_L "reads" the top-k right singular subspace
-S_L^(k) (:func:`resdyn.readout.readout_subspace`, basis V, d × k, orthonormal) of the stream
+S_L^(k) (:func:`resdyn.study_b.readout.readout_subspace`, basis V, d × k, orthonormal) of the stream
 h_L entering layer L. If that subspace carries what later layers and the readout use, removing
 it should change the model's output more than removing a random k-subspace does.
 
 Interventions on the stream h_L (B, T, d), applied at every position of every sequence, after
 which layers L … n−1 run on the modified stream (the model's own sublayers,
-:func:`resdyn.arch.sublayers`, exactly as :func:`resdyn.arch.forward_boundaries` runs them) and
-the final raw state is read out by the model's own head (:func:`resdyn.arch.unembed_logits`):
+:func:`resdyn.infra.arch.sublayers`, exactly as :func:`resdyn.infra.arch.forward_boundaries` runs them) and
+the final raw state is read out by the model's own head (:func:`resdyn.infra.arch.unembed_logits`):
 
 - **project**: ``h ← h − (h V) Vᵀ`` — the component in S is removed;
 - **patch**: ``h ← h + ((h' − h) V) Vᵀ`` (= h − VVᵀh + VVᵀh'), h' the same layer's stream of a
@@ -54,10 +54,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from resdyn import arch, artifacts
-from resdyn import phases as ph
-from resdyn.bridge import haar_subspace
-from resdyn.readout import readout_subspace
+from resdyn import artifacts
+from resdyn.infra import arch
+from resdyn.study_b import phases as ph
+from resdyn.beyond.bridge import haar_subspace
+from resdyn.study_b.readout import readout_subspace
 
 __all__ = [
     "INTERVENTIONS",
@@ -211,7 +212,7 @@ class Continuation:
     """One batch of sequences, its residual streams, and the model run from any layer on.
 
     ``Continuation(model, input_ids)`` runs the model's sublayers once (no grad, the same
-    calls as :func:`resdyn.arch.forward_boundaries`) and keeps the streams h_0 … h_n
+    calls as :func:`resdyn.infra.arch.forward_boundaries`) and keeps the streams h_0 … h_n
     (B, T, d each; the pre-MLP states are not kept). :meth:`run` continues from layer L with a
     given stream; Gemma 4 KV-shared layers whose source layer lies before L attend over the
     source's original keys/values (the intervention happened after them).

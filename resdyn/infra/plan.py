@@ -1,13 +1,13 @@
 """Size a run before submitting it: every rule's jobs, GPU- and CPU-hours, memory, disk, wall time.
 
-Every number comes from :mod:`resdyn.cost` — the same prices the rules' SLURM resources are made
-of — summed over the jobs of the config's DAG (:func:`resdyn.cost.unique_jobs`).
+Every number comes from :mod:`resdyn.infra.cost` — the same prices the rules' SLURM resources are made
+of — summed over the jobs of the config's DAG (:func:`resdyn.infra.cost.unique_jobs`).
 
 * GPU-hours: Σ predicted seconds of the GPU jobs on the chosen GPU kind.
 * CPU-hours: Σ threads × predicted seconds of the CPU jobs (core-hours, what an allocation
   bills), plus the host cores a GPU job holds (``GPU_HOST_THREADS``) counted separately as
   ``host_cpu_hours``.
-* Critical path: per model the longest chain of rules through :data:`resdyn.cost.DEPENDS`, each
+* Critical path: per model the longest chain of rules through :data:`resdyn.infra.cost.DEPENDS`, each
   rule weighted by its longest job of that model; the maximum over models.
 * Wall time with G GPUs and C cores: list scheduling is within Graham's bounds
   ``max(critical, GPU-h/G, CPU-h/C) ≤ wall ≤ critical + GPU-h/G + CPU-h/C``; the table reports
@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import pandas as pd
 
-from resdyn import cost as rcost
+from resdyn.infra import cost as rcost
 
 
 @dataclass(frozen=True)

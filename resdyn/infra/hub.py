@@ -127,11 +127,11 @@ def read_config_json(path: str | Path) -> dict:
 
 
 def family_of(model_type: str | None, outer_type: str | None = None) -> str:
-    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.families.SUPPORTED_FAMILIES`).
+    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.infra.families.SUPPORTED_FAMILIES`).
 
     Raises HubError naming the type, why it is refused when known, and the supported families.
     """
-    from resdyn.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
+    from resdyn.infra.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
 
     supported = ", ".join(SUPPORTED_FAMILIES)
     for mt in (model_type, outer_type):

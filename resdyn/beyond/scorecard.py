@@ -15,7 +15,7 @@ Claims (``claim_id``: statistic; thresholds are the module constants):
 
 1. ``rotational_gradient`` — early sublayers rotational, late near-symmetric: mean complex
    fraction (at ``complex_tol``) over the first third of sublayers minus the last third
-   (:func:`resdyn.bootstrap.early_late`), final checkpoint; holds if > 0. CI: bootstrap.
+   (:func:`resdyn.beyond.bootstrap.early_late`), final checkpoint; holds if > 0. CI: bootstrap.
 2. ``gradient_learned`` — that gradient is learned: statistic 1 at the final checkpoint minus
    at the first (step 0); holds if > 0. CI: paired bootstrap (same resampled samples).
 3. ``collapse_learned`` — the cumulative effective-rank collapse is learned: erank of P at full
@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts
-from resdyn import bootstrap as bs
+from resdyn.beyond import bootstrap as bs
 
 __all__ = [
     "CLAIMS",
@@ -194,7 +194,7 @@ def paired_difference_ci(
     """Interval of (b − a) from replicate-wise differences of two checkpoints: percentile, or
     studentized around the difference of the estimates when the bootstraps say so (``interval``).
 
-    Valid because :func:`resdyn.bootstrap.bootstrap_indices` depends only on (n, R, seed):
+    Valid because :func:`resdyn.beyond.bootstrap.bootstrap_indices` depends only on (n, R, seed):
     replicate r of both checkpoints resamples the same samples. Returns (None, reason) when the
     two bootstraps used different n, R or seed, or when replicates are missing. The third item
     is the number of resampled samples (0 without an interval).

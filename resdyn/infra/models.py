@@ -1,6 +1,6 @@
 """Resolve and load model checkpoints (hub, local folder or trained zoo) with a content hash.
 
-Resolution turns a checkpoint spec (see ``resdyn.config.checkpoint_spec``) into a record —
+Resolution turns a checkpoint spec (see ``resdyn.infra.config.checkpoint_spec``) into a record —
 the folder holding the weights, the hub commit when known, and a SHA-256 over the weight and
 config files — written as ``models/{model}/{ckpt}/checkpoint.json``. Every downstream artifact
 loads through that record, so its provenance names exactly which weights it saw.
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resdyn import io
+from resdyn.infra import io
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded: light jobs never pay for it
     import torch
@@ -55,7 +55,7 @@ def _hub_snapshot(repo: str, revision: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from resdyn import hub
+    from resdyn.infra import hub
 
     cache = hub.hub_cache_dir()
     try:
@@ -125,7 +125,7 @@ def device_name(device: str) -> str:
     an error (torch itself is asked: a job told to use the GPU imports it anyway, and a GPU whose
     driver files are not among :data:`GPU_MARKERS` must not stop it); anything else (``cpu``,
     ``cuda:1``) is returned unchanged. For the numpy jobs whose device switch is
-    :func:`resdyn.linalg.on_cuda` (a string suffices there).
+    :func:`resdyn.infra.linalg.on_cuda` (a string suffices there).
     """
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"

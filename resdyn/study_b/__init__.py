@@ -1,0 +1,1 @@
+"""Study B: tuned-lens translators, readout subspaces, the RSS profile, its phases and their geometry."""
