@@ -1025,7 +1025,7 @@ class CheckpointRecord(Artifact):
 class Activations(Artifact):
     """``results/{model}/{ckpt}/activations/layer{L:03d}.h5``: residual states at every boundary.
 
-    Schema ``resdyn.study_a.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
+    Schema ``resdyn.activations/1``: datasets ``pre_attn`` (N, T', d) = h_L and ``pre_mlp``
     (N, T', d) = m_L (the last layer's file also ``output``, its raw output before the final
     norm), ``sample_ids`` (N,), ``positions`` (T',); attrs ``schema``, ``layer``,
     ``skip_positions``, ``residual`` (sequential | parallel; for a parallel layer ``pre_mlp`` is
