@@ -385,3 +385,18 @@ def test_gpu_check_dry_run_prints_its_table_and_the_rates_for_cost_py(hub_env):
         assert float(re.split(r"\s{2,}", line)[1]) < 1e-5, line  # the measured column
     rates = out[out.index("MEASURED_RATES = {"):]
     assert all(f'"{op}"' in rates for op in ("gemm32", "gemm64", "eig", "svd", "svdvals", "stream"))
+
+
+def test_short_jobs_get_one_thread_long_gpu_jobs_the_host_threads(paper_a):
+    config = rc.load_config(REPO / "config.yaml")
+    # the zoo's GPU-capable linear algebra (device: auto) is seconds of work: one thread, so that a
+    # 2-core machine runs two such jobs side by side
+    for rule in ("spectra", "bootstrap"):
+        w = {"model": "llama16", "ckpt": "step600"}
+        assert cost.job_cost(config, rule, w).gpu
+        assert cost.seconds(cost.job_cost(config, rule, w), "cpu", 1) <= cost.THREADS_ABOVE_S
+        assert cost.threads_for(config, rule, w) == 1 == cost.resources(config, rule, w)["threads"]
+    # a paper-scale GPU job keeps the host threads that come with its GPU
+    w = _w(paper_a, "lens")
+    assert cost.seconds(cost.job_cost(paper_a, "lens", w), "cpu", 1) > cost.THREADS_ABOVE_S
+    assert cost.threads_for(paper_a, "lens", w) == cost.GPU_HOST_THREADS

@@ -762,12 +762,16 @@ def seconds(cost: Cost, device: str, threads: int = 1) -> float:
 
 
 def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = None) -> int:
-    """Threads of a job: GPU jobs get :data:`GPU_HOST_THREADS`; CPU jobs :data:`CPU_THREADS`
-    when one thread would take longer than :data:`THREADS_ABOVE_S`, else 1."""
+    """Threads of a job: 1 when the whole job would take at most :data:`THREADS_ABOVE_S` on one
+    CPU thread, else :data:`GPU_HOST_THREADS` (GPU jobs) or :data:`CPU_THREADS`.
+
+    A job that short gains nothing from more threads wherever it runs, and a GPU-capable job
+    (``device: auto``) that lands on a CPU would otherwise hold every core of a small machine
+    (the zoo's spectra and bootstrap jobs ran one at a time on 2 cores)."""
     cost = job_cost(config, rule, wildcards)
-    if cost.gpu:
-        return GPU_HOST_THREADS
-    return CPU_THREADS if seconds(cost, "cpu", 1) > THREADS_ABOVE_S else 1
+    if seconds(cost, "cpu", 1) <= THREADS_ABOVE_S:
+        return 1
+    return GPU_HOST_THREADS if cost.gpu else CPU_THREADS
 
 
 def resources(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, attempt: int = 1,
