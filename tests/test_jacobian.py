@@ -585,3 +585,38 @@ def test_per_sample_jacobians_needs_stored_samples(tmp_path):
     assert artifacts.JacobianBlocks.read([tmp_path]).n_stored == 0
     with pytest.raises(ValueError, match=r"layer000.h5: no per_sample dataset .* jacobian.store_first_n ≥ 2"):
         artifacts.JacobianBlocks.read_per_sample([tmp_path])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_engine_code_avoids_the_zero_tangent_decomposition(name):
+    """Forward mode through resdyn's own code never runs PyTorch's Python decompositions.
+
+    A dual tensor times a plain tensor or a Python number (RoPE tables, the score scale) takes
+    the zero-tangent path, which under vmap runs torch._refs op by op (~5x slower per op); the
+    attention core's constants therefore enter jvp as primals with zero tangents
+    (arch.AttentionCore). Calls made inside transformers' own modules (q/k RMSNorm, GELU) are
+    outside resdyn and not counted.
+    """
+    import sys
+
+    model = make_model(name)
+    ids = sample_ids()
+    jacobian.sublayer_jacobians(model, ids, positions=POSITIONS)  # warm-up: lazy imports
+    ours: list[str] = []
+
+    def watch(frame, event, arg):
+        if event != "call" or "torch/_refs" not in frame.f_code.co_filename:
+            return
+        caller = frame.f_back
+        while caller is not None and not any(p in caller.f_code.co_filename for p in ("/resdyn/", "/transformers/")):
+            caller = caller.f_back
+        if caller is not None and "/resdyn/" in caller.f_code.co_filename:
+            ours.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}")
+
+    sys.setprofile(watch)
+    try:
+        jacs = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS)
+    finally:
+        sys.setprofile(None)
+    assert len(jacs) == 8
+    assert ours == [], f"{name}: {len(ours)} decomposed ops called from resdyn, first at {sorted(set(ours))[:3]}"
