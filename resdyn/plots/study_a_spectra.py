@@ -82,6 +82,7 @@ def eigenvalue_grid(spectra: Mapping[str, Mapping[str, np.ndarray]], title: str,
         ax.set_aspect("equal", adjustable="box")
         ax.set_title(f"L{layer} {style['label']}  ρ={fmt_num(radius)}", fontsize=6.5)
         ax.tick_params(labelsize=5.5)
+        ax.locator_params(nbins=4)  # small square panels: a few ticks read better (and lay out faster)
     for (r, c), ax in np.ndenumerate(grid):
         if (r, c) not in used:
             fig.delaxes(ax)
