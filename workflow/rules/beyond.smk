@@ -59,6 +59,7 @@ rule causal:
         "logs/causal/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/causal/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]

@@ -37,6 +37,7 @@ if figs.of_scope("lens", config):
             "logs/figures/{model}/{ckpt}/figure_lens.log",
         benchmark:
             "benchmarks/out/figure_lens/{model}/{ckpt}.tsv"
+        priority: 1
         conda:
             "../../envs/resdyn.yaml"
         params:

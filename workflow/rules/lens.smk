@@ -14,6 +14,7 @@ rule lens:
         "logs/lens/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/lens/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]
@@ -63,6 +64,7 @@ rule lens_metrics:
         "logs/lens_metrics/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/lens_metrics/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     threads: config["threads"]

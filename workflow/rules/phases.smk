@@ -10,6 +10,7 @@ rule phases:
         "logs/phases/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/phases/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     params:

@@ -16,6 +16,7 @@ rule rss:
         "logs/rss/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/rss/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     threads: cost("rss", "threads")
