@@ -14,7 +14,12 @@ Sources, per job (a job = one ``job_hash`` in Snakemake's ``.snakemake/metadata`
   written by ``resdyn.infra.provenance.step`` from the moment the script's imports are done), so
   start-up = job − compute. The sidecar's times have one-second resolution: ±1 s per job;
 - peak RSS and CPU seconds: the rule's ``benchmark:`` files (``benchmarks/out/<rule>/…``,
-  Snakemake's own ``max_rss`` in MB and ``cpu_time``); "–" for a rule without one.
+  Snakemake's own ``max_rss`` in MB and ``cpu_time``); "–" for a rule without one. Snakemake
+  samples a job every 0.5 s (every 30 s after its first 30 s), so these CPU seconds miss each
+  job's last interval: a lower bound.
+The run's exact CPU total comes from the operating system: ``getrusage(RUSAGE_CHILDREN)`` of
+this process covers Snakemake and every job it waited for; Snakemake's own process (scheduling,
+bookkeeping, the ``benchmark:`` sampling itself) is read with psutil every 0.5 s.
 The machine's load average (1 min) before and after the run is printed too: on a shared machine
 wall times are upper bounds.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -161,16 +167,44 @@ def main(argv: list[str] | None = None) -> None:
         cmd += ["--configfile", str(Path(args.configfile).resolve())]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
+    wall, own_cpu, all_cpu, returncode, err = run_snakemake(cmd, workdir)
     load1 = os.getloadavg()[0]
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-        sys.exit(f"snakemake failed (exit {proc.returncode}) in {workdir}")
+    if returncode:
+        sys.stderr.write(err[-4000:])
+        sys.exit(f"snakemake failed (exit {returncode}) in {workdir}")
     print(f"run: {' '.join(cmd[1:])}")
     print(f"wall {wall:.1f} s ({wall / 60:.1f} min) in {workdir}; load average (1 min) before {load0:.2f}, after {load1:.2f}; "
           f"{os.cpu_count()} CPUs")
-    print_table(table(workdir))
+    print(f"CPU: {all_cpu:.1f} s in all processes (user + system, every job and Snakemake), of which Snakemake's own "
+          f"process {own_cpu:.1f} s")
+    rows = table(workdir)
+    print_table(rows)
+    sampled = sum(r["cpu"] for r in rows if r["cpu"] is not None)
+    print(f"the benchmark files' cpu s sum to {sampled:.1f} (sampled: a lower bound of the jobs' {all_cpu - own_cpu:.1f})")
+
+
+def run_snakemake(cmd: list[str], workdir: Path) -> tuple[float, float, float, int, str]:
+    """Run ``cmd``; (wall s, Snakemake's own CPU s, CPU s of it and all its descendants, exit code, stderr)."""
+    import psutil  # a dependency of Snakemake
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        me, own = psutil.Process(proc.pid), 0.0
+        while proc.poll() is None:
+            try:
+                t = me.cpu_times()
+                own = t.user + t.system
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        stderr = err.read()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, own, total, proc.returncode, stderr
 
 
 if __name__ == "__main__":

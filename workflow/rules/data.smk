@@ -54,6 +54,7 @@ rule samples:
         "logs/samples/{model}.log",
     benchmark:
         "benchmarks/out/samples/{model}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     resources:
@@ -79,6 +80,7 @@ rule lens_tokens:
         "logs/lens_tokens/{model}.log",
     benchmark:
         "benchmarks/out/lens_tokens/{model}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     resources:

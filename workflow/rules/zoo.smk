@@ -52,6 +52,7 @@ rule resolve_checkpoint:
         "logs/resolve_checkpoint/{model}/{ckpt}.log",
     benchmark:
         "benchmarks/out/resolve_checkpoint/{model}/{ckpt}.tsv"
+    priority: 1
     conda:
         "../../envs/resdyn.yaml"
     resources:
