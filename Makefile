@@ -36,12 +36,16 @@ setup: $(VENV)/.installed
 torch-args: $(BIN)/activate
 	@echo "$(TORCH_PIP_ARGS)"
 
+# Bytecode for the package first: in an environment with PYTHONDONTWRITEBYTECODE set (common in
+# containers) each of the run's ~170 job processes would otherwise compile resdyn from source.
 run: setup
+	$(BIN)/python -m compileall -q resdyn
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --report report.html
 	@echo "report: $(CURDIR)/report.html"
 
 smoke: setup
+	$(BIN)/python -m compileall -q resdyn
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile configs/smoke.yaml
 
 test: setup

@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/run.py --no-run --directory DIR     # tabulate a finished run
 
 Runs ``snakemake --profile profiles/local --cores N`` from scratch in DIR (default: a fresh
-temporary folder holding a copy of the config; nothing in the repository is touched), then prints
-the wall time of the whole run and one row per rule. Asserts nothing.
+temporary folder holding a copy of the config; nothing in the repository is touched), then its
+``--report`` (as ``make run`` does), and prints the wall time of both and one row per rule.
+Asserts nothing.
 
 Sources, per job (a job = one ``job_hash`` in Snakemake's ``.snakemake/metadata`` records):
 - job seconds: ``endtime − starttime`` of Snakemake's record (the whole job: Python start-up,
@@ -165,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
            "--cores", str(args.cores), "--directory", str(workdir)]
     if args.configfile:
         cmd += ["--configfile", str(Path(args.configfile).resolve())]
+    # As `make run` does before Snakemake: the package's bytecode, so that jobs do not compile it.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "resdyn")], check=True)
     load0 = os.getloadavg()[0]
-    t0 = time.perf_counter()
     wall, own_cpu, all_cpu, returncode, err = run_snakemake(cmd, workdir)
     load1 = os.getloadavg()[0]
     if returncode:
@@ -177,6 +179,16 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs")
     print(f"CPU: {all_cpu:.1f} s in all processes (user + system, every job and Snakemake), of which Snakemake's own "
           f"process {own_cpu:.1f} s")
+    # `make run` ends with the report: time it too.
+    t1 = time.perf_counter()
+    report = subprocess.run(cmd + ["--report", str(workdir / "report.html")], cwd=workdir, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    report_wall = time.perf_counter() - t1
+    if report.returncode:
+        sys.stderr.write(report.stderr[-4000:])
+        sys.exit(f"snakemake --report failed (exit {report.returncode}) in {workdir}")
+    print(f"report.html: {report_wall:.1f} s; `make run` = run + report: {wall + report_wall:.1f} s "
+          f"({(wall + report_wall) / 60:.1f} min)")
     rows = table(workdir)
     print_table(rows)
     sampled = sum(r["cpu"] for r in rows if r["cpu"] is not None)
