@@ -187,6 +187,55 @@ def bench_per_sample(model, length: int, samples: int, device: torch.device) -> 
     return rows
 
 
+def bench_core_constants(model, length: int, samples: int, device: torch.device) -> list[tuple]:
+    """(a') Forward mode through every layer's attention core at the last token, batched over d
+    tangents as in ``attn_jacobian``: the core's constants (RoPE tables, score scale) closed over
+    (a dual times a plain tensor: PyTorch's zero-tangent path, a Python decomposition per op
+    under vmap) versus passed as primals with zero tangents (what the engine does). Seconds per
+    sample over all layers, and the largest difference between the two (0: the same numbers)."""
+    adapters = [a.to_float32() for a in arch.sublayers(model)]
+    vocab = arch.text_model(model).embed_tokens.num_embeddings
+    d = arch.hidden_size(model)
+
+    @torch.no_grad()  # forward mode needs no autograd graph
+    def one_sample(seed: int, lifted: bool) -> list[torch.Tensor]:
+        ids = random_ids(vocab, length, seed, device)
+        ctx = arch.prepare(model, ids[None])
+        states = arch.residual_states(model, ids[None])[0].float()
+        outs = []
+        for a in adapters:
+            h = states[a.index]
+            core = a.attention_core(h, length - 1, ctx)
+            pre = a.norm("attn_pre")
+            n = h[-1] if pre is None else pre(h[-1])
+            primals = (a.project_q(n), *a.project_kv(n))
+            gen = torch.Generator().manual_seed(seed)
+            tangents = tuple(torch.randn(d, *p.shape, generator=gen).to(device) for p in primals)
+            if lifted:
+                k = len(core.constants)
+                zeros = tuple(torch.zeros_like(c) for c in core.constants)
+
+                def column(*t, core=core, k=k, zeros=zeros, primals=primals):
+                    return torch.func.jvp(lambda *x: core.apply(x[:k], *x[k:]), core.constants + primals, zeros + t)[1]
+            else:
+
+                def column(*t, core=core, primals=primals):
+                    return torch.func.jvp(core, primals, t)[1]
+
+            outs.append(torch.func.vmap(column)(*tangents))
+        return outs
+
+    rows, results = [], {}
+    for lifted in (False, True):
+        one_sample(99, lifted)  # warm-up
+        times = [timed(lambda s=s: one_sample(s, lifted), device)[0] for s in range(samples)]
+        results[lifted] = one_sample(0, lifted)
+        rows.append((f"(a') attention cores, constants {'as zero-tangent primals' if lifted else 'closed over'}",
+                     statistics.median(times), samples))
+    diff = max(float((x - y).abs().max()) for x, y in zip(results[False], results[True]))
+    return rows, diff
+
+
 # ----------------------------------------------------------------------------------------------
 # (b) one big layer, (c) the reverse-mode baseline
 # ----------------------------------------------------------------------------------------------
@@ -330,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         model = random_llama(64, 256, 4, 2, 8, device)
         label = "random Llama, 8 layers, d=64, d_ff=256, heads=4/2"
     rows_a = bench_per_sample(model, args.length, args.samples, device)
+    rows_core, core_diff = bench_core_constants(model, args.length, args.samples, device)
     del model
     rows_b, rows_c, peak, shape = bench_layer(args, device)
 
@@ -344,6 +394,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'case':44s} {'s/sample':>10s} {'samples':>8s}")
     for name, seconds, n in rows_a:
         print(f"{name:44s} {seconds:10.3f} {n:8d}")
+    print(f"{'case':58s} {'s/sample':>10s} {'samples':>8s} {'ratio':>7s}")
+    for name, seconds, n in rows_core:
+        print(f"{name:58s} {seconds:10.3f} {n:8d} {rows_core[0][1] / seconds:6.2f}×")
+    print(f"largest difference between the two: {core_diff:.1e}")
     print(f"\n(b) one Llama-3.1-8B-shaped layer ({shape}), one sample")
     print(f"{'case':44s} {'seconds':>10s} {'GFLOP':>9s} {'GFLOP/s':>9s} {'of matmul':>10s} {'peak MiB':>9s}")
     for name, seconds, gflop, gflops, frac, mem in rows_b:
