@@ -654,8 +654,9 @@ class LayerSublayers:
         keys_h = [keys[:, k].detach().contiguous() for k in range(n_kv)]
         values_t = [values[:, k].detach().transpose(0, 1).contiguous() for k in range(n_kv)]
         n_ctx = keys.shape[0]
-        # The score scale as a 0-d float64 tensor: in every dtype x * it equals x * float.
-        constants = (cos_t, sin_t, torch.tensor(self.scaling, dtype=torch.float64, device=h.device))
+        # The score scale as a 0-d float64 CPU tensor: PyTorch treats it as a scalar on every device
+        # (a 0-d CUDA tensor would be cast to bf16 first), so x * it equals x * float in every dtype.
+        constants = (cos_t, sin_t, torch.tensor(self.scaling, dtype=torch.float64))
 
         def core(constants: tuple[torch.Tensor, ...], q_raw: torch.Tensor, k_raw: torch.Tensor | None = None,
                  v_raw: torch.Tensor | None = None) -> torch.Tensor:
