@@ -212,11 +212,9 @@ def bench_core_constants(model, length: int, samples: int, device: torch.device)
             gen = torch.Generator().manual_seed(seed)
             tangents = tuple(torch.randn(d, *p.shape, generator=gen).to(device) for p in primals)
             if lifted:
-                k = len(core.constants)
-                zeros = tuple(torch.zeros_like(c) for c in core.constants)
 
-                def column(*t, core=core, k=k, zeros=zeros, primals=primals):
-                    return torch.func.jvp(lambda *x: core.apply(x[:k], *x[k:]), core.constants + primals, zeros + t)[1]
+                def column(*t, core=core, primals=primals):
+                    return core.jvp(primals, t)[1]
             else:
 
                 def column(*t, core=core, primals=primals):

@@ -402,6 +402,14 @@ class AttentionCore:
     def __call__(self, *raw: torch.Tensor) -> torch.Tensor:
         return self.apply(self.constants, *raw)
 
+    def jvp(self, primals: tuple[torch.Tensor, ...], tangents: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``torch.func.jvp`` of the core at the raw projections ``primals`` along ``tangents``:
+        (o, ∂o), the constants entering as primals with zero tangents."""
+        k = len(self.constants)
+        zeros = tuple(torch.zeros_like(c) for c in self.constants)
+        return torch.func.jvp(lambda *args: self.apply(args[:k], *args[k:]), self.constants + tuple(primals),
+                              zeros + tuple(tangents))
+
 
 #: RMSNorm classes whose math is ``w ⊙ x / sqrt(mean(x²) + eps)`` (w absent: no scale). The
 #: closed-form Jacobians in resdyn.study_a.jacobian rely on this; any other norm class is refused there.
@@ -628,8 +636,8 @@ class LayerSublayers:
 
         h (T, d) is one sample's layer input. Returns the :class:`AttentionCore`
         ``core(q_raw, k_raw, v_raw) -> o`` (H·hd,) (``core(q_raw)`` for KV-shared layers), o being
-        the concatenated head outputs before o_proj. The keys/values of the other visible positions (``t - window < s < t``) are
-        computed from h (or taken from ``kv``, the source layer's (T, Hkv, hd) pair, for
+        the concatenated head outputs before o_proj. The keys/values of the other visible
+        positions (``t - window < s < t``) are computed from h (or taken from ``kv``, the source layer's (T, Hkv, hd) pair, for
         KV-shared layers, which then include position t) and frozen.
         """
         length = h.shape[0]

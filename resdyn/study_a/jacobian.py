@@ -297,15 +297,8 @@ def attn_jacobian(
         tangents += [tk, tk if w_v is None else _input_tangents(w_v, x, pre)]
     primals = tuple(primals)
 
-    # The core's constants enter as primals with zero tangents (see arch.AttentionCore).
-    n_const = len(core.constants)
-    zeros = tuple(torch.zeros_like(c) for c in core.constants)
-
-    def lifted(*args: torch.Tensor) -> torch.Tensor:
-        return core.apply(args[:n_const], *args[n_const:])
-
     def column(*directions: torch.Tensor) -> torch.Tensor:
-        return torch.func.jvp(lifted, core.constants + primals, zeros + directions)[1]
+        return core.jvp(primals, directions)[1]  # constants as zero-tangent primals (arch.AttentionCore)
 
     chunk = chunk_size or _attn_chunk(adapter, h.shape[0], x.shape[-1])
     heads = torch.func.vmap(column, chunk_size=chunk)(*tangents)  # (d, H·hd): row j = ∂o/∂x_j
