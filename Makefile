@@ -17,7 +17,7 @@ TORCH_PIP_ARGS ?= $(shell $(BIN)/pip install --dry-run --quiet --no-deps --ignor
 	v = json.load(sys.stdin)["install"][0]["metadata"]["version"]; sys.exit(0 if v.endswith("+cpu") else 1)' \
 	2>/dev/null || echo "--extra-index-url $(TORCH_CPU_INDEX)")
 
-.PHONY: all setup run smoke report test test-fast lint format install-slurm-profile clean torch-args
+.PHONY: all setup bytecode run smoke report test test-fast lint format install-slurm-profile clean torch-args
 
 all: run
 
@@ -36,16 +36,17 @@ setup: $(VENV)/.installed
 torch-args: $(BIN)/activate
 	@echo "$(TORCH_PIP_ARGS)"
 
-# Bytecode for the package first: in an environment with PYTHONDONTWRITEBYTECODE set (common in
+# The package's bytecode before a run: in an environment with PYTHONDONTWRITEBYTECODE set (common in
 # containers) each of the run's ~170 job processes would otherwise compile resdyn from source.
-run: setup
+bytecode: setup
 	$(BIN)/python -m compileall -q resdyn
+
+run: bytecode
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --report report.html
 	@echo "report: $(CURDIR)/report.html"
 
-smoke: setup
-	$(BIN)/python -m compileall -q resdyn
+smoke: bytecode
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile configs/smoke.yaml
 
 test: setup

@@ -637,8 +637,8 @@ class LayerSublayers:
         h (T, d) is one sample's layer input. Returns the :class:`AttentionCore`
         ``core(q_raw, k_raw, v_raw) -> o`` (H·hd,) (``core(q_raw)`` for KV-shared layers), o being
         the concatenated head outputs before o_proj. The keys/values of the other visible
-        positions (``t - window < s < t``) are computed from h (or taken from ``kv``, the source layer's (T, Hkv, hd) pair, for
-        KV-shared layers, which then include position t) and frozen.
+        positions (``t - window < s < t``) are computed from h (or taken from ``kv``, the source
+        layer's (T, Hkv, hd) pair, for KV-shared layers, which then include position t) and frozen.
         """
         length = h.shape[0]
         if not 0 <= t < length:
