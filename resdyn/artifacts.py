@@ -50,6 +50,8 @@ __all__ = [
     "CommunityPartitions",
     "CheckpointsTable",
     "CouplingCounts",
+    "CouplingLayers",
+    "PartitionSimilarity",
     "CausalTable",
     "BridgeTable",
     "BridgeAlignment",
@@ -207,18 +209,19 @@ class SpectraTable(TsvArtifact):
     One row per sublayer in depth order (:func:`resdyn.study_a.spectral.spectra_table`). Columns:
     ``layer`` int, ``kind`` str (attn | mlp | layer), ``s`` int (sublayer index), ``d`` int,
     ``spectral_radius``, ``condition_number``, ``sigma_max``, ``sigma_min``, ``fro_J``,
-    ``fro_minus_identity``, ``nonnormal_fro``, ``henrici``, ``henrici_JmI``,
-    ``expansive_frac_eig``, ``expansive_frac_sv``, ``erank_J``, ``pr_J``, ``erank_JmI``,
-    ``pr_JmI`` float; then one ``complex_frac_J_tol…`` / ``complex_frac_JmI_tol…`` column per
-    configured tolerance and the self-alignment columns (extra columns, all finite).
+    ``fro_minus_identity``, ``nonnormal_fro``, ``henrici``, ``henrici_JmI``, ``symmetry``,
+    ``symmetry_minus_identity`` (‖J − Jᵀ‖_F over ‖J‖_F, ‖J − I‖_F), ``expansive_frac_eig``,
+    ``expansive_frac_sv``, ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` float; then one
+    ``complex_frac_J_tol…`` / ``complex_frac_JmI_tol…`` column per configured tolerance and the
+    self-alignment columns (extra columns, all finite).
     """
 
     relpath = _CKPT + "spectra.tsv"
     columns = _cols(
         "layer:int kind:str s:int d:int spectral_radius:float condition_number:float sigma_max:float "
         "sigma_min:float fro_J:float fro_minus_identity:float nonnormal_fro:float henrici:float "
-        "henrici_JmI:float expansive_frac_eig:float expansive_frac_sv:float erank_J:float pr_J:float "
-        "erank_JmI:float pr_JmI:float")
+        "henrici_JmI:float symmetry:float symmetry_minus_identity:float expansive_frac_eig:float "
+        "expansive_frac_sv:float erank_J:float pr_J:float erank_JmI:float pr_JmI:float")
     extra_columns = True
 
 
@@ -308,8 +311,8 @@ class CheckpointsTable(TsvArtifact):
 
     :func:`resdyn.study_a.spectral.checkpoint_table` merged with :func:`resdyn.study_a.topology.significant_counts`:
     ``ckpt`` str, ``layer`` int, ``kind`` str, ``s`` int, metric columns (float, extra), and the
-    per-checkpoint coupling counts ``n_significant``, ``n_boundaries`` (NaN for a checkpoint
-    without coupling), ``sign_dependence_rho``, ``sign_dependence_p`` (NaN when undefined).
+    per-checkpoint coupling counts (the :class:`CouplingCounts` columns: ``n_significant_layers`` of
+    ``n_layers`` first, the boundary counts as detail; NaN for a checkpoint without coupling).
     """
 
     relpath = "results/{model}/checkpoints.tsv"
@@ -317,16 +320,49 @@ class CheckpointsTable(TsvArtifact):
     extra_columns = True
 
 
-class CouplingCounts(TsvArtifact):
-    """``results/{model}/coupling_counts.tsv``: significant boundaries per checkpoint.
+class CouplingLayers(TsvArtifact):
+    """``results/{model}/{ckpt}/coupling_layers.tsv``: FDR-significant layers, study A's unit.
 
-    :func:`resdyn.study_a.topology.significant_counts` plus ``model``: ``ckpt`` str, ``n_significant``,
-    ``n_boundaries`` int, ``sign_dependence_rho``, ``sign_dependence_p`` float, ``model`` str.
+    One row per layer (:func:`resdyn.study_a.topology.layer_significance`): ``layer`` int,
+    ``p_value`` (Simes over the layer's boundary tests), ``q_value`` (BH over the layers of the
+    checkpoint) float, ``significant`` bool, ``n_boundaries_tested`` int, ``reason`` str (why a
+    layer has no test; its numbers are then NaN).
+    """
+
+    relpath = _CKPT + "coupling_layers.tsv"
+    columns = _cols("layer:int p_value:float q_value:float significant:bool n_boundaries_tested:int reason:str")
+
+
+class CouplingCounts(TsvArtifact):
+    """``results/{model}/coupling_counts.tsv``: significant layers (and boundaries) per checkpoint.
+
+    :func:`resdyn.study_a.topology.significant_counts` plus ``model``: ``ckpt`` str,
+    ``n_significant_layers``, ``n_layers``, ``n_layers_tested`` int (the headline: layers, as
+    study A counts them), ``n_significant_boundaries``, ``n_boundaries`` int (detail: BH over
+    boundaries), ``sign_dependence_rho``, ``sign_dependence_p`` float (NaN when fewer than 3
+    boundaries were tested or a side is constant), ``model`` str.
     """
 
     relpath = "results/{model}/coupling_counts.tsv"
-    columns = _cols("ckpt:str n_significant:int n_boundaries:int sign_dependence_rho:float "
+    columns = _cols("ckpt:str n_significant_layers:int n_layers:int n_layers_tested:int "
+                    "n_significant_boundaries:int n_boundaries:int sign_dependence_rho:float "
                     "sign_dependence_p:float model:str")
+    allow_nan = ("sign_dependence_rho", "sign_dependence_p")
+
+
+class PartitionSimilarity(TsvArtifact):
+    """``results/{model}/partition_similarity.tsv``: each checkpoint's communities vs a reference's.
+
+    One row per (ckpt, layer, boundary, reference) (:func:`resdyn.study_a.partitions.partition_similarity`):
+    ``ckpt`` str, ``layer`` int, ``boundary`` str, ``reference_ckpt`` str, ``reference`` str
+    (``final`` | ``first``), ``nmi``, ``ari`` (of the two partitions of the same units),
+    ``modularity`` (signed, of ``ckpt``'s partition) float, ``reason`` str (why a comparison is
+    missing; its numbers are then NaN).
+    """
+
+    relpath = "results/{model}/partition_similarity.tsv"
+    columns = _cols("ckpt:str layer:int boundary:str reference_ckpt:str reference:str nmi:float ari:float "
+                    "modularity:float reason:str")
 
 
 class SpectraArrays(Artifact):

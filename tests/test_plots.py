@@ -139,7 +139,21 @@ def coupling_df() -> pd.DataFrame:
 
 def counts_df() -> pd.DataFrame:
     return pd.DataFrame({"model": ["a", "a", "a", "b", "b", "b"], "ckpt": ["step0", "mid", "final"] * 2,
-                         "n_significant": [0, 3, 5, 1, 2, 4], "n_boundaries": [8] * 6})
+                         "n_significant_layers": [0, 3, 5, 1, 2, 4], "n_layers": [8] * 6,
+                         "n_significant_boundaries": [0, 4, 9, 2, 2, 7], "n_boundaries": [16] * 6})
+
+
+def similarity_df(ckpts=("step0", "mid", "final"), n_layers: int = 3) -> pd.DataFrame:
+    rows = []
+    for i, c in enumerate(ckpts):
+        for L in range(n_layers):
+            for b in ("pre_attn", "pre_mlp"):
+                for ref, rc in (("final", ckpts[-1]), ("first", ckpts[0])):
+                    same = c == rc
+                    rows.append({"ckpt": c, "layer": L, "boundary": b, "reference_ckpt": rc, "reference": ref,
+                                 "nmi": 1.0 if same else 0.3 + 0.1 * L + 0.2 * i, "ari": 1.0 if same else 0.1 * L,
+                                 "modularity": 0.1 * i + 0.01 * L, "reason": None})
+    return pd.DataFrame(rows)
 
 
 def lens_df(n: int = 4) -> pd.DataFrame:
@@ -267,6 +281,12 @@ def test_operator_profile():
     assert {"o", "s"} <= markers
     attn = [ln for ln in ax_h.get_lines() if ln.get_marker() == "o"][0]
     _eq(attn.get_xdata(), df.loc[df["kind"] == "attn", "s"])
+    # with the symmetry columns: a panel after the Henrici departure, self-alignment last
+    sym = df.assign(symmetry=np.linspace(0, 2, len(df)), symmetry_minus_identity=np.linspace(2, 0, len(df)))
+    ax_c, ax_h, ax_s, ax_a = _check(plots.operator_profile(sym, "t"), 4, "t")
+    _eq(_line(ax_s, "$J$").get_ydata(), sym["symmetry"])
+    _eq(_line(ax_s, "$J-I$").get_ydata(), sym["symmetry_minus_identity"])
+    _eq(_line(ax_a, "k = 1").get_ydata(), sym["self_alignment_k1"])
     with pytest.raises(ValueError, match="henrici"):
         plots.operator_profile(df.drop(columns="henrici"), "t")
     with pytest.raises(ValueError, match="self_alignment"):
@@ -412,9 +432,33 @@ def test_significant_counts_bars():
     assert heights == [0, 1, 3, 2, 5, 4]
     assert _legend_texts(ax) == ["step0", "mid", "final"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
-    _check(plots.significant_counts(df.head(1).assign(n_significant=np.nan), "t"), 1)
-    with pytest.raises(ValueError, match="n_significant"):
-        plots.significant_counts(df.drop(columns="n_significant"), "t")
+    assert ax.get_ylabel() == "FDR-significant layers (count)"
+    assert ax.texts[0].get_text() == "0/8"  # count of layers / layers
+    _check(plots.significant_counts(df.head(1).assign(n_significant_layers=np.nan), "t"), 1)
+    # a table without the layer count (e.g. an older coupling_counts.tsv) falls back, and says "tests"
+    (ax,) = _check(plots.significant_counts(df.drop(columns=["n_significant_layers", "n_layers"]).rename(
+        columns={"n_significant_boundaries": "n_significant"}), "t"), 1)
+    assert [p.get_height() for p in ax.patches] == [0, 2, 4, 2, 9, 7] and ax.get_ylabel().endswith("tests (count)")
+    with pytest.raises(ValueError, match="n_significant_layers"):
+        plots.significant_counts(df.drop(columns="n_significant_layers"), "t")
+
+
+def test_partition_similarity_plot_draws_each_pair_once():
+    df = similarity_df()
+    ax_n, ax_a, ax_m = _check(plots.partition_similarity_plot(df, "zoo-8"), 3, "zoo-8")
+    # self-comparisons (1 by definition) are left out; "final vs step0" is "step0 vs final"
+    assert [ln.get_label() for ln in ax_n.get_lines()] == ["step0 vs final", "mid vs final", "mid vs step0"]
+    want = df[(df.ckpt == "mid") & (df.reference_ckpt == "step0")]
+    _eq(_line(ax_n, "mid vs step0").get_ydata(), want["nmi"])
+    _eq(_line(ax_a, "mid vs step0").get_xdata(), 2 * want["layer"] + (want["boundary"] == "pre_mlp"))
+    # modularity: one line per checkpoint, one point per boundary
+    assert [ln.get_label() for ln in ax_m.get_lines()] == ["step0", "mid", "final"]
+    _eq(_line(ax_m, "final").get_ydata(), df[(df.ckpt == "final") & (df.reference == "final")]["modularity"])
+    one = plots.partition_similarity_plot(similarity_df(("final",)), "t")
+    assert "nothing to compare" in one.get_axes()[0].texts[0].get_text()
+    _render(one)
+    with pytest.raises(ValueError, match="nmi"):
+        plots.partition_similarity_plot(df.drop(columns="nmi"), "t")
 
 
 def test_lens_curves():
@@ -538,6 +582,7 @@ def _one_row_cases():
         "coupling_profile": lambda: plots.coupling_profile(coupling_df().head(1), "m"),
         "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(coupling_df().head(1), "m"),
         "significant_counts": lambda: plots.significant_counts(counts_df().head(1), "m"),
+        "partition_similarity_plot": lambda: plots.partition_similarity_plot(similarity_df().head(2), "m"),
         "lens_curves": lambda: plots.lens_curves(lens_df().head(1), "m"),
         "rss_profile_plot": lambda: plots.rss_profile_plot(rss_df().head(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(resolution_df().head(1), "m"),
@@ -574,6 +619,7 @@ def _nan_cases():
         "coupling_profile": lambda: plots.coupling_profile(_nan(coupling_df()), "m"),
         "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(_nan(coupling_df()), "m"),
         "significant_counts": lambda: plots.significant_counts(_nan(counts_df()), "m"),
+        "partition_similarity_plot": lambda: plots.partition_similarity_plot(_nan(similarity_df()), "m"),
         "lens_curves": lambda: plots.lens_curves(_nan(lens_df()), "m"),
         "rss_profile_plot": lambda: plots.rss_profile_plot(_nan(rss_df(), keep=("k",)), PHASES, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(_nan(resolution_df()), "m"),

@@ -20,7 +20,7 @@ def ckpt_rows(ckpt: str, cf_early: float, cf_late: float, erank_end: float, n_si
         cf = cf_early if s < 4 else (cf_late if s >= 8 else 0.5 * (cf_early + cf_late))
         rows.append({"ckpt": ckpt, "layer": s // 2, "kind": ("attn", "mlp")[s % 2], "s": s, COL: cf,
                      "henrici": 0.2 if s < 4 else 0.05, "cum_erank": 32.0 - (32.0 - erank_end) * s / (S - 1),
-                     "n_significant": n_sig, "n_boundaries": 12, "sign_dependence_rho": rho, "sign_dependence_p": p})
+                     "n_significant_layers": n_sig, "n_layers": 6, "sign_dependence_rho": rho, "sign_dependence_p": p})
     return rows
 
 

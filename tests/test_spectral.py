@@ -330,6 +330,50 @@ def test_complex_fraction_of_j_minus_i_is_relative_to_lambda_minus_one():
     assert sp.shifted_complex_fraction(np.array([1.0, 2.0]), 1.0, 1e-6) == 0.0
 
 
+def naive_asymmetry(J: np.ndarray, shift: float = 0.0) -> float:
+    """‖J − Jᵀ‖_F / ‖J − shift·I‖_F by explicit sums over entries (the oracle)."""
+    d = J.shape[0]
+    num = math.sqrt(sum((J[i, j] - J[j, i]) ** 2 for i in range(d) for j in range(d)))
+    A = J - shift * np.eye(d)
+    return num / math.sqrt(sum(A[i, j] ** 2 for i in range(d) for j in range(d)))
+
+
+def test_symmetry_index_known_answers():
+    g = rng(31)
+    B = g.standard_normal((12, 12))
+    S, A = B + B.T, B - B.T
+    assert sp.symmetry_index(S) == 0.0  # symmetric
+    assert sp.symmetry_index(A) == pytest.approx(2.0, rel=1e-14)  # antisymmetric: the maximum
+    assert sp.symmetry_index(np.zeros((3, 3))) == 0.0
+    # S + A with ‖S‖_F = ‖A‖_F: 2‖A‖/sqrt(‖S‖² + ‖A‖²) = 2/√2 = √2
+    S1, A1 = S / np.linalg.norm(S), A / np.linalg.norm(A)
+    assert sp.symmetry_index(S1 + A1) == pytest.approx(math.sqrt(2), rel=1e-13)
+    # a 2×2 rotation by θ: ‖J − Jᵀ‖ = 2√2 |sin θ|, ‖J‖ = √2 -> 2|sin θ|; minus I: ‖J − I‖ = 2√2 |sin(θ/2)|
+    th = 0.7
+    R = np.array([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
+    assert sp.symmetry_index(R) == pytest.approx(2 * math.sin(th), rel=1e-13)
+    assert sp.symmetry_index(R, shift=1.0) == pytest.approx(math.sin(th) / math.sin(th / 2), rel=1e-13)
+    # i.i.d. Gaussian: → √2 as d grows
+    assert sp.symmetry_index(rng(32).standard_normal((300, 300))) == pytest.approx(math.sqrt(2), abs=0.01)
+
+
+def test_symmetry_columns_of_sublayer_metrics_match_the_direct_formula():
+    d = 15
+    J = np.eye(d) + 0.4 * rng(33).standard_normal((d, d))
+    m = sp.sublayer_metrics(J)
+    assert m["symmetry"] == pytest.approx(naive_asymmetry(J), rel=1e-12)
+    assert m["symmetry_minus_identity"] == pytest.approx(naive_asymmetry(J, 1.0), rel=1e-12)
+    assert 0 <= m["symmetry"] <= 2 and 0 <= m["symmetry_minus_identity"] <= 2
+    sym = sp.sublayer_metrics(J + J.T)
+    assert sym["symmetry"] == 0.0 and sym["symmetry_minus_identity"] == 0.0 and sym["henrici"] < 1e-12
+    eye = sp.sublayer_metrics(np.eye(4))
+    assert eye["symmetry"] == 0.0 and eye["symmetry_minus_identity"] == 0.0  # J − I = 0: by convention 0
+    table, _ = sp.spectra_table({(0, "attn"): J, (0, "mlp"): np.eye(d)})
+    cols = list(table.columns)
+    assert cols.index("symmetry") == cols.index("henrici_JmI") + 1  # tabulated next to the Henrici departure
+    assert table["symmetry"].tolist() == pytest.approx([m["symmetry"], 0.0])
+
+
 def test_sublayer_metrics_identity_and_small_d():
     m = sp.sublayer_metrics(np.eye(4))
     assert (m["henrici"], m["erank_J"], m["pr_J"], m["erank_JmI"], m["pr_JmI"]) == (0.0, 4.0, 4.0, 0.0, 0.0)

@@ -635,3 +635,81 @@ def test_coupling_from_tables(tmp_path):
         T.coupling_from_tables(parts, {k: v for k, v in jac.items() if k != (1, "mlp")}, spectra)
     with pytest.raises(ValueError, match="community table lacks columns"):
         T.coupling_from_tables(parts.drop(columns="is_boundary"), jac, spectra)
+
+
+# ----------------------------------------------------------------------------------------------
+# layers: study A's unit (Simes over a layer's boundaries, BH over layers)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_simes_is_the_smallest_bh_q_of_the_family():
+    rng = np.random.default_rng(7)
+    for k in (1, 2, 3, 7):
+        for _ in range(20):
+            p = rng.uniform(0, 1, k) ** 3
+            assert T.simes_p(p) == pytest.approx(multipletests(p, method="fdr_bh")[1].min(), rel=1e-12)
+    assert T.simes_p([0.01, 0.04]) == pytest.approx(0.02)  # min(2·0.01/1, 2·0.04/2)
+    assert T.simes_p([0.03, 0.04]) == pytest.approx(0.04)
+    assert T.simes_p([0.2, np.nan]) == 0.2  # one tested boundary: its own p
+    assert math.isnan(T.simes_p([np.nan, np.nan]))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        T.simes_p([0.5, 1.5])
+
+
+def test_layer_significance_hand_built():
+    # layer 0: p (0.001, 0.5) -> Simes 0.002; layer 1: (0.04, 0.03) -> 0.04; layer 2: (0.9, 0.6) -> 0.9;
+    # layer 3: one boundary 0.01 (a parallel layer); layer 4: no test.
+    # BH over the 4 tested layers, sorted 0.002, 0.01, 0.04, 0.9: q = 0.008, 0.02, 0.0533, 0.9
+    coupling = pd.DataFrame({
+        "layer": [0, 0, 1, 1, 2, 2, 3, 4, 4],
+        "boundary": ["pre_attn", "pre_mlp"] * 3 + ["pre_attn", "pre_attn", "pre_mlp"],
+        "p_value": [0.001, 0.5, 0.04, 0.03, 0.9, 0.6, 0.01, np.nan, np.nan],
+        "reason": [None] * 7 + ["need ≥ 1 boundary", "need ≥ 1 boundary"],
+    })
+    out = T.layer_significance(coupling, q_level=0.05)
+    assert list(out.columns) == list(T.LAYER_COLUMNS)
+    assert out["layer"].tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(out["p_value"].to_numpy()[:4], [0.002, 0.04, 0.9, 0.01], rtol=1e-12)
+    np.testing.assert_allclose(out["q_value"].to_numpy()[:4], [0.008, 0.16 / 3, 0.9, 0.02], rtol=1e-12)
+    assert out["significant"].tolist() == [True, False, False, True, False]
+    assert out["n_boundaries_tested"].tolist() == [2, 2, 2, 1, 0]
+    assert math.isnan(out["p_value"].iloc[4]) and math.isnan(out["q_value"].iloc[4])
+    assert out["reason"].iloc[4] == "no boundary of the layer was tested (need ≥ 1 boundary)"
+    assert out["reason"].iloc[:4].isna().all()
+    # the family is the layers: q-values are statsmodels' BH of the layer p-values
+    q = multipletests(out["p_value"].to_numpy()[:4], method="fdr_bh")[1]
+    np.testing.assert_allclose(out["q_value"].to_numpy()[:4], q, rtol=1e-12)
+    # the boundary-level detail: BH over the 7 tested boundaries (q 0.007, 0.035, then ≥ 0.07)
+    boundaries = T.coupling_table(coupling.to_dict("records"), q_level=0.05)
+    assert int(boundaries["significant"].sum()) == 2 and int(out["significant"].sum()) == 2
+    assert set(boundaries.loc[boundaries["significant"], "layer"]) == {0, 3}
+    with pytest.raises(ValueError, match="lacks columns"):
+        T.layer_significance(coupling.drop(columns="p_value"))
+    assert list(T.layer_significance(coupling.iloc[:0]).columns) == list(T.LAYER_COLUMNS)
+
+
+def test_layer_significance_from_coupling_of_planted_layers(tmp_path):
+    """Hand-built gains: boundary units amplify in layers 0 and 2 (one boundary each), not in 1."""
+    from resdyn.artifacts import CommunityPartitions
+
+    d = 60
+    rng = np.random.default_rng(3)
+    is_b = np.zeros(d, dtype=bool)
+    is_b[:15] = True
+    parts = pd.concat([pd.DataFrame({"unit": np.arange(d), "community": 0, "participation": 0.0, "is_boundary": is_b,
+                                     "layer": L, "boundary": b}) for L in range(3) for b in ("pre_attn", "pre_mlp")])
+    CommunityPartitions.write(parts, CommunityPartitions.layer_file(tmp_path, 0))
+    big = np.diag(np.where(is_b, 3.0, 1.0) * rng.uniform(0.9, 1.1, d))
+    flat = lambda: np.diag(rng.uniform(0.9, 1.1, d))  # noqa: E731
+    jac = {(0, "attn"): big, (0, "mlp"): flat(), (1, "attn"): flat(), (1, "mlp"): flat(),
+           (2, "attn"): flat(), (2, "mlp"): big}
+    coupling = T.coupling_from_tables(CommunityPartitions.read_folder(tmp_path), jac, pd.DataFrame())
+    layers = T.layer_significance(coupling)
+    assert layers["significant"].tolist() == [True, False, True]
+    assert layers["n_boundaries_tested"].tolist() == [2, 2, 2]
+    counts = T.significant_counts({"final": coupling}, {"final": layers})
+    row = counts.iloc[0]
+    assert (row["n_significant_layers"], row["n_layers"], row["n_layers_tested"]) == (2, 3, 3)
+    assert (row["n_significant_boundaries"], row["n_boundaries"]) == (2, 6)
+    with pytest.raises(ValueError, match="must match"):
+        T.significant_counts({"final": coupling}, {"step0": layers})

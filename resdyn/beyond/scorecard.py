@@ -315,12 +315,12 @@ def _claim_schur(schur: pd.DataFrame | None, final: str) -> dict:
 
 def _claim_coupling_grows(ck, order) -> dict:
     cid = "coupling_grows"
-    stat = "FDR-significant boundaries, final − first checkpoint"
-    if ck is None or "n_significant" not in ck.columns:
-        return _row(cid, stat, reason="no n_significant in checkpoints.tsv")
+    stat = "FDR-significant layers, final − first checkpoint"
+    if ck is None or "n_significant_layers" not in ck.columns:
+        return _row(cid, stat, reason="no n_significant_layers in checkpoints.tsv")
     if len(order) < 2:
         return _row(cid, stat, reason="only one checkpoint", ckpts=",".join(order))
-    series = [_ckpt_rows(ck, c)["n_significant"].astype(float) for c in order]
+    series = [_ckpt_rows(ck, c)["n_significant_layers"].astype(float) for c in order]
     counts = [float(c.iloc[0]) if len(c) else math.nan for c in series]
     detail = " / ".join(f"{c}: {_fmt(v)}" for c, v in zip(order, counts))
     if not all(math.isfinite(v) for v in counts):

@@ -93,7 +93,12 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("checkpoints", "model", ("results/{model}/checkpoints.tsv",), "study_a_spectra:checkpoint_comparison",
                "Study A metrics vs depth, one line per checkpoint (step 0 = null)", "Study A", "checkpoints", A),
     FigureSpec("significant", "model", ("results/{model}/coupling_counts.tsv",), "study_a_topology:significant_counts",
-               "FDR-significant coupling boundaries per checkpoint", "Study A", "topology", A),
+               "FDR-significant coupling layers per checkpoint (Simes over a layer's boundaries, BH over layers)",
+               "Study A", "topology", A),
+    FigureSpec("partitions", "model", ("results/{model}/partition_similarity.tsv",),
+               "study_a_topology:partition_similarity_plot",
+               "Communities across checkpoints: NMI and adjusted Rand vs the final and the first checkpoint, "
+               "and signed modularity, per boundary", "Study A", "topology", A),
     # --- study B, per lens checkpoint
     FigureSpec("lens", "lens", (f"{_CKPT}/lens_metrics.tsv",), "study_b:lens_curves",
                "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer", "Study B", "lens", B),

@@ -118,8 +118,9 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
 
     Columns (``spectra.tsv``, :func:`resdyn.study_a.spectral.spectra_table`): ``s``, ``kind`` (or
     derived from s), ``complex_frac_J_tol*`` (and ``complex_frac_JmI_tol*``: dashed), ``henrici``
-    (and ``henrici_JmI``), ``self_alignment_*``. Three axes stacked (shared x); attention
-    points filled circles, MLP hollow squares.
+    (and ``henrici_JmI``), ``self_alignment_*``, optionally ``symmetry`` (and
+    ``symmetry_minus_identity``: a fourth panel). Axes stacked (shared x); attention points filled
+    circles, MLP hollow squares.
     """
     df = check_frame(spectra_df, "spectra table")
     if df.empty:
@@ -135,7 +136,8 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
     d = df.assign(_s=num(df["s"])).sort_values("_s", kind="stable")
     s = d["_s"].to_numpy()
     kinds = kind_of(d, s)
-    fig, axes = new_figure(3, panel=(6.0, 2.1), sharex=True)
+    symmetry = "symmetry" in d.columns
+    fig, axes = new_figure(4 if symmetry else 3, panel=(6.0, 2.1), sharex=True)
     ax = axes[0]
     tol_colors = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(j_cols + [x for x in jmi_cols if x[0] not in dict(j_cols)])}
     for tol, col in j_cols:
@@ -152,7 +154,15 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
     ax.set_ylabel("Henrici departure\n" + r"$\sqrt{\|J\|_F^2-\sum|\lambda_i|^2}\,/\,\|J\|_F$")
     ax.set_ylim(-0.03, 1.03)
     add_legend(ax, loc="best")
-    ax = axes[2]
+    if symmetry:  # next to the Henrici departure: symmetric (= 0) implies normal, not conversely
+        ax = axes[2]
+        plot_kinds(ax, s, num(d["symmetry"]), kinds, PALETTE[0], "-", "$J$")
+        if "symmetry_minus_identity" in d.columns:
+            plot_kinds(ax, s, num(d["symmetry_minus_identity"]), kinds, PALETTE[1], "--", "$J-I$")
+        ax.set_ylabel("symmetry index\n" + r"$\|J-J^\top\|_F\,/\,\|J\|_F$ (0 = symmetric)")
+        ax.set_ylim(-0.05, 2.05)
+        add_legend(ax, loc="best")
+    ax = axes[-1]
     sa_names = {"self_alignment_kfrac": "k = fraction of d", "self_alignment_k1": "k = 1",
                 "self_alignment_kerank": "k = round(erank)"}
     for i, col in enumerate(sa_cols):
@@ -160,8 +170,8 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
                     sa_names.get(col, col))
     ax.set_ylabel("self-alignment\n" + r"$\|U_k^\top V_k\|_F^2/k$")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel(S_LABEL)
     add_legend(ax, loc="best")
+    axes[-1].set_xlabel(S_LABEL)
     for a in axes[:-1]:
         a.set_xlabel(S_LABEL)
         a.xaxis.label.set_visible(False)

@@ -1,4 +1,5 @@
-"""Study A figures from the topology: community sizes and topology-dynamics coupling.
+"""Study A figures from the topology: community sizes, topology-dynamics coupling, significant
+layers per checkpoint and the partitions compared across checkpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from resdyn.plots.common import (
     metric_label, num, ordered_unique, pick, require,
 )
 from resdyn.plots.style import (
-    BOUNDARY_STYLE, B_LABEL, CKPT_COLUMNS, COUNT_COLUMNS, EFFECT_COLUMNS, HENRICI_COLUMNS, MARKERS,
+    BOUNDARY_STYLE, B_LABEL, CKPT_COLUMNS, COUNT_COLUMNS, EFFECT_COLUMNS, HENRICI_COLUMNS, LINESTYLES, MARKERS,
     METRIC_LABELS, PALETTE, TOTAL_COLUMNS, new_figure, styled,
 )
 
@@ -227,21 +228,27 @@ def coupling_vs_henrici(coupling_df: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
+#: Count and total columns, study A's unit (layers) first; the others are read when a table has no layer count.
+LAYER_COUNT_COLUMNS = ("n_significant_layers", *COUNT_COLUMNS)
+LAYER_TOTAL_COLUMNS = ("n_layers", *TOTAL_COLUMNS)
+
+
 @styled
 def significant_counts(counts_df: pd.DataFrame, title: str) -> Figure:
-    """Number of FDR-significant boundaries: bars per checkpoint, grouped by model.
+    """Number of FDR-significant layers (study A's unit): bars per checkpoint, grouped by model.
 
-    Columns: ``ckpt``/``checkpoint``, a count (``n_significant``, ``significant``, ``count``
-    or ``n_sig``), optionally ``model`` (groups) and a total (``n_boundaries``, ``n_tests``
-    or ``n_total``: bars annotated "count/total"). Checkpoints keep the table's order. One axes.
+    Columns: ``ckpt``/``checkpoint``, a count (``n_significant_layers``; for other tables
+    ``n_significant``, ``significant``, ``count`` or ``n_sig``), optionally ``model`` (groups) and
+    a total (``n_layers``; else ``n_boundaries``, ``n_tests`` or ``n_total``: bars annotated
+    "count/total"). Checkpoints keep the table's order. One axes.
     """
     df = check_frame(counts_df, "significance counts")
-    yl = "FDR-significant boundaries (count)"
     if df.empty:
-        return empty_figure(title, "model", yl, "the significance counts")
+        return empty_figure(title, "model", "FDR-significant layers (count)", "the significance counts")
     ck = pick(df, CKPT_COLUMNS, "significance counts")
-    cnt = pick(df, COUNT_COLUMNS, "significance counts")
-    tot = pick(df, TOTAL_COLUMNS, "significance counts", required=False)
+    cnt = pick(df, LAYER_COUNT_COLUMNS, "significance counts")
+    tot = pick(df, LAYER_TOTAL_COLUMNS, "significance counts", required=False)
+    yl = f"FDR-significant {'layers' if cnt == 'n_significant_layers' else 'tests'} (count)"
     models = ordered_unique(df["model"].astype(str)) if "model" in df.columns else [""]
     ckpts = ordered_unique(df[ck].astype(str))
     mcol = df["model"].astype(str).to_numpy() if "model" in df.columns else np.array([""] * len(df))
@@ -272,5 +279,56 @@ def significant_counts(counts_df: pd.DataFrame, title: str) -> Figure:
     ax.set_ylabel(yl)
     ax.margins(y=0.15)
     add_legend(ax, loc="best", title="checkpoint", title_fontsize=6.5)
+    fig.suptitle(title)
+    return fig
+
+
+@styled
+def partition_similarity_plot(similarity_df: pd.DataFrame, title: str) -> Figure:
+    """Communities compared across checkpoints: NMI and adjusted Rand vs boundary depth, one line
+    per pair of checkpoints, and each checkpoint's signed modularity.
+
+    Columns (``partition_similarity.tsv``, :func:`resdyn.study_a.partitions.partition_similarity`):
+    ``ckpt``, ``layer``, ``boundary``, ``reference_ckpt``, ``nmi``, ``ari``, ``modularity``. A
+    checkpoint compared with itself (1 by definition) is not drawn, and each unordered pair once
+    (both indices are symmetric). Three axes: NMI, ARI, modularity.
+    """
+    df = check_frame(similarity_df, "partition similarity")
+    if df.empty:
+        return empty_figure(title, B_LABEL, "NMI", "the partition similarity table")
+    require(df, ["ckpt", "layer", "reference_ckpt", "nmi", "ari", "modularity"], "partition similarity")
+    x, _, xl = boundary_x(df)
+    xl = r"boundary index (2L: $h_L$, 2L+1: $m_L$)" if xl == B_LABEL else xl  # B_LABEL is too wide for 3 panels
+    ckpt, ref = df["ckpt"].astype(str).to_numpy(), df["reference_ckpt"].astype(str).to_numpy()
+    fig, axes = new_figure(3, ncols=3, panel=(3.4, 2.8))
+    pairs: list[tuple[str, str]] = []
+    for a, b in zip(ckpt, ref):
+        if a != b and (a, b) not in pairs and (b, a) not in pairs:
+            pairs.append((a, b))
+    for ax, col, label in ((axes[0], "nmi", "normalised mutual information"), (axes[1], "ari", "adjusted Rand index")):
+        y = num(df[col])
+        for i, (a, b) in enumerate(pairs):
+            m = (ckpt == a) & (ref == b)
+            order = np.argsort(np.nan_to_num(x[m], nan=np.inf), kind="stable")
+            ax.plot(x[m][order], y[m][order], color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
+                    ms=3.5, lw=1.0, ls=LINESTYLES[i % len(LINESTYLES)], label=f"{a} vs {b}")
+        if not pairs:
+            ax.text(0.5, 0.5, "one checkpoint: nothing to compare", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=8, color="0.35")
+        finite = y[np.isfinite(y)]
+        ax.set_ylim(min(0.0, float(finite.min()) if finite.size else 0.0) - 0.05, 1.05)  # both indices are ≤ 1
+        ax.set_xlabel(xl)
+        ax.set_ylabel(label)
+        add_legend(ax, loc="best", fontsize=6)
+    mod = num(df["modularity"])
+    once = ~df.duplicated([c for c in ("ckpt", "layer", "boundary") if c in df.columns]).to_numpy()
+    for i, c in enumerate(ordered_unique(ckpt)):
+        m = (ckpt == c) & once  # a checkpoint's modularity is on each of its reference rows: draw it once
+        order = np.argsort(np.nan_to_num(x[m], nan=np.inf), kind="stable")
+        axes[2].plot(x[m][order], mod[m][order], color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
+                     ms=3.5, lw=1.0, label=c)
+    axes[2].set_xlabel(xl)
+    axes[2].set_ylabel("signed modularity")
+    add_legend(axes[2], loc="best", title="checkpoint", title_fontsize=6.5, fontsize=6)
     fig.suptitle(title)
     return fig

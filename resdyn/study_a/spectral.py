@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_TOLERANCES",
     "CHECKPOINT_METRICS",
     "henrici_departure",
+    "symmetry_index",
     "nonnormal_norm",
     "complex_fraction",
     "shifted_complex_fraction",
@@ -168,6 +169,34 @@ def henrici_departure(J: Any) -> float:
         return 0.0
     T, _ = schur_factor(a, "complex" if np.iscomplexobj(a) else "real", vectors=False)
     return min(1.0, nonnormal_norm_from_schur(T) / fro)
+
+
+def symmetry_index(J: Any, shift: float = 0.0) -> float:
+    """Departure from symmetry of J − shift·I (0 = symmetric; the column ``symmetry`` of J and
+    ``symmetry_minus_identity`` of J − I in spectra.tsv).
+
+    s(J) = ‖J − Jᵀ‖_F / ‖J − shift·I‖_F  (the numerator does not depend on the shift).
+
+    With the symmetric and antisymmetric parts S = (J + Jᵀ)/2, A = (J − Jᵀ)/2, which are
+    Frobenius-orthogonal, s = 2‖A‖_F / sqrt(‖S‖_F² + ‖A‖_F²) ∈ [0, 2]: 0 iff J is symmetric, 2 iff
+    J is antisymmetric, → √2 for a large matrix of i.i.d. entries (‖S‖_F ≈ ‖A‖_F). A symmetric
+    matrix is normal, so s = 0 implies Henrici departure 0, not conversely (a rotation is normal,
+    s = 2). The zero matrix gives 0.
+
+    Args:
+        J: (d, d) matrix.
+        shift: the multiple of I taken off before normalising (1.0 for J − I).
+    Example:
+        >>> symmetry_index(np.array([[0.0, 1.0], [-1.0, 0.0]])), symmetry_index(np.eye(2))
+        (2.0, 0.0)
+    """
+    a = as_square(J)
+    return _symmetry(a, float(np.linalg.norm(a - shift * np.eye(a.shape[0]))))
+
+
+def _symmetry(a: np.ndarray, fro: float) -> float:
+    """‖a − aᵀ‖_F / fro, 0 when fro = 0 (see :func:`symmetry_index`)."""
+    return float(np.linalg.norm(a - a.T)) / fro if fro > 0 else 0.0
 
 
 def complex_fraction(eigvals: Any, tol: float = 1e-6) -> float:
@@ -488,6 +517,8 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: 
         # J − I has the same Schur basis and the same N, only Λ shifts by −1.
         "henrici": min(1.0, nn / fro) if fro > 0 else 0.0,
         "henrici_JmI": min(1.0, nn / fro_m) if fro_m > 0 else 0.0,
+        "symmetry": _symmetry(a, fro),
+        "symmetry_minus_identity": _symmetry(a, fro_m),
     }
     for t in tols:
         m[f"complex_frac_J_tol{_tol_label(t)}"] = complex_fraction(lam, t)
@@ -525,7 +556,8 @@ def sublayer_metrics(
     ``d``; ``spectral_radius`` max|λ|; ``condition_number`` σ_max/σ_min; ``sigma_max``,
     ``sigma_min``; ``fro_J`` ‖J‖_F; ``fro_minus_identity`` ‖J − I‖_F; ``nonnormal_fro`` ‖N‖_F;
     ``henrici`` ‖N‖_F/‖J‖_F and ``henrici_JmI`` ‖N‖_F/‖J − I‖_F (J − I has the same N);
-    ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) / ``complex_frac_JmI_tol{t}``
+    ``symmetry`` ‖J − Jᵀ‖_F/‖J‖_F and ``symmetry_minus_identity`` ‖J − Jᵀ‖_F/‖J − I‖_F
+    (:func:`symmetry_index`, 0 = symmetric, ≤ 2); ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) / ``complex_frac_JmI_tol{t}``
     (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
@@ -724,6 +756,7 @@ def bottleneck_table(
 #: (plus every ``complex_frac_J_tol*`` column present).
 CHECKPOINT_METRICS: tuple[str, ...] = (
     "henrici",
+    "symmetry",
     "self_alignment_kfrac",
     "self_alignment_k1",
     "self_alignment_kerank",

@@ -7,6 +7,7 @@ Pipeline (one boundary of one checkpoint)::
         labels ─► boundary_units / participation_coefficient ─► community_table
     mean Jacobian J ─► unit_gains ─► coupling_stats(gains, is_boundary)
     per-boundary rows ─► coupling_table (Benjamini–Hochberg q-values, significance)
+    per-boundary p-values ─► layer_significance (Simes per layer, BH over layers: the layer count)
 
 Everything here is pure (numpy / scipy / igraph / leidenalg); nothing reads config or files.
 Memory: :func:`correlation_matrix` streams the tokens in chunks and never holds more than one
@@ -35,6 +36,9 @@ __all__ = [
     "analyse_boundary",
     "SignedPartition",
     "bh_fdr",
+    "layer_significance",
+    "simes_p",
+    "significant_counts",
     "boundary_units",
     "boundary_units_by_participation",
     "community_summary",
@@ -916,15 +920,88 @@ def coupling_from_tables(
     return coupling_table(rows, q_level=q_level)
 
 
-def significant_counts(coupling: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """Per checkpoint: the number of FDR-significant boundaries, boundaries tested, and the
-    sign dependence (Spearman ρ between coupling effect and Henrici departure across boundaries).
+def simes_p(p_values: Any) -> float:
+    """Simes' combined p-value of a family of tests (Biometrika 73, 751, 1986).
 
-    ``coupling``: checkpoint name → its ``coupling.tsv`` table (in training order).
+    For the k non-NaN p-values sorted p_(1) ≤ … ≤ p_(k)::
+
+        p_S = min_i  k · p_(i) / i      (capped at 1)
+
+    It tests the global null "no test of the family is non-null", is valid under independence
+    and positive dependence (PRDS), equals the smallest BH q-value of the family, and is the
+    p-value itself for k = 1. No non-NaN p-value → NaN.
     """
+    p = np.asarray(p_values, dtype=np.float64).ravel()
+    p = np.sort(p[~np.isnan(p)])
+    if p.size == 0:
+        return float("nan")
+    if np.any((p < 0) | (p > 1)):
+        raise ValueError(f"p-values must lie in [0, 1] (or be NaN), got e.g. {p[(p < 0) | (p > 1)][:3].tolist()}")
+    return float(min(1.0, np.min(p.size * p / np.arange(1, p.size + 1))))
+
+
+#: Columns of ``coupling_layers.tsv`` (:func:`layer_significance`).
+LAYER_COLUMNS = ("layer", "p_value", "q_value", "significant", "n_boundaries_tested", "reason")
+
+
+def layer_significance(coupling: pd.DataFrame, q_level: float = 0.05) -> pd.DataFrame:
+    """FDR-significant *layers* of one checkpoint, the unit study A counts ("0 / 14 / 24 of 32").
+
+    ``coupling``: the checkpoint's ``coupling.tsv`` (one row per boundary: ``layer``,
+    ``p_value``, ``reason``). A layer holds up to two boundary tests (pre-attention h_L and
+    pre-MLP m_L; a parallel-residual layer only h_L). Two stages (Benjamini & Bogomolov,
+    J. R. Stat. Soc. B 76, 297, 2014: families selected by BH on their Simes p-values)::
+
+        p_L = simes_p({p_b : b a tested boundary of layer L})      (p_L = p_b for one boundary)
+        q_L = BH({p_L : L a layer with ≥ 1 tested boundary})       significant_L = q_L ≤ q_level
+
+    so the family is the layers of the checkpoint (m = number of tested layers) and a layer
+    counts when its boundaries, taken together, reject "neither boundary's units differ in
+    gain". A layer whose boundaries all lack a test (NaN p) gets NaN p/q, is not significant,
+    is left out of m and says why in ``reason``.
+
+    Returns one row per layer (sorted) with :data:`LAYER_COLUMNS`; ``n_boundaries_tested`` is the
+    number of non-NaN boundary p-values of the layer.
+    """
+    need = {"layer", "p_value"}
+    if not need <= set(coupling.columns):
+        raise ValueError(f"coupling table lacks columns {sorted(need - set(coupling.columns))}; "
+                         f"it has {sorted(coupling.columns)}")
+    rows = []
+    for layer, sub in coupling.groupby("layer", sort=True):
+        p = pd.to_numeric(sub["p_value"], errors="raise").to_numpy(dtype=np.float64)
+        tested = int((~np.isnan(p)).sum())
+        reason = None
+        if tested == 0:
+            why = sorted({str(r) for r in sub.get("reason", pd.Series(dtype=object)).dropna() if str(r).strip()})
+            reason = "no boundary of the layer was tested" + (f" ({'; '.join(why)})" if why else "")
+        rows.append({"layer": int(layer), "p_value": simes_p(p), "n_boundaries_tested": tested, "reason": reason})
+    table = coupling_table(rows, q_level=q_level)
+    if table.empty:
+        return pd.DataFrame(columns=list(LAYER_COLUMNS))
+    return table[list(LAYER_COLUMNS)]
+
+
+def significant_counts(
+    coupling: Mapping[str, pd.DataFrame], layers: Mapping[str, pd.DataFrame]
+) -> pd.DataFrame:
+    """Per checkpoint: FDR-significant layers (the headline count, :func:`layer_significance`),
+    FDR-significant boundaries (detail), and the sign dependence (Spearman ρ between coupling
+    effect and Henrici departure across boundaries).
+
+    ``coupling``: checkpoint name → its ``coupling.tsv`` table (in training order); ``layers``:
+    checkpoint name → its ``coupling_layers.tsv`` (same keys). Columns: ``ckpt``,
+    ``n_significant_layers``, ``n_layers`` (layers of the checkpoint), ``n_layers_tested``,
+    ``n_significant_boundaries``, ``n_boundaries`` (boundaries tested), ``sign_dependence_rho``,
+    ``sign_dependence_p``.
+    """
+    if set(layers) != set(coupling):
+        raise ValueError(f"layer tables for checkpoints {sorted(layers)}, coupling tables for {sorted(coupling)}: "
+                         "they must match")
     rows = []
     for ckpt, table in coupling.items():
         tested = table["p_value"].notna() if "p_value" in table else pd.Series(dtype=bool)
+        per_layer = layers[ckpt]
         rho, p = (
             sign_dependence(table["effect_log_median_ratio"], table["henrici"])
             if {"effect_log_median_ratio", "henrici"} <= set(table.columns)
@@ -932,7 +1009,10 @@ def significant_counts(coupling: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         )
         rows.append({
             "ckpt": ckpt,
-            "n_significant": int(table["significant"].astype(bool).sum()) if "significant" in table else 0,
+            "n_significant_layers": int(per_layer["significant"].astype(bool).sum()),
+            "n_layers": int(per_layer["layer"].nunique()),
+            "n_layers_tested": int(per_layer["p_value"].notna().sum()),
+            "n_significant_boundaries": int(table["significant"].astype(bool).sum()) if "significant" in table else 0,
             "n_boundaries": int(tested.sum()),
             "sign_dependence_rho": rho,
             "sign_dependence_p": p,

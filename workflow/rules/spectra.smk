@@ -60,6 +60,13 @@ rule checkpoints:
         spectra=lambda w: per_ckpt("results/{model}/{ckpt}/spectra.tsv", w.model),
         bottleneck=lambda w: per_ckpt("results/{model}/{ckpt}/bottleneck.tsv", w.model),
         coupling=lambda w: per_ckpt("results/{model}/{ckpt}/coupling.tsv", w.model),
+        coupling_layers=lambda w: per_ckpt(
+            "results/{model}/{ckpt}/coupling_layers.tsv", w.model
+        ),
+        communities=lambda w: per_ckpt("results/{model}/{ckpt}/communities", w.model),
+        communities_summary=lambda w: per_ckpt(
+            "results/{model}/{ckpt}/communities_summary.tsv", w.model
+        ),
     output:
         table=report(
             "results/{model}/checkpoints.tsv",
@@ -68,7 +75,20 @@ rule checkpoints:
             subcategory="checkpoints",
             labels={"model": "{model}", "table": "checkpoint comparison"},
         ),
-        counts="results/{model}/coupling_counts.tsv",
+        counts=report(
+            "results/{model}/coupling_counts.tsv",
+            caption="../report/coupling_counts.rst",
+            category="Study A",
+            subcategory="topology",
+            labels={"model": "{model}", "table": "significant layers"},
+        ),
+        similarity=report(
+            "results/{model}/partition_similarity.tsv",
+            caption="../report/partition_similarity.rst",
+            category="Study A",
+            subcategory="topology",
+            labels={"model": "{model}", "table": "partition similarity"},
+        ),
     log:
         "logs/checkpoints/{model}.log",
     benchmark:

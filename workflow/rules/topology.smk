@@ -45,12 +45,23 @@ rule coupling:
         blocks=jacobian_blocks,
         spectra="results/{model}/{ckpt}/spectra.tsv",
     output:
-        report(
+        table=report(
             "results/{model}/{ckpt}/coupling.tsv",
             caption="../report/coupling.rst",
             category="Study A",
             subcategory="topology",
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "coupling"},
+        ),
+        layers=report(
+            "results/{model}/{ckpt}/coupling_layers.tsv",
+            caption="../report/coupling_layers.rst",
+            category="Study A",
+            subcategory="topology",
+            labels={
+                "model": "{model}",
+                "checkpoint": "{ckpt}",
+                "table": "coupling per layer",
+            },
         ),
     log:
         "logs/coupling/{model}/{ckpt}.log",

@@ -1,17 +1,24 @@
-"""Study A metrics across a model's checkpoints (step 0 = architecture-only null)."""
+"""Study A metrics across a model's checkpoints (step 0 = architecture-only null): operator metrics, coupling
+counts (layers, boundaries as detail) and community partitions compared with the final and the first checkpoint."""
 
 from resdyn import artifacts
 from resdyn.infra import provenance
-from resdyn.study_a import spectral, topology
+from resdyn.study_a import partitions, spectral, topology
 
 with provenance.step(snakemake) as step:
-    names = snakemake.params.ckpts
+    names, inp = snakemake.params.ckpts, snakemake.input
     table = spectral.checkpoint_table(
-        {c: artifacts.SpectraTable.read(f) for c, f in zip(names, snakemake.input.spectra)},
-        {c: artifacts.BottleneckTable.read(f) for c, f in zip(names, snakemake.input.bottleneck)},
+        {c: artifacts.SpectraTable.read(f) for c, f in zip(names, inp.spectra)},
+        {c: artifacts.BottleneckTable.read(f) for c, f in zip(names, inp.bottleneck)},
     )
     counts = topology.significant_counts(
-        {c: artifacts.CouplingTable.read(f) for c, f in zip(names, snakemake.input.coupling)}
+        {c: artifacts.CouplingTable.read(f) for c, f in zip(names, inp.coupling)},
+        {c: artifacts.CouplingLayers.read(f) for c, f in zip(names, inp.coupling_layers)},
     )
     artifacts.CheckpointsTable.write(table.merge(counts, on="ckpt", how="left"), snakemake.output.table)
     artifacts.CouplingCounts.write(counts.assign(model=snakemake.wildcards.model), snakemake.output.counts)
+    similarity = partitions.partition_similarity(
+        {c: artifacts.CommunityPartitions.read_folder(f) for c, f in zip(names, inp.communities)},
+        {c: artifacts.CommunitiesSummary.read(f) for c, f in zip(names, inp.communities_summary)},
+    )
+    artifacts.PartitionSimilarity.write(similarity, snakemake.output.similarity)

@@ -1,4 +1,5 @@
-"""Do boundary units carry different Jacobian gain than interior units? Per boundary, with BH FDR."""
+"""Do boundary units carry different Jacobian gain than interior units? Per boundary with BH FDR, and per
+layer (Simes over its boundaries, BH over layers: the unit study A counts)."""
 
 from resdyn import artifacts
 from resdyn.infra import provenance
@@ -10,4 +11,6 @@ with provenance.step(snakemake) as step:
         artifacts.CommunityPartitions.read_folder(snakemake.input.communities), jacobians,
         artifacts.SpectraTable.read(snakemake.input.spectra), gain=snakemake.params.gain, q_level=snakemake.params.fdr_q,
     )
-    artifacts.CouplingTable.write(table, snakemake.output[0])
+    artifacts.CouplingTable.write(table, snakemake.output.table)
+    artifacts.CouplingLayers.write(topology.layer_significance(table, q_level=snakemake.params.fdr_q),
+                                   snakemake.output.layers)
