@@ -100,6 +100,19 @@ def test_every_artifact_exists_and_parses(smoke):
                     "step30/resolution.tsv", "step30/phases.json", "step30/phase_metrics.tsv"):
             assert (smoke / "results" / model / rel).is_file(), rel
     assert (smoke / "results" / "scaling" / "phase_widths.tsv").is_file()
+    # study A's headline count is in layers (issue 24): every checkpoint, out of the model's 6 layers
+    counts = io.read_tsv(smoke / "results" / "tiny_llama" / "coupling_counts.tsv")
+    assert counts["ckpt"].tolist() == ["step0", "step30"] and set(counts["n_layers"]) == {6}
+    assert (counts["n_significant_layers"] <= counts["n_layers_tested"]).all()
+    for ckpt in ("step0", "step30"):
+        layers = io.read_tsv(smoke / "results" / "tiny_llama" / ckpt / "coupling_layers.tsv")
+        assert layers["layer"].tolist() == list(range(6))
+        assert int(layers["significant"].sum()) == int(counts.set_index("ckpt").loc[ckpt, "n_significant_layers"])
+    similarity = io.read_tsv(smoke / "results" / "tiny_llama" / "partition_similarity.tsv")
+    assert len(similarity) == 2 * 6 * 2 * 2  # checkpoints × layers × boundaries × references
+    itself = similarity[similarity["ckpt"] == similarity["reference_ckpt"]]
+    assert (itself["nmi"] == 1).all() and (itself["ari"] == 1).all()
+    assert (smoke / "results" / "figures" / "tiny_llama" / "partitions.png").is_file()
     widths = io.read_tsv(smoke / "results" / "scaling" / "phase_widths.tsv")
     assert set(widths["status"]) == {"too_few_depths"}  # one depth in the smoke preset
 
