@@ -836,16 +836,22 @@ class LayerGeometry(TsvArtifact):
     ``layer`` int, ``state`` str (h_L | output), ``n_tokens`` int, ``hidden_erank`` float,
     the update columns (:data:`resdyn.study_b.geometry.UPDATE_COLUMNS`: ``update_orthogonality``,
     ``attn_orthogonality``, ``mlp_orthogonality``, ``n_excluded``, ``norm_ratio``,
-    ``norm_ratio_of_means``, ``relative_update_norm``; NaN on the ``output`` row, which has no
-    update after it), then the lens hit rates (extra float columns, e.g. ``tuned_hit1``).
+    ``norm_ratio_of_means``, ``relative_update_norm``, the absolute ``update_norm``,
+    ``attn_update_norm``, ``mlp_update_norm`` and the updates' effective ranks ``update_erank``,
+    ``attn_update_erank``, ``mlp_update_erank``; NaN on the ``output`` row, which has no update
+    after it), then the lens hit rates (extra float columns, e.g. ``tuned_hit1``,
+    ``tuned_hit5_over_hit1``: NaN where Hit@1 = 0).
     """
 
     relpath = _CKPT + "geometry.tsv"
     columns = _cols("layer:int state:str n_tokens:int hidden_erank:float update_orthogonality:float "
                     "attn_orthogonality:float mlp_orthogonality:float n_excluded:int norm_ratio:float "
-                    "norm_ratio_of_means:float relative_update_norm:float")
+                    "norm_ratio_of_means:float relative_update_norm:float update_norm:float attn_update_norm:float "
+                    "mlp_update_norm:float update_erank:float attn_update_erank:float mlp_update_erank:float")
     allow_nan = ("update_orthogonality", "attn_orthogonality", "mlp_orthogonality", "n_excluded", "norm_ratio",
-                 "norm_ratio_of_means", "relative_update_norm")
+                 "norm_ratio_of_means", "relative_update_norm", "update_norm", "attn_update_norm",
+                 "mlp_update_norm", "update_erank", "attn_update_erank", "mlp_update_erank",
+                 "tuned_hit5_over_hit1", "logit_hit5_over_hit1")
     extra_columns = True
 
 

@@ -16,7 +16,7 @@ def _load(name):
     return yaml.safe_load((ROOT / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml",
+@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml", "configs/paper-b-extended.yaml",
                                   "configs/pythia.yaml"])
 def test_shipped_configs_validate(name, paper_hub_cache, monkeypatch):
     # hub shapes come from config.json: the paper presets validate against stand-in snapshots

@@ -398,7 +398,7 @@ def test_lint_and_format(smoke):
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
-@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml",
+@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml", "configs/paper-b-extended.yaml",
                                     "configs/pythia.yaml"])
 def test_dry_run_every_config(config, paper_hub_cache):
     # offline, hub models must be in the cache: stand-in snapshots of the paper presets' models
