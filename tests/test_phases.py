@@ -373,17 +373,19 @@ def test_regime_agreement_on_known_knees_matches_kneed():
     m = 24
     planted = {5: (5, 16), 10: (6, 16), 15: (5, 19)}  # k -> (b1, b2): b1 moves 1, b2 moves 3
     profiles = {k: _knees_at(m, *cut) for k, cut in planted.items()}
-    reg = regime_agreement(_rss_table(profiles), [5, 10, 15], [0.05, 0.1, 0.15], method="none", how="test")
+    reg = regime_agreement(_rss_table(profiles), {"k": [5, 10, 15], "k_fraction": [0.05, 0.1, 0.15], "k_center": 10,
+                                                  "how": "test"}, method="none")
     for cut in reg["cuts"]:
         assert (cut["b1"], cut["b2"]) == planted[cut["k"]] == _kneed_cut(profiles[cut["k"]]), cut
         assert cut["b1_found"] and cut["b2_found"]
     assert (reg["b1_shift"], reg["b2_shift"], reg["max_shift"]) == (1, 3, 3) and reg["reason"] == ""
-    same = regime_agreement(_rss_table({5: profiles[5], 10: profiles[5]}), [5, 10], [0.05, 0.1], method="none")
+    same = regime_agreement(_rss_table({5: profiles[5], 10: profiles[5]}), {"k": [5, 10], "k_fraction": [0.05, 0.1]},
+                            method="none")
     assert same["max_shift"] == 0
-    one = regime_agreement(_rss_table({5: profiles[5]}), [5], [0.05], method="none")
+    one = regime_agreement(_rss_table({5: profiles[5]}), {"k": [5], "k_fraction": [0.05]}, method="none")
     assert one["max_shift"] == 0 and "one k" in one["reason"]
     with pytest.raises(ValueError, match="k=7"):
-        regime_agreement(_rss_table({5: profiles[5]}), [7], [0.07])
+        regime_agreement(_rss_table({5: profiles[5]}), {"k": [7], "k_fraction": [0.07]})
 
 
 def test_middle_regime_is_the_compromise_point_and_its_neighbours():
@@ -401,12 +403,13 @@ def test_middle_regime_is_the_compromise_point_and_its_neighbours():
     e = (np.array(energy) - 0.05) / 0.95
     v = (np.array(vis) - 0.1) / 0.8
     assert int(np.argmin(np.hypot(1 - e, 1 - v))) == 3
-    ks, fractions, how = middle_regime(t)
-    assert ks == [5, 10, 15] and fractions == [0.05, 0.1, 0.15] and "k = 10" in how
+    reg = middle_regime(t)
+    assert reg["k"] == [5, 10, 15] and reg["k_fraction"] == [0.05, 0.1, 0.15] and reg["k_center"] == 10
+    assert "k = 10" in reg["how"]
     # off-frontier rows never count; at the frontier's end the regime is shorter
     t.loc[t.k == 5, "pareto"] = False
-    assert middle_regime(t)[0] == [2, 10, 15]
-    assert middle_regime(t.iloc[[0]])[0] == [1]
+    assert middle_regime(t)["k"] == [2, 10, 15]
+    assert middle_regime(t.iloc[[0]])["k"] == [1]
     with pytest.raises(ValueError, match="no Pareto-frontier row"):
         middle_regime(t.assign(pareto=False))
     with pytest.raises(ValueError, match=r"lacks columns \['pareto'\]"):
@@ -417,7 +420,7 @@ def test_regime_round_trips_through_phases_json():
     from resdyn.study_b.phases import Cutpoints, regime_agreement
 
     y = _knees_at(24, 5, 16)
-    reg = regime_agreement(_rss_table({5: y, 10: y}), [5, 10], [0.05, 0.1], method="none")
+    reg = regime_agreement(_rss_table({5: y, 10: y}), {"k": [5, 10], "k_fraction": [0.05, 0.1]}, method="none")
     js = json.loads(json.dumps(cutpoints(y).at_k(10, 0.1).with_regime(reg).to_json(), allow_nan=False))
     assert js["regime"]["max_shift"] == 0
     back = Cutpoints.from_json(js)

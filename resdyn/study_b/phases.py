@@ -55,7 +55,7 @@ SMOOTHING_METHODS = ("none", "moving_average", "savgol")
 _SAVGOL_POLYORDER = 2
 _MIN_DIFFERENCE = 1e-12  # a knee must lie this far above the chord (normalized units)
 _OPTIONAL_KEYS = ("k", "k_fraction_requested", "regime")  # phases.json keys left out while unset
-REGIME_KEYS = ("k", "k_fraction", "cuts", "b1_shift", "b2_shift", "max_shift", "how", "reason")
+REGIME_KEYS = ("k", "k_fraction", "k_center", "how", "cuts", "b1_shift", "b2_shift", "max_shift", "reason")
 
 
 def _as_profile(profile: object, name: str = "profile", min_len: int = 3) -> np.ndarray:
@@ -590,7 +590,7 @@ def _profile_at_k(rss: pd.DataFrame, k: int) -> list[float]:
     return [float(v) for v in sub["rss"]]
 
 
-def middle_regime(resolution: pd.DataFrame) -> tuple[list[int], list[float], str]:
+def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
     """The middle resolution regime: the compromise k of the Pareto frontier and its neighbours.
 
     On the frontier rows of a ``resolution.tsv`` table (``pareto`` True; one row per distinct
@@ -604,8 +604,8 @@ def middle_regime(resolution: pd.DataFrame) -> tuple[list[int], list[float], str
 
     Returns
     -------
-    (ks, k_fractions, how): the regime's k (ascending) and their fractions, and a sentence
-    saying how it was chosen.
+    ``{"k": [...], "k_fraction": [...], "k_center": int, "how": str}``: the regime's k
+    (ascending), their fractions, the compromise k and a sentence saying how it was chosen.
 
     Raises
     ------
@@ -617,8 +617,8 @@ def middle_regime(resolution: pd.DataFrame) -> tuple[list[int], list[float], str
     >>> t = pd.DataFrame({"k": [1, 2, 5, 10, 20], "k_fraction": [.01, .02, .05, .1, .2],
     ...                   "energy": [.1, .2, .7, .9, 1.0], "visibility": [1.0, .95, .8, .3, .1],
     ...                   "pareto": True})
-    >>> middle_regime(t)[0]
-    [2, 5, 10]
+    >>> middle_regime(t)["k"], middle_regime(t)["k_center"]
+    ([2, 5, 10], 5)
     """
     need = ["k", "k_fraction", "energy", "visibility", "pareto"]
     if not isinstance(resolution, pd.DataFrame):
@@ -643,34 +643,34 @@ def middle_regime(resolution: pd.DataFrame) -> tuple[list[int], list[float], str
     how = (f"frontier point nearest the ideal (normalised energy 1, visibility 1): k = {int(front['k'][i])} "
            f"({float(front['k_fraction'][i]):g} of d), with its frontier neighbours; "
            f"{len(front)} frontier point(s)")
-    return sel["k"].astype(int).tolist(), [float(x) for x in sel["k_fraction"]], how
+    return {"k": sel["k"].astype(int).tolist(), "k_fraction": [float(x) for x in sel["k_fraction"]],
+            "k_center": int(front["k"][i]), "how": how}
 
 
 def regime_agreement(
     rss: pd.DataFrame,
-    ks: list[int],
-    k_fractions: list[float],
+    regime: Mapping[str, Any],
     *,
     window: int = 3,
     method: str = "moving_average",
     sensitivity: float = 1.0,
-    how: str = "",
 ) -> dict[str, Any]:
     """Cut the RSS profile at each k of a regime and measure how far the cut points move.
 
-    For every k in ``ks``: :func:`cutpoints` of the profile at k (same smoothing and Kneedle
+    ``regime``: :func:`middle_regime`'s result (keys ``k``, ``k_fraction``, ``k_center``,
+    ``how``). For every k: :func:`cutpoints` of the profile at k (same smoothing and Kneedle
     settings as the main cut). Agreement, in layers (profile points): ``b1_shift =
     max_k b1 − min_k b1``, ``b2_shift`` likewise, ``max_shift = max(b1_shift, b2_shift)`` —
     0 when every k gives the same phases.
 
     Returns
     -------
-    The ``regime`` object of ``phases.json`` (:data:`REGIME_KEYS`): ``k``, ``k_fraction``
-    (lists), ``cuts`` (per k: ``k``, ``b1``, ``peak``, ``b2``, ``b1_found``, ``b2_found``,
-    ``reason``), ``b1_shift``, ``b2_shift``, ``max_shift`` (int), ``how`` (how the regime was
-    chosen) and ``reason`` ("" unless fewer than two k were cut: then the shifts are 0 and say
-    nothing).
+    The ``regime`` object of ``phases.json`` (:data:`REGIME_KEYS`): ``regime``'s keys plus
+    ``cuts`` (per k: ``k``, ``b1``, ``peak``, ``b2``, ``b1_found``, ``b2_found``, ``reason``),
+    ``b1_shift``, ``b2_shift``, ``max_shift`` (int) and ``reason`` ("" unless fewer than two k
+    were cut: then the shifts are 0 and say nothing).
     """
+    ks, k_fractions = list(regime.get("k") or []), list(regime.get("k_fraction") or [])
     if not ks or len(ks) != len(k_fractions):
         raise ValueError(f"regime_agreement needs at least one k and one fraction per k, got k {ks!r}, "
                          f"fractions {k_fractions!r}")
@@ -684,11 +684,12 @@ def regime_agreement(
     return {
         "k": [int(k) for k in ks],
         "k_fraction": [float(f) for f in k_fractions],
+        "k_center": int(regime.get("k_center", ks[len(ks) // 2])),
+        "how": str(regime.get("how", "")),
         "cuts": cuts,
         "b1_shift": int(b1_shift),
         "b2_shift": int(b2_shift),
         "max_shift": int(max(b1_shift, b2_shift)),
-        "how": how,
         "reason": "" if len(ks) >= 2 else f"the regime holds one k ({ks[0]}): no agreement to measure",
     }
 

@@ -10,6 +10,6 @@ with provenance.step(snakemake) as step:
     rss = artifacts.RssProfile.read(snakemake.input.rss)
     profile, k = phases.profile_at(rss, p.k_fraction)
     cuts = phases.cutpoints(profile, window=p.window, method=p.smoothing).at_k(k, p.k_fraction)
-    ks, fractions, how = phases.middle_regime(artifacts.ResolutionTable.read(snakemake.input.resolution))
-    regime = phases.regime_agreement(rss, ks, fractions, window=p.window, method=p.smoothing, how=how)
+    regime = phases.middle_regime(artifacts.ResolutionTable.read(snakemake.input.resolution))
+    regime = phases.regime_agreement(rss, regime, window=p.window, method=p.smoothing)
     artifacts.PhaseCuts.write(cuts.with_regime(regime), snakemake.output[0])
