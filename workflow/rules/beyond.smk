@@ -154,7 +154,6 @@ rule paper_comparison:
         "logs/paper_comparison/paper_comparison.log",
     benchmark:
         "benchmarks/out/paper_comparison/paper_comparison.tsv"
-    localrule: True
     conda:
         "../../envs/resdyn.yaml"
     params:

@@ -24,6 +24,7 @@ localrules:
     scaling,
     checkpoints,
     scorecard,
+    paper_comparison,
     figure_ckpt,
     figure_lens,
     figure_model,
