@@ -31,8 +31,14 @@ def bottleneck(erank: list[float]) -> pd.DataFrame:
 
 
 def bootstrap_rows(metric: str, lo: float, hi: float) -> pd.DataFrame:
-    return pd.DataFrame({"metric": [metric, "henrici"], "bootstrapped": [True, True], "ci_low": [lo, 0.0],
-                         "ci_high": [hi, 1.0]})
+    return pd.DataFrame({"metric": [metric, "complex_fraction_early_minus_late"], "bootstrapped": [True, True],
+                         "ci_low": [lo, 0.1], "ci_high": [hi, 0.5], "n_bootstrap_samples": 20, "n_samples_total": 50})
+
+
+def checkpoints_table(ckpt: str) -> pd.DataFrame:
+    # 6 sublayers: first third s 0-1, last third s 4-5; two tolerances, the bootstrap's is 1e-06
+    return pd.DataFrame({"ckpt": ckpt, "s": range(6), "complex_frac_J_tol1e-09": [0.9] * 6,
+                         "complex_frac_J_tol1e-06": [0.5, 0.3, 0.2, 0.2, 0.1, 0.1]})
 
 
 def geometry(n: int, update_norm, hidden_erank) -> pd.DataFrame:
@@ -53,6 +59,7 @@ def full_model() -> ModelTables:
         coupling_counts=coupling_counts(),
         bottleneck={ck: bottleneck([40.0, 30.0, 12.0, 5.0])},
         bootstrap={ck: bootstrap_rows("cum_erank_full_depth", 4.0, 6.5)},
+        checkpoints=checkpoints_table(ck),
         # layers 0-1 phase 1, 2-4 phase 2, 5-7 phase 3 (b1 = 1, b2 = 4)
         phases={"b1": 1, "b2": 4, "regime": {"k": [3, 6, 10], "k_fraction": [0.05, 0.1, 0.15], "k_center": 6,
                                              "b1_shift": 1, "b2_shift": 2, "max_shift": 2, "reason": ""}},
@@ -69,7 +76,10 @@ def test_stated_figures_next_to_hand_computed_values():
     r = one["erank_single_layer"].iloc[0]
     assert (r.run_value, r.ckpt, r.stated_value) == (40.0, "step1000", "≈436 (Llama 3.1 8B, final)")
     r = one["erank_full_depth"].iloc[0]
-    assert (r.run_value, r.ci_low, r.ci_high) == (5.0, 4.0, 6.5)
+    assert (r.run_value, r.ci_low, r.ci_high) == (5.0, 4.0, 6.5) and "20 of 50 samples" in r.source_table
+    # complex share: (0.5 + 0.3)/2 − (0.1 + 0.1)/2 at the bootstrap's tolerance, with its interval
+    r = one["complex_share_early"].iloc[0]
+    assert r.run_value == pytest.approx(0.3) and (r.ci_low, r.ci_high) == (0.1, 0.5) and "tol 1e-06" in r.measure
     # significant layers: first, middle and final checkpoints, from the per-layer columns
     got = [(c, rows_of(t, c).iloc[0].ckpt, rows_of(t, c).iloc[0].run_value)
            for c in ("significant_layers_step0", "significant_layers_mid", "significant_layers_final")]

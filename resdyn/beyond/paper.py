@@ -57,7 +57,8 @@ class ModelTables:
 
     ``ckpts``: checkpoints in training order; ``lens_ckpt``: the checkpoint of the study-B
     tables (the final lens checkpoint); ``bottleneck``, ``bootstrap``: {checkpoint: table};
-    ``phases``: the ``phases.json`` object; ``group``: the model's scaling group (or None).
+    ``phases``: the ``phases.json`` object; ``complex_tol``: the complex-fraction tolerance of the bootstrap (config ``bootstrap.complex_tol``),
+    so value and interval count the same eigenvalues.
     """
 
     model: str
@@ -70,7 +71,7 @@ class ModelTables:
     phases: Mapping[str, Any] | None = None
     geometry: pd.DataFrame | None = None
     phase_metrics: pd.DataFrame | None = None
-    group: str | None = None
+    complex_tol: float = 1e-6
 
 
 def _row(claim: Mapping[str, str], model: str, ckpt: str, measure: str, value: float = math.nan,
@@ -85,15 +86,18 @@ def _row(claim: Mapping[str, str], model: str, ckpt: str, measure: str, value: f
             "unit": claim["unit"] if unit is None else unit, "source_table": source, "reason": reason}
 
 
-def _boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[float, float] | None:
-    """The bootstrap interval of a whole-model metric, or None (no table, not bootstrapped)."""
+def _boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[tuple[float, float] | None, str]:
+    """The bootstrap interval of a whole-model metric and a note of what it rests on, or
+    (None, "") (no table, not bootstrapped)."""
     if boot is None:
-        return None
+        return None, ""
     rows = boot[(boot["metric"] == metric) & boot["bootstrapped"].astype(bool)]
     if rows.empty:
-        return None
+        return None, ""
     r = rows.iloc[0]
-    return float(r["ci_low"]), float(r["ci_high"])
+    note = f"bootstrap.tsv {metric}: {int(r['n_bootstrap_samples'])} of {int(r['n_samples_total'])} samples" \
+        if {"n_bootstrap_samples", "n_samples_total"} <= set(r.index) else f"bootstrap.tsv {metric}"
+    return (float(r["ci_low"]), float(r["ci_high"])), note
 
 
 def _final(t: ModelTables) -> str:
@@ -113,25 +117,26 @@ def _erank(claim, t: ModelTables, last: bool) -> list[dict]:
         return [_row(claim, t.model, ck, measure, source=src, reason="bottleneck.tsv not available")]
     rows = table.sort_values("s")
     value = float(rows["erank"].iloc[-1 if last else 0])
-    ci = _boot_ci(t.bootstrap.get(ck), "cum_erank_full_depth") if last else None
-    if last and ci is not None:
-        src += f" (interval: results/{t.model}/{ck}/bootstrap.tsv cum_erank_full_depth)"
+    ci, note = _boot_ci(t.bootstrap.get(ck), "cum_erank_full_depth") if last else (None, "")
+    if ci is not None:
+        src += f" (interval: {note})"
     return [_row(claim, t.model, ck, measure, value, ci, source=src)]
 
 
 def _complex_early(claim, t: ModelTables) -> list[dict]:
     ck = _final(t)
-    measure = "complex fraction, first third of sublayers − last third"
+    measure = f"complex fraction (tol {t.complex_tol:g}), first third of sublayers − last third"
     src = f"results/{t.model}/checkpoints.tsv"
-    col = None
-    if t.checkpoints is not None:
-        col = next((c for c in t.checkpoints.columns if c.startswith("complex_frac_J_tol")), None)
+    col = None if t.checkpoints is None else sc.complex_column(t.checkpoints, t.complex_tol)
     if col is None:
-        return [_row(claim, t.model, ck, measure, source=src, reason="checkpoints.tsv with a complex-fraction column not available")]
+        return [_row(claim, t.model, ck, measure, source=src,
+                     reason=f"checkpoints.tsv with complex_frac_J_tol{t.complex_tol:.0e} not available")]
     rows = t.checkpoints[t.checkpoints["ckpt"].astype(str) == ck].sort_values("s")
     value, _ = sc.complex_gradient(rows, col)
-    ci = _boot_ci(t.bootstrap.get(ck), "complex_fraction_early_minus_late")
-    return [_row(claim, t.model, ck, f"{measure} ({col})", value, ci, source=src)]
+    ci, note = _boot_ci(t.bootstrap.get(ck), "complex_fraction_early_minus_late")
+    if ci is not None:
+        src += f" (interval: {note})"
+    return [_row(claim, t.model, ck, measure, value, ci, source=src)]
 
 
 def _significant_layers(position: str) -> Callable[..., list[dict]]:

@@ -44,28 +44,6 @@ __all__ = [
 ]
 
 PHASE_NAMES = {1: "rise", 2: "plateau", 3: "descent"}
-# per-layer metrics aggregated by phase_table (those present in the table)
-PHASE_METRICS = [
-    "hidden_erank",
-    "update_orthogonality",
-    "attn_orthogonality",
-    "mlp_orthogonality",
-    "norm_ratio",
-    "norm_ratio_of_means",
-    "relative_update_norm",
-    "update_norm",
-    "attn_update_norm",
-    "mlp_update_norm",
-    "update_erank",
-    "attn_update_erank",
-    "mlp_update_erank",
-    "tuned_hit1",
-    "tuned_hit5",
-    "tuned_hit5_over_hit1",
-    "logit_hit1",
-    "logit_hit5",
-    "logit_hit5_over_hit1",
-]
 _SVD_MAX_ELEMENTS = 1 << 24  # above this many entries, singular values come from the Gram matrix
 _CHUNK_ELEMENTS = 1 << 22  # entries per streamed chunk (32 MiB in float64)
 
@@ -291,6 +269,10 @@ LAYER_COLUMNS = [
 ]
 #: per-layer columns about the update after a state: empty on the ``output`` row (nothing follows)
 UPDATE_COLUMNS = tuple(LAYER_COLUMNS[4:])
+#: lens columns that :func:`with_lens_hits` adds
+LENS_HIT_COLUMNS = tuple(f"{lens}_{c}" for lens in ("tuned", "logit") for c in ("hit1", "hit5", "hit5_over_hit1"))
+#: per-layer metrics aggregated by phase_table (those present in the table)
+PHASE_METRICS = ["hidden_erank", *(c for c in UPDATE_COLUMNS if c != "n_excluded"), *LENS_HIT_COLUMNS]
 
 
 class _UpdateSums:

@@ -162,6 +162,7 @@ rule paper_comparison:
         lens_ckpts={m: lens_final(m) for m in MODELS},
         groups=config["scaling"]["groups"],
         studies=sorted(config["studies"]),
+        complex_tol=config["bootstrap"]["complex_tol"],
         code=code("paper_comparison"),
     script:
         "../scripts/paper_comparison.py"

@@ -1,7 +1,7 @@
 """The paper table: each figure the studies state next to this run's number (resdyn.beyond.paper)."""
 
 from resdyn import artifacts
-from resdyn.beyond import paper, scorecard
+from resdyn.beyond import paper
 from resdyn.infra import provenance
 from resdyn.study_b import phases
 
@@ -28,7 +28,7 @@ with provenance.step(snakemake) as step:
         bottleneck={p.ckpts[m][-1]: tables["bottleneck"][m]} if m in tables["bottleneck"] else {},
         bootstrap={p.ckpts[m][-1]: tables["bootstrap"][m]} if m in tables["bootstrap"] else {},
         phases=tables["phases"].get(m), geometry=tables["geometry"].get(m),
-        phase_metrics=tables["phase_metrics"].get(m), group=scorecard.scaling_group({"scaling": {"groups": p.groups}}, m),
+        phase_metrics=tables["phase_metrics"].get(m), complex_tol=p.complex_tol,
     ) for m in p.models]
     widths = inp.get("phase_widths")
     table = paper.paper_comparison(
