@@ -156,7 +156,7 @@ def _significant_layers(position: str) -> Callable[..., list[dict]]:
         out = []
         for c in picks:
             r = cc[cc["ckpt"].astype(str) == c]
-            if r.empty or not np.isfinite(float(r["n_significant_layers"].iloc[0])):
+            if r.empty or not np.isfinite(r[["n_significant_layers", "n_layers"]].to_numpy(dtype=float)).all():
                 out.append(_row(claim, t.model, c, measure, source=src, reason=f"no coupling count for checkpoint {c}"))
                 continue
             n = int(r["n_layers"].iloc[0])
