@@ -705,5 +705,7 @@ def _check_regime(regime: Any, source: str) -> None:
         v = regime[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{source}: regime.{key} must be an integer >= 0, got {v!r}")
-    if not isinstance(regime["cuts"], list) or [c.get("k") for c in regime["cuts"]] != regime["k"]:
+    cuts = regime["cuts"]
+    if not isinstance(cuts, list) or not all(isinstance(c, Mapping) for c in cuts) \
+            or [c.get("k") for c in cuts] != regime["k"]:
         raise ValueError(f"{source}: regime.cuts must hold one cut per k of regime.k {regime['k']!r}")
