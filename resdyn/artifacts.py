@@ -569,6 +569,54 @@ class ScorecardTable(TsvArtifact):
 
 
 
+class ClaimsTable(TsvArtifact):
+    """``resdyn/data/claims.tsv`` (package data, not a run output): the studies' stated figures.
+
+    One row per figure (docs/claims.md): ``claim_id`` (unique), ``study`` (A | B),
+    ``study_model``, ``study_ckpt``, ``stated_value`` (the figure as the study states it, text),
+    ``unit``, ``statement`` and ``our_output`` (where a run's comparable number lives), all str.
+    The scorecard's ``study_value`` and ``paper_comparison.tsv``'s ``stated_value`` quote it.
+    """
+
+    relpath = ""  # shipped with the package: :meth:`packaged`, read with :meth:`load`
+    columns = _cols("claim_id:str study:str study_model:str study_ckpt:str stated_value:str unit:str "
+                    "statement:str our_output:str")
+
+    @staticmethod
+    def packaged() -> Path:
+        """The table shipped in the package."""
+        return Path(__file__).resolve().parent / "data" / "claims.tsv"
+
+    @classmethod
+    def load(cls, path: PathLike | None = None) -> pd.DataFrame:
+        """The claims (the packaged table by default), checked: unique ids, study A or B, a figure each."""
+        path = cls.packaged() if path is None else path
+        table = cls.read(path).fillna("")
+        dup = table["claim_id"][table["claim_id"].duplicated()].tolist()
+        bad = table.loc[~table["study"].isin(["A", "B"]) | (table["stated_value"].str.strip() == ""), "claim_id"]
+        if dup or len(bad):
+            raise ArtifactError(f"{path}: claim ids must be unique (repeated: {dup}) and each needs study A or B "
+                                f"and a stated value (bad: {bad.tolist()})")
+        return table
+
+
+class PaperComparison(TsvArtifact):
+    """``results/paper_comparison.tsv``: each stated figure of the studies next to this run's number.
+
+    One row per (claim, model, checkpoint, measure) (:func:`resdyn.beyond.paper.paper_comparison`):
+    ``claim`` (a :class:`ClaimsTable` id), ``study``, ``model``, ``ckpt``, ``measure`` (what
+    ``run_value`` is), ``stated_value`` (the study's figure as text, with its model), str;
+    ``run_value``, ``ci_low``, ``ci_high`` float (the interval NaN where none exists);
+    ``unit``, ``source_table``, ``reason`` str (why ``run_value`` is empty: a study switched
+    off, a table without the metric, a claim the comparison does not know).
+    """
+
+    relpath = "results/paper_comparison.tsv"
+    columns = _cols("claim:str study:str model:str ckpt:str measure:str stated_value:str run_value:float "
+                    "ci_low:float ci_high:float unit:str source_table:str reason:str")
+    allow_nan = ("ci_low", "ci_high")
+
+
 # --------------------------------------------------------------------------------------------
 # Study B: lens metrics, RSS profile, resolution, phase cuts, phase metrics, scaling
 
@@ -872,16 +920,25 @@ class LayerGeometry(TsvArtifact):
     ``layer`` int, ``state`` str (h_L | output), ``n_tokens`` int, ``hidden_erank`` float,
     the update columns (:data:`resdyn.study_b.geometry.UPDATE_COLUMNS`: ``update_orthogonality``,
     ``attn_orthogonality``, ``mlp_orthogonality``, ``n_excluded``, ``norm_ratio``,
-    ``norm_ratio_of_means``, ``relative_update_norm``; NaN on the ``output`` row, which has no
-    update after it), then the lens hit rates (extra float columns, e.g. ``tuned_hit1``).
+    ``norm_ratio_of_means``, ``relative_update_norm``, the absolute ``update_norm``,
+    ``attn_update_norm``, ``mlp_update_norm`` and the updates' effective ranks ``update_erank``,
+    ``attn_update_erank``, ``mlp_update_erank``; NaN on the ``output`` row, which has no update
+    after it), then the lens hit rates ``{logit,tuned}_hit1``, ``_hit5`` and
+    ``_hit5_over_hit1`` (NaN where the lens has no row for the layer, the ratio also where
+    Hit@1 = 0).
     """
 
     relpath = _CKPT + "geometry.tsv"
     columns = _cols("layer:int state:str n_tokens:int hidden_erank:float update_orthogonality:float "
                     "attn_orthogonality:float mlp_orthogonality:float n_excluded:int norm_ratio:float "
-                    "norm_ratio_of_means:float relative_update_norm:float")
+                    "norm_ratio_of_means:float relative_update_norm:float update_norm:float attn_update_norm:float "
+                    "mlp_update_norm:float update_erank:float attn_update_erank:float mlp_update_erank:float "
+                    "logit_hit1:float logit_hit5:float tuned_hit1:float tuned_hit5:float "
+                    "logit_hit5_over_hit1:float tuned_hit5_over_hit1:float")
     allow_nan = ("update_orthogonality", "attn_orthogonality", "mlp_orthogonality", "n_excluded", "norm_ratio",
-                 "norm_ratio_of_means", "relative_update_norm")
+                 "norm_ratio_of_means", "relative_update_norm", "update_norm", "attn_update_norm",
+                 "mlp_update_norm", "update_erank", "attn_update_erank", "mlp_update_erank", "logit_hit1",
+                 "logit_hit5", "tuned_hit1", "tuned_hit5", "logit_hit5_over_hit1", "tuned_hit5_over_hit1")
     extra_columns = True
 
 

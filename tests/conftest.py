@@ -38,7 +38,7 @@ def paper_hub_cache(tmp_path_factory) -> Path:
     import hubcache
 
     return hubcache.build_paper_standins(
-        tmp_path_factory.mktemp("paper-hub"), [ROOT / "configs" / f for f in ("paper-a.yaml", "paper-b.yaml", "pythia.yaml")]
+        tmp_path_factory.mktemp("paper-hub"), [ROOT / "configs" / f for f in ("paper-a.yaml", "paper-b.yaml", "paper-b-extended.yaml", "pythia.yaml")]
     )
 
 

@@ -20,6 +20,7 @@ from resdyn.study_b.geometry import (
     update_norm_ratio,
     update_orthogonality,
     with_lens_hits,
+    hit_ratio,
 )
 
 
@@ -414,10 +415,78 @@ def test_phase_table_from_cutpoints_result():
     pt = phase_table(per_layer, cuts)
     assert set(pt.metric) == {
         "hidden_erank", "update_orthogonality", "attn_orthogonality", "mlp_orthogonality", "norm_ratio",
-        "norm_ratio_of_means", "relative_update_norm", "tuned_hit1", "tuned_hit5", "logit_hit1", "logit_hit5",
+        "norm_ratio_of_means", "relative_update_norm", "update_norm", "attn_update_norm", "mlp_update_norm",
+        "update_erank", "attn_update_erank", "mlp_update_erank", "tuned_hit1", "tuned_hit5", "tuned_hit5_over_hit1",
+        "logit_hit1", "logit_hit5", "logit_hit5_over_hit1",
     }  # fmt: skip
     # the output row (layer 2) is left out: phase 3 holds layer 1 only
     row = pt[(pt.phase == 3) & (pt.metric == "tuned_hit1")].iloc[0]
     assert row.n_layers == 1 and row["mean"] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="b1"):
         phase_table(per_layer, {"peak": 0})
+
+
+# ---------------------------------------------------------------- update effective rank and norms
+
+
+def _centered_rank_r(rng: np.random.Generator, n_tok: int, d: int, sigma: np.ndarray) -> np.ndarray:
+    """A (tokens × d) matrix whose token-centered singular values are exactly ``sigma`` (then 0):
+    U (columns orthogonal to the all-ones vector) · diag(sigma) · Vᵀ, plus a constant row."""
+    C = rng.standard_normal((n_tok, sigma.size))
+    U = np.linalg.qr(C - C.mean(axis=0))[0]  # orthonormal columns, each summing to 0
+    V = _orthonormal(rng, d, sigma.size)
+    return U @ np.diag(sigma) @ V.T + rng.standard_normal(d)  # the constant row is removed by centering
+
+
+def _roy_vetterli(sigma: np.ndarray) -> float:
+    p = sigma[sigma > 0] / sigma.sum()
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def test_update_erank_closed_form_and_absolute_norms():
+    """Δ_attn and Δ_mlp of rank 3 and 2 with known singular values: their effective ranks are the
+    closed form exp(−Σ p log p), p = σ/Σσ; Δ_L = Δ_attn + Δ_mlp is checked against numpy's SVD of
+    the centered matrix; absolute norms against the per-token norms."""
+    rng = np.random.default_rng(3)
+    N, T, d = 4, 10, 12
+    s_attn, s_mlp = np.array([5.0, 2.0, 1.0]), np.array([3.0, 3.0])
+    A = _centered_rank_r(rng, N * T, d, s_attn)
+    M = _centered_rank_r(rng, N * T, d, s_mlp)
+    h0 = rng.standard_normal((N * T, d))
+    m0, h1 = h0 + A, h0 + A + M
+    S = np.stack([x.reshape(N, T, d) for x in (h0, m0, h1)], axis=1)
+    for method in ("svd", "gram"):
+        row = layer_geometry(S, erank_method=method).iloc[0]
+        assert row.attn_update_erank == pytest.approx(_roy_vetterli(s_attn), rel=1e-9)
+        assert row.mlp_update_erank == pytest.approx(2.0, rel=1e-9)  # two equal singular values
+        total = np.linalg.svd((A + M) - (A + M).mean(axis=0), compute_uv=False)
+        assert row.update_erank == pytest.approx(_roy_vetterli(total), rel=1e-9)
+        assert row.update_norm == pytest.approx(np.linalg.norm(A + M, axis=1).mean(), rel=1e-12)
+        assert row.attn_update_norm == pytest.approx(np.linalg.norm(A, axis=1).mean(), rel=1e-12)
+        assert row.mlp_update_norm == pytest.approx(np.linalg.norm(M, axis=1).mean(), rel=1e-12)
+        # the relative norm is the absolute one over the stream's norm, token by token
+        assert row.relative_update_norm == pytest.approx(
+            np.mean(np.linalg.norm(A + M, axis=1) / np.linalg.norm(h0, axis=1)), rel=1e-12)
+    out = layer_geometry(S).iloc[1]
+    assert out.state == "output" and np.isnan(out.update_erank) and np.isnan(out.update_norm)
+
+
+def test_update_erank_planted_stack():
+    # _synthetic_stack: layer 1's attention update is 0.5·h1, whose tokens vary along e0 only
+    S, _ = _synthetic_stack()
+    df = layer_geometry(S, skip_positions=1)
+    assert df.iloc[1].attn_update_erank == pytest.approx(1.0, rel=1e-9)
+    assert df.iloc[0].attn_update_erank == 0.0  # Δ_attn = 2 e1 for every token: centered, it is 0
+
+
+def test_hit_ratio_per_layer_and_phase():
+    np.testing.assert_array_equal(hit_ratio([0.5, 0.9, 0.1], [0.25, 0.9, 0.0]), [2.0, 1.0, np.nan])
+    S, _ = _synthetic_stack()
+    per_layer = with_lens_hits(layer_geometry(S, skip_positions=1), _lens_metrics(2))
+    lm = _lens_metrics(2)
+    for lens in ("tuned", "logit"):
+        want = (lm[lm.lens == lens].set_index("layer").hit5 / lm[lm.lens == lens].set_index("layer").hit1)
+        np.testing.assert_allclose(per_layer[f"{lens}_hit5_over_hit1"], want.loc[[0, 1, 2]].to_numpy())
+    pt = phase_table(per_layer, {"b1": 0, "b2": 0})
+    row = pt[(pt.phase == 1) & (pt.metric == "logit_hit5_over_hit1")].iloc[0]
+    assert row["mean"] == pytest.approx(float(want.loc[0]))

@@ -334,3 +334,97 @@ def test_profile_at_reads_d_from_the_table():
         profile_at(mixed, 0.25)
     with pytest.raises(ValueError, match=r"an integer >= every k \(max k = 8\), got \[4\]"):
         profile_at(table.assign(d=4), 0.25)
+
+
+# ---------------------------------------------------------------- middle resolution regime
+
+
+def _rss_table(profiles: dict[int, np.ndarray], d: int = 100):
+    import pandas as pd
+
+    rows = [{"layer": L, "k": k, "k_fraction": k / d, "d": d, "rss": float(v), "grassmann_distance": 0.0,
+             "energy": 0.0} for k, y in profiles.items() for L, v in enumerate(y)]
+    return pd.DataFrame(rows)
+
+
+def _kneed_cut(y: np.ndarray) -> tuple[int, int]:
+    """The independent check: kneed's KneeLocator on the two segments around the peak."""
+    from kneed import KneeLocator
+
+    x = np.arange(y.size)
+    p = int(np.argmax(y))
+    b1 = KneeLocator(x[: p + 1], y[: p + 1], S=1.0, curve="concave", direction="increasing").knee
+    b2 = KneeLocator(x[p:], y[p:], S=1.0, curve="concave", direction="decreasing").knee
+    return int(b1), int(b2)
+
+
+def _knees_at(m: int, b1: int, b2: int) -> np.ndarray:
+    """Rise 0 → 1 on [0, b1], a slow rise to a peak at the middle of the plateau, a fall after b2."""
+    x = np.arange(m, dtype=float)
+    peak = (b1 + b2) // 2
+    y = np.where(x <= b1, x / b1, 1.0 + 0.02 * (x - b1) / (peak - b1))
+    y = np.where(x > peak, 1.02 - 0.02 * (x - peak) / (b2 - peak), y)
+    return np.where(x > b2, 1.0 - 0.8 * (x - b2) / (m - 1 - b2), y)
+
+
+def test_regime_agreement_on_known_knees_matches_kneed():
+    from resdyn.study_b.phases import regime_agreement
+
+    m = 24
+    planted = {5: (5, 16), 10: (6, 16), 15: (5, 19)}  # k -> (b1, b2): b1 moves 1, b2 moves 3
+    profiles = {k: _knees_at(m, *cut) for k, cut in planted.items()}
+    reg = regime_agreement(_rss_table(profiles), {"k": [5, 10, 15], "k_fraction": [0.05, 0.1, 0.15], "k_center": 10,
+                                                  "how": "test"}, method="none")
+    for cut in reg["cuts"]:
+        assert (cut["b1"], cut["b2"]) == planted[cut["k"]] == _kneed_cut(profiles[cut["k"]]), cut
+        assert cut["b1_found"] and cut["b2_found"]
+    assert (reg["b1_shift"], reg["b2_shift"], reg["max_shift"]) == (1, 3, 3) and reg["reason"] == ""
+    same = regime_agreement(_rss_table({5: profiles[5], 10: profiles[5]}), {"k": [5, 10], "k_fraction": [0.05, 0.1]},
+                            method="none")
+    assert same["max_shift"] == 0
+    one = regime_agreement(_rss_table({5: profiles[5]}), {"k": [5], "k_fraction": [0.05]}, method="none")
+    assert one["max_shift"] == 0 and "one k" in one["reason"]
+    with pytest.raises(ValueError, match="k=7"):
+        regime_agreement(_rss_table({5: profiles[5]}), {"k": [7], "k_fraction": [0.07]})
+
+
+def test_middle_regime_is_the_compromise_point_and_its_neighbours():
+    import pandas as pd
+
+    from resdyn.study_b.phases import middle_regime
+
+    # study B's grid; energy rises and visibility falls with k (all on the frontier)
+    frac = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5]
+    energy = [0.05, 0.1, 0.3, 0.62, 0.75, 0.82, 0.9, 1.0]
+    vis = [0.9, 0.88, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1]
+    t = pd.DataFrame({"k_fraction": frac, "k": [round(100 * f) for f in frac], "energy": energy,
+                      "visibility": vis, "pareto": True})
+    # by hand: normalised distances to (1, 1); the smallest is at k = 10
+    e = (np.array(energy) - 0.05) / 0.95
+    v = (np.array(vis) - 0.1) / 0.8
+    assert int(np.argmin(np.hypot(1 - e, 1 - v))) == 3
+    reg = middle_regime(t)
+    assert reg["k"] == [5, 10, 15] and reg["k_fraction"] == [0.05, 0.1, 0.15] and reg["k_center"] == 10
+    assert "k = 10" in reg["how"]
+    # off-frontier rows never count; at the frontier's end the regime is shorter
+    t.loc[t.k == 5, "pareto"] = False
+    assert middle_regime(t)["k"] == [2, 10, 15]
+    assert middle_regime(t.iloc[[0]])["k"] == [1]
+    with pytest.raises(ValueError, match="no Pareto-frontier row"):
+        middle_regime(t.assign(pareto=False))
+    with pytest.raises(ValueError, match=r"lacks columns \['pareto'\]"):
+        middle_regime(t.drop(columns="pareto"))
+
+
+def test_regime_round_trips_through_phases_json():
+    from resdyn.study_b.phases import Cutpoints, regime_agreement
+
+    y = _knees_at(24, 5, 16)
+    reg = regime_agreement(_rss_table({5: y, 10: y}), {"k": [5, 10], "k_fraction": [0.05, 0.1]}, method="none")
+    js = json.loads(json.dumps(cutpoints(y).at_k(10, 0.1).with_regime(reg).to_json(), allow_nan=False))
+    assert js["regime"]["max_shift"] == 0
+    back = Cutpoints.from_json(js)
+    assert back.regime == js["regime"] and back.to_json() == js
+    js["regime"]["b2_shift"] = -1
+    with pytest.raises(ValueError, match="regime.b2_shift"):
+        Cutpoints.from_json(js, source="x/phases.json")

@@ -117,6 +117,21 @@ def test_every_artifact_exists_and_parses(smoke):
     assert set(widths["status"]) == {"too_few_depths"}  # one depth in the smoke preset
 
 
+def test_paper_table_and_study_b_metrics(smoke):
+    """Issue 24: the paper table names every stated figure, with a value or a reason; the update
+    effective ranks, absolute norms, hit ratios and the middle regime's agreement are produced."""
+    from resdyn import artifacts as A
+
+    table = A.PaperComparison.read(smoke / "results" / "paper_comparison.tsv")
+    assert set(table["claim"]) == set(A.ClaimsTable.load()["claim_id"])
+    assert (table["run_value"].notna() | (table["reason"].fillna("") != "")).all()
+    geo = A.LayerGeometry.read(smoke / "results" / "tiny_llama" / "step30" / "geometry.tsv")
+    inner = geo[geo["state"] != "output"]
+    assert (inner[["update_erank", "attn_update_erank", "mlp_update_erank", "update_norm"]] > 0).all().all()
+    assert {"tuned_hit5_over_hit1", "logit_hit5_over_hit1"} <= set(geo.columns)
+    regime = io.read_json(smoke / "results" / "tiny_llama" / "step30" / "phases.json")["regime"]
+    assert regime["k"] and regime["max_shift"] == max(regime["b1_shift"], regime["b2_shift"]) >= 0
+
 def read_every_artifact(run: Path) -> set[Path]:
     """Read every file under ``run/results`` that an artifact class declares through that class
     (issue 14: the schemas hold for real outputs); returns the files read."""
@@ -239,8 +254,8 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
     cfg = with_config(smoke, "window", lambda c: c["phases"].update(window=5))
     jobs = planned_jobs(smoke, cfg)
     # bridge, causal and the scorecard label or compare layers by phase, so they follow
-    assert set(jobs) == {"phases", "phase_metrics", "scaling", "bridge", "causal", "scorecard", "figure_lens",
-                         "figure_global", "all"}
+    assert set(jobs) == {"phases", "phase_metrics", "scaling", "bridge", "causal", "scorecard", "paper_comparison",
+                         "figure_lens", "figure_global", "all"}
     assert jobs["phases"] == 1
 
 
@@ -254,7 +269,8 @@ def test_resolution_k_list_does_not_touch_jacobians_activations_or_lens(smoke):
 def test_leiden_resolution_reruns_only_topology(smoke):
     cfg = with_config(smoke, "gamma", lambda c: c["topology"].update(resolution=0.1))
     jobs = planned_jobs(smoke, cfg)
-    assert set(jobs) == {"communities", "coupling", "checkpoints", "scorecard", "figure_ckpt", "figure_model", "all"}
+    assert set(jobs) == {"communities", "coupling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
+                         "figure_model", "all"}
     assert jobs["communities"] == 2  # 2 checkpoints
 
 
@@ -411,7 +427,7 @@ def test_lint_and_format(smoke):
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
-@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml",
+@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml", "configs/paper-b-extended.yaml",
                                     "configs/pythia.yaml"])
 def test_dry_run_every_config(config, paper_hub_cache):
     # offline, hub models must be in the cache: stand-in snapshots of the paper presets' models

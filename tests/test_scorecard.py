@@ -84,7 +84,8 @@ def test_every_claim_holds():
     assert by.loc["tuned_beats_logit_early", "value"] == pytest.approx(10.0)
     assert by.loc["phase2_width_grows", "value"] == 0.8
     assert (by.loc["phase2_width_grows", "ci_low"], by.loc["phase2_width_grows", "ci_high"]) == (0.5, 1.1)
-    assert by.loc["coupling_grows", "study_value"].startswith("OLMo 3 7B: 0 / 14 / 24")
+    assert by.loc["coupling_grows", "study_value"].startswith("0 of 32 FDR-significant layers (OLMo 3 7B, step 0)")
+    assert by.loc["coupling_grows", "detail"].endswith(" layers")
 
 
 def test_every_claim_fails():
@@ -249,3 +250,31 @@ def test_claims_of_a_study_not_run_say_not_run(ran, tmp_path):
     pd.testing.assert_frame_equal(same, full.set_index("claim_id").loc[same.index])
     with pytest.raises(ValueError, match="studies"):
         sc.scorecard(None, ["a"], studies=["C"])
+
+
+def test_scorecard_quotes_only_figures_of_the_claims_table():
+    """Every number in a study_value is in the claims table's stated figures (issue 24: the
+    scorecard once quoted "≈45 at alpha = 0", which the study never states)."""
+    import re
+
+    from resdyn import artifacts as A
+
+    claims = A.ClaimsTable.load()
+    stated = " ".join(claims["stated_value"])
+    t = sc.scorecard(None, ["step0"])
+    quoted = " ".join(t["study_value"])
+    numbers = re.findall(r"\d+(?:\.\d+)?", re.sub(r"\([^)]*\)", "", quoted))  # figures, not model names
+    assert numbers and all(n in re.findall(r"\d+(?:\.\d+)?", stated) for n in numbers), (numbers, stated)
+    assert "45" not in quoted and t.set_index("claim_id").loc["schur_dissolves_collapse", "study_value"] == ""
+    for cid, ids in sc.STUDY_REFERENCES.items():
+        assert cid in sc.CLAIMS and set(ids) <= set(claims["claim_id"]), cid
+    # a scorecard figure the table lacks is refused, naming it
+    with pytest.raises(ValueError, match="erank_full_depth"):
+        sc.scorecard(None, ["step0"], claims=claims[claims.claim_id != "erank_full_depth"])
+
+
+def test_coupling_grows_counts_layers_when_available():
+    ck = checkpoints(("step0", .5, .5, 30, 4), ("step1000", .5, .5, 30, 9))
+    ck["n_significant_layers"] = np.where(ck["ckpt"] == "step0", 0, 5)
+    row = sc.scorecard(ck, ["step0", "step1000"]).set_index("claim_id").loc["coupling_grows"]
+    assert row["value"] == 5.0 and "layers" in row["statistic"] and "boundaries" not in row["detail"]

@@ -1,7 +1,8 @@
 """Replication scorecard: one row per headline claim of the two studies, with a verdict.
 
 Each claim is turned into one statistic computed from the pipeline's tables, an interval where
-one exists, the study's own number where it gives one, and a verdict:
+one exists, the study's own figure where it states one (quoted from the claims table,
+resdyn/data/claims.tsv, :data:`STUDY_REFERENCES`; docs/claims.md), and a verdict:
 
 - ``holds``: the statistic points the claimed way (past the threshold below) and, when an
   interval exists, the whole interval does (a bootstrap interval over fewer than
@@ -24,8 +25,9 @@ Claims (``claim_id``: statistic; thresholds are the module constants):
    erank at α = 0 over α = 1 (final checkpoint); holds if > :data:`SCHUR_RATIO_MIN`; not testable
    if there is no collapse (full-depth erank at α = 1 ≥ :data:`COLLAPSE_FRACTION` × the
    erank after the first sublayer).
-5. ``coupling_grows`` — FDR-significant coupling boundaries grow with training: count at the
-   final minus the first checkpoint; holds if > 0 and the counts never decrease along training.
+5. ``coupling_grows`` — FDR-significant coupling layers grow with training: count at the final
+   minus the first checkpoint (``n_significant_layers``: Simes per layer, BH over the layers,
+   :func:`resdyn.study_a.topology.layer_significance`); holds if > 0 and the counts never decrease.
 6. ``coupling_sign`` — coupling sign follows operator type: Spearman ρ between coupling effect
    and Henrici departure (final checkpoint); holds if ρ < 0 with p < :data:`ALPHA`.
 7. ``rss_three_phases`` — RSS unimodal with three phases: number of prominent peaks (prominence
@@ -59,7 +61,8 @@ __all__ = [
     "CLAIMS",
     "CLAIM_STUDY",
     "SCORECARD_COLUMNS",
-    "STUDY_VALUES",
+    "STUDY_REFERENCES",
+    "study_values",
     "VERDICTS",
     "scorecard",
     "paired_difference_ci",
@@ -82,7 +85,7 @@ CLAIMS: dict[str, str] = {
     "gradient_learned": "the rotational-to-symmetric gradient is learned (weaker at step 0)",
     "collapse_learned": "the cumulative effective-rank collapse is learned (final full-depth erank < step 0)",
     "schur_dissolves_collapse": "alpha = 0 Schur surgery dissolves most of the collapse",
-    "coupling_grows": "FDR-significant coupling boundaries grow with training",
+    "coupling_grows": "FDR-significant coupling layers grow with training",
     "coupling_sign": "coupling sign follows operator type (Spearman rho(effect, Henrici) < 0)",
     "rss_three_phases": "RSS profile is unimodal with three phases (b1 < peak < b2, both knees found)",
     "tuned_beats_logit_early": "tuned lens >> logit lens in the first third of layers",
@@ -94,12 +97,34 @@ CLAIM_STUDY: dict[str, str] = {
                      "coupling_grows", "coupling_sign"), "A"),
     **dict.fromkeys(("rss_three_phases", "tuned_beats_logit_early", "phase2_width_grows"), "B"),
 }
-STUDY_VALUES: dict[str, str] = {
-    "collapse_learned": "cum erank ≈436 → ≈7 (Llama 3.1 8B)",
-    "schur_dissolves_collapse": "full-depth erank ≈7 at alpha = 1 → ≈45 at alpha = 0 (Llama 3.1 8B)",
-    "coupling_grows": "OLMo 3 7B: 0 / 14 / 24 significant boundaries (step 0 / 471k / 1.41M)",
-    "phase2_width_grows": "phase-2 slope 0.6–1.0 layers per layer (phase-1 slope ≤ 0.26)",
+#: The stated figures (ids of the claims table, resdyn/data/claims.tsv) each claim's
+#: ``study_value`` quotes; a claim without one quotes nothing (the studies give no number).
+STUDY_REFERENCES: dict[str, tuple[str, ...]] = {
+    "rotational_gradient": ("complex_share_early",),
+    "collapse_learned": ("erank_single_layer", "erank_full_depth"),
+    "coupling_grows": ("significant_layers_step0", "significant_layers_mid", "significant_layers_final"),
+    "phase2_width_grows": ("phase2_width_slope", "phase1_width_slope"),
 }
+
+
+def study_values(claims: pd.DataFrame | None = None) -> dict[str, str]:
+    """Each claim's ``study_value``: its :data:`STUDY_REFERENCES` figures as the claims table
+    states them, ``"<stated_value> <unit> (<study_model>, <study_ckpt>)"`` joined by ``"; "``.
+
+    ``claims``: the claims table (default: the packaged one, :meth:`resdyn.artifacts.ClaimsTable.load`).
+    A referenced id missing from the table raises ValueError naming it.
+    """
+    claims = artifacts.ClaimsTable.load() if claims is None else claims
+    by_id = claims.set_index("claim_id")
+    missing = sorted({c for ids in STUDY_REFERENCES.values() for c in ids} - set(by_id.index))
+    if missing:
+        raise ValueError(f"claims table lacks the figures {missing} that the scorecard quotes "
+                         f"(resdyn/data/claims.tsv has {sorted(by_id.index)})")
+    return {cid: "; ".join(f"{by_id.at[c, 'stated_value']} {by_id.at[c, 'unit']} "
+                           f"({by_id.at[c, 'study_model']}, {by_id.at[c, 'study_ckpt']})" for c in ids)
+            for cid, ids in STUDY_REFERENCES.items()}
+
+
 SCORECARD_COLUMNS = artifacts.SCORECARD_COLUMNS  # defined by resdyn.artifacts.ScorecardTable
 
 
@@ -109,10 +134,11 @@ SCORECARD_COLUMNS = artifacts.SCORECARD_COLUMNS  # defined by resdyn.artifacts.S
 
 def _row(claim_id: str, statistic: str, value: float = math.nan, ci: tuple[float, float] | None = None,
          ci_source: str = "", verdict: str = UNTESTABLE, reason: str = "", detail: str = "", ckpts: str = "") -> dict:
+    """One scorecard row; ``study_value`` is filled by :func:`scorecard` from the claims table."""
     lo, hi = ci if ci is not None else (math.nan, math.nan)
     return {"claim_id": claim_id, "claim": CLAIMS[claim_id], "statistic": statistic, "value": float(value),
             "ci_low": float(lo), "ci_high": float(hi), "ci_source": ci_source if ci is not None else "",
-            "study_value": STUDY_VALUES.get(claim_id, ""), "verdict": verdict, "reason": reason,
+            "study_value": "", "verdict": verdict, "reason": reason,
             "detail": detail, "ckpts": ckpts}
 
 
@@ -138,7 +164,7 @@ def _directional(value: float, ci: tuple[float, float] | None, sign: int, thresh
     return HOLDS, f"{what} {_fmt(value)} {op} {_fmt(threshold)} (no interval)"
 
 
-def _complex_column(table: pd.DataFrame, tol: float) -> str | None:
+def complex_column(table: pd.DataFrame, tol: float) -> str | None:
     col = f"complex_frac_J_tol{tol:.0e}"
     return col if col in table.columns else None
 
@@ -147,7 +173,7 @@ def _ckpt_rows(table: pd.DataFrame, ckpt: str) -> pd.DataFrame:
     return table[table["ckpt"].astype(str) == str(ckpt)].sort_values("s")
 
 
-def _gradient(rows: pd.DataFrame, col: str) -> tuple[float, str]:
+def complex_gradient(rows: pd.DataFrame, col: str) -> tuple[float, str]:
     """Mean complex fraction of the first third minus the last third of sublayers."""
     vals = rows[col].to_numpy(dtype=np.float64)
     if vals.size < 2:
@@ -241,7 +267,7 @@ def _claim_gradient(ck: pd.DataFrame | None, final: str, col: str | None, boot: 
     cid, stat = "rotational_gradient", f"complex fraction (tol {tol:g}) first third − last third of sublayers"
     if ck is None or col is None:
         return _row(cid, stat, reason="no checkpoints table" if ck is None else f"no complex_frac_J_tol{tol:.0e} column in checkpoints.tsv", ckpts=final)
-    value, detail = _gradient(_ckpt_rows(ck, final), col)
+    value, detail = complex_gradient(_ckpt_rows(ck, final), col)
     ci, source, n = _boot_ci(boot.get(final), "complex_fraction_early_minus_late")
     decide, note = _usable(ci, n)
     verdict, reason = _directional(value, decide, +1, what="early − late")
@@ -257,8 +283,8 @@ def _claim_gradient_learned(ck, order, col, boot, reps, tol, level) -> dict:
     if len(order) < 2:
         return _row(cid, stat, reason="only one checkpoint", ckpts=",".join(order))
     first, final = order[0], order[-1]
-    g0, d0 = _gradient(_ckpt_rows(ck, first), col)
-    g1, d1 = _gradient(_ckpt_rows(ck, final), col)
+    g0, d0 = complex_gradient(_ckpt_rows(ck, first), col)
+    g1, d1 = complex_gradient(_ckpt_rows(ck, final), col)
     ci, source, n = paired_difference_ci(boot.get(first), reps.get(first), boot.get(final), reps.get(final),
                                          "complex_fraction_early_minus_late", level)
     value = g1 - g0
@@ -322,7 +348,7 @@ def _claim_coupling_grows(ck, order) -> dict:
         return _row(cid, stat, reason="only one checkpoint", ckpts=",".join(order))
     series = [_ckpt_rows(ck, c)["n_significant_layers"].astype(float) for c in order]
     counts = [float(c.iloc[0]) if len(c) else math.nan for c in series]
-    detail = " / ".join(f"{c}: {_fmt(v)}" for c, v in zip(order, counts))
+    detail = " / ".join(f"{c}: {_fmt(v)}" for c, v in zip(order, counts)) + " layers"
     if not all(math.isfinite(v) for v in counts):
         return _row(cid, stat, reason="a checkpoint has no coupling count", detail=detail, ckpts=",".join(order))
     value = counts[-1] - counts[0]
@@ -464,12 +490,13 @@ def scorecard(
     level: float = 0.95,
     lens_ckpt: str | None = None,
     studies: Sequence[str] = ("A", "B"),
+    claims: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The scorecard of one model: one row per claim (module docstring), :data:`SCORECARD_COLUMNS`.
 
     Args:
         checkpoints: ``checkpoints.tsv`` (one row per checkpoint and sublayer; columns ckpt, s,
-            complex_frac_J_tol*, henrici, cum_erank, n_significant, sign_dependence_rho/_p).
+            complex_frac_J_tol*, henrici, cum_erank, n_significant_layers, sign_dependence_rho/_p).
         ckpt_order: checkpoint names in training order (first = step 0, last = final).
         schur_final: ``schur.tsv`` of the final checkpoint.
         phases, lens_metrics: ``phases.json`` and ``lens_metrics.tsv`` of ``lens_ckpt``
@@ -481,6 +508,7 @@ def scorecard(
         complex_tol: tolerance of the complex-fraction column used (``complex_frac_J_tol{t:.0e}``).
         level: level of the paired-bootstrap intervals.
         studies: the studies that ran (config key ``studies``); claims of the others are ``not run``.
+        claims: the claims table whose figures ``study_value`` quotes (default: the packaged one).
     Every claim always gets a row; missing inputs make it ``not testable`` with the reason.
     """
     order = [str(c) for c in ckpt_order]
@@ -493,7 +521,7 @@ def scorecard(
     lens_ckpt = final if lens_ckpt is None else str(lens_ckpt)
     boot = dict(bootstrap or {})
     reps = dict(replicates or {})
-    col = _complex_column(checkpoints, complex_tol) if checkpoints is not None else None
+    col = complex_column(checkpoints, complex_tol) if checkpoints is not None else None
     rows = [
         _claim_gradient(checkpoints, final, col, boot, complex_tol),
         _claim_gradient_learned(checkpoints, order, col, boot, reps, complex_tol, level),
@@ -513,4 +541,6 @@ def scorecard(
             _row(row["claim_id"], row["statistic"], verdict=NOT_RUN,
                  reason=f"study {CLAIM_STUDY[row['claim_id']]} is not run (config studies: {ran})")
             for row in rows]
-    return pd.DataFrame(rows, columns=SCORECARD_COLUMNS)
+    table = pd.DataFrame(rows, columns=SCORECARD_COLUMNS)
+    table["study_value"] = table["claim_id"].map(study_values(claims)).fillna("")
+    return table

@@ -703,8 +703,8 @@ RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling",
          "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
 #: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
-LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "figure_ckpt", "figure_lens",
-                        "figure_model", "figure_zoo", "figure_global", "all")
+LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
+                        "figure_lens", "figure_model", "figure_zoo", "figure_global", "all")
 
 
 def uses_gpu(config: dict, rule: str) -> bool:

@@ -37,26 +37,13 @@ __all__ = [
     "phase_metrics",
     "depth_scaling",
     "with_lens_hits",
+    "hit_ratio",
     "phase_table",
     "PHASE_NAMES",
     "PHASE_METRICS",
 ]
 
 PHASE_NAMES = {1: "rise", 2: "plateau", 3: "descent"}
-# per-layer metrics aggregated by phase_table (those present in the table)
-PHASE_METRICS = [
-    "hidden_erank",
-    "update_orthogonality",
-    "attn_orthogonality",
-    "mlp_orthogonality",
-    "norm_ratio",
-    "norm_ratio_of_means",
-    "relative_update_norm",
-    "tuned_hit1",
-    "tuned_hit5",
-    "logit_hit1",
-    "logit_hit5",
-]
 _SVD_MAX_ELEMENTS = 1 << 24  # above this many entries, singular values come from the Gram matrix
 _CHUNK_ELEMENTS = 1 << 22  # entries per streamed chunk (32 MiB in float64)
 
@@ -273,9 +260,19 @@ LAYER_COLUMNS = [
     "norm_ratio",
     "norm_ratio_of_means",
     "relative_update_norm",
+    "update_norm",
+    "attn_update_norm",
+    "mlp_update_norm",
+    "update_erank",
+    "attn_update_erank",
+    "mlp_update_erank",
 ]
 #: per-layer columns about the update after a state: empty on the ``output`` row (nothing follows)
 UPDATE_COLUMNS = tuple(LAYER_COLUMNS[4:])
+#: lens columns that :func:`with_lens_hits` adds
+LENS_HIT_COLUMNS = tuple(f"{lens}_{c}" for lens in ("tuned", "logit") for c in ("hit1", "hit5", "hit5_over_hit1"))
+#: per-layer metrics aggregated by phase_table (those present in the table)
+PHASE_METRICS = ["hidden_erank", *(c for c in UPDATE_COLUMNS if c != "n_excluded"), *LENS_HIT_COLUMNS]
 
 
 class _UpdateSums:
@@ -290,6 +287,7 @@ class _UpdateSums:
         self.rel = [0.0, 0]  # Σ ‖Δ_L‖/‖h_L‖ over tokens with ‖h_L‖ > 0
         self.norm_mlp = 0.0
         self.norm_attn = 0.0
+        self.norm_layer = 0.0
 
     @staticmethod
     def _add(acc: list, values: np.ndarray) -> None:
@@ -309,9 +307,11 @@ class _UpdateSums:
         ok = na > 0
         self._add(self.ratio, nm[ok] / na[ok])
         ok = nh > 0
-        self._add(self.rel, np.linalg.norm(d_layer, axis=1)[ok] / nh[ok])
+        nd = np.linalg.norm(d_layer, axis=1)
+        self._add(self.rel, nd[ok] / nh[ok])
         self.norm_mlp += float(nm.sum())
         self.norm_attn += float(na.sum())
+        self.norm_layer += float(nd.sum())
 
     @staticmethod
     def _mean(acc: list) -> float:
@@ -326,6 +326,9 @@ class _UpdateSums:
             "norm_ratio": self._mean(self.ratio),
             "norm_ratio_of_means": self.norm_mlp / self.norm_attn if self.norm_attn > 0 else float("nan"),
             "relative_update_norm": self._mean(self.rel),
+            "update_norm": self.norm_layer / self.n_tokens if self.n_tokens else float("nan"),
+            "attn_update_norm": self.norm_attn / self.n_tokens if self.n_tokens else float("nan"),
+            "mlp_update_norm": self.norm_mlp / self.n_tokens if self.n_tokens else float("nan"),
         }
 
 
@@ -372,7 +375,12 @@ def layer_geometry(
       out); ``norm_ratio_of_means``: ``mean‖Δ_mlp‖ / mean‖Δ_attn‖`` (see
       :func:`update_norm_ratio`);
     - ``relative_update_norm``: mean over tokens of ``‖Δ_L‖ / ‖h_L‖`` (tokens with ``h_L = 0``
-      left out).
+      left out);
+    - ``update_norm``, ``attn_update_norm``, ``mlp_update_norm``: the absolute sizes, mean over
+      tokens of ``‖Δ_L‖``, ``‖Δ_attn‖``, ``‖Δ_mlp‖`` (all tokens);
+    - ``update_erank``, ``attn_update_erank``, ``mlp_update_erank``: the effective rank of the
+      updates as a (tokens × d) matrix, with ``hidden_erank``'s definition (Roy–Vetterli on the
+      singular values of the token-centered matrix, :func:`hidden_effective_rank`).
     """
     shape = getattr(boundary_states, "shape", None)
     if shape is None:
@@ -424,27 +432,40 @@ def layer_geometry(
             return float(effective_rank(parts.singular_values()))
         return hidden_effective_rank(np.concatenate(parts, axis=0), "svd")
 
+    def new() -> list[np.ndarray] | _CenteredGram:
+        return [] if use_svd else _CenteredGram(d)
+
+    def push(parts: list[np.ndarray] | _CenteredGram, X: np.ndarray) -> None:
+        if isinstance(parts, list):
+            parts.append(X)
+        else:
+            parts.add(X)
+
     rows = []
     for L in range(n + 1):
-        parts: list[np.ndarray] | _CenteredGram = [] if use_svd else _CenteredGram(d)
+        # h_L and the three updates after it: Δ_attn = m_L − h_L, Δ_mlp = h_{L+1} − m_L, Δ_L
+        mats = {"hidden_erank": new()}
+        if L < n:
+            mats.update(attn_update_erank=new(), mlp_update_erank=new(), update_erank=new())
         sums = _UpdateSums()
         for a in range(0, N, chunk):
             b = min(N, a + chunk)
             h = read(2 * L, a, b)
-            if isinstance(parts, list):
-                parts.append(h)
-            else:
-                parts.add(h)
+            push(mats["hidden_erank"], h)
             if L < n:
-                sums.add(h, read(2 * L + 1, a, b), read(2 * L + 2, a, b), eps)
+                m, h_next = read(2 * L + 1, a, b), read(2 * L + 2, a, b)
+                sums.add(h, m, h_next, eps)
+                push(mats["attn_update_erank"], m - h)
+                push(mats["mlp_update_erank"], h_next - m)
+                push(mats["update_erank"], h_next - h)
         row: dict[str, Any] = {
             "layer": L,
             "state": "h_L" if L < n else "output",
             "n_tokens": n_tok,
-            "hidden_erank": erank_of(parts),
         }
         if L < n:
             row.update(sums.row())
+        row.update({name: erank_of(parts) for name, parts in mats.items()})
         rows.append(row)
     return pd.DataFrame(rows, columns=LAYER_COLUMNS)
 
@@ -525,7 +546,8 @@ def with_lens_hits(
     per (lens ∈ {tuned, logit}, layer), layer L = the lens reading ``h_L``, L = n the model's
     output) — the same layer index as :func:`layer_geometry` (row L describes ``h_L``; the
     ``output`` row is L = n). Gives e.g. ``tuned_hit1``, ``tuned_hit5``, ``logit_hit1``,
-    ``logit_hit5``; layers without a lens row get NaN. Left join: ``per_layer``'s rows and
+    ``logit_hit5``, and with both hit columns ``{lens}_hit5_over_hit1`` (:func:`hit_ratio`);
+    layers without a lens row get NaN. Left join: ``per_layer``'s rows and
     order are kept.
     """
     if not isinstance(per_layer, pd.DataFrame) or not isinstance(lens_metrics, pd.DataFrame):
@@ -548,10 +570,30 @@ def with_lens_hits(
     wide.columns = [f"{lens}_{col}" for col, lens in wide.columns]
     wide = wide[sorted(wide.columns)].reset_index()
     wide["layer"] = wide["layer"].astype(per_layer["layer"].dtype)
+    if {"hit1", "hit5"} <= set(columns):
+        for lens in sorted(lens_metrics["lens"].unique()):
+            wide[f"{lens}_hit5_over_hit1"] = hit_ratio(wide[f"{lens}_hit5"], wide[f"{lens}_hit1"])
     clash = [c for c in wide.columns if c != "layer" and c in per_layer.columns]
     if clash:
         raise ValueError(f"per_layer already has columns {clash}")
     return per_layer.merge(wide, on="layer", how="left")
+
+
+def hit_ratio(hit5: Any, hit1: Any) -> np.ndarray:
+    """``Hit@5 / Hit@1`` per layer: how much more often the final top-1 token is among the lens's
+    top 5 than its top 1 (≥ 1, since Hit@5 ≥ Hit@1); NaN where ``Hit@1 = 0`` (undefined).
+
+    Examples
+    --------
+    >>> hit_ratio([0.5, 0.9, 0.1], [0.25, 0.9, 0.0]).tolist()
+    [2.0, 1.0, nan]
+    """
+    h5 = np.asarray(hit5, dtype=np.float64)
+    h1 = np.asarray(hit1, dtype=np.float64)
+    out = np.full(np.broadcast(h5, h1).shape, np.nan)
+    ok = h1 > 0
+    np.divide(h5, h1, out=out, where=ok)
+    return out
 
 
 def phase_table(

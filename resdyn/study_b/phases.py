@@ -48,11 +48,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["SMOOTHING_METHODS", "Cutpoints", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at"]
+__all__ = ["SMOOTHING_METHODS", "Cutpoints", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at",
+           "middle_regime", "regime_agreement"]
 
 SMOOTHING_METHODS = ("none", "moving_average", "savgol")
 _SAVGOL_POLYORDER = 2
 _MIN_DIFFERENCE = 1e-12  # a knee must lie this far above the chord (normalized units)
+_OPTIONAL_KEYS = ("k", "k_fraction_requested", "regime")  # phases.json keys left out while unset
+REGIME_KEYS = ("k", "k_fraction", "k_center", "how", "cuts", "b1_shift", "b2_shift", "max_shift", "reason")
 
 
 def _as_profile(profile: object, name: str = "profile", min_len: int = 3) -> np.ndarray:
@@ -283,7 +286,9 @@ class Cutpoints:
       local-maxima indices (None when kneed was not run), the local ``knee`` and ``reason``;
     - ``k``, ``k_fraction_requested``: the readout dimension the profile was taken at and the
       configured fraction (:func:`profile_at`; None until set with :meth:`at_k`, and then left
-      out of the JSON).
+      out of the JSON);
+    - ``regime``: the cuts at every k of the middle resolution regime and their agreement
+      (:func:`regime_agreement`; None until set with :meth:`with_regime`, then left out).
     """
 
     b1: int
@@ -304,17 +309,22 @@ class Cutpoints:
     stages: Mapping[str, Mapping[str, Any]] = field(repr=False)
     k: int | None = None
     k_fraction_requested: float | None = None
+    regime: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def at_k(self, k: int, k_fraction_requested: float) -> Cutpoints:
         """The same cut, labelled with the readout dimension k of its profile."""
         return replace(self, k=int(k), k_fraction_requested=float(k_fraction_requested))
+
+    def with_regime(self, regime: Mapping[str, Any]) -> Cutpoints:
+        """The same cut, with the middle regime's cuts and agreement (:func:`regime_agreement`)."""
+        return replace(self, regime=dict(regime))
 
     def to_json(self) -> dict[str, Any]:
         """The ``phases.json`` object: plain ints, floats, strings, lists, None, in field order."""
         out: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("k", "k_fraction_requested") and v is None:
+            if f.name in _OPTIONAL_KEYS and v is None:
                 continue
             if f.name == "spans":
                 v = [list(span) for span in v]
@@ -335,7 +345,7 @@ class Cutpoints:
         """
         if not isinstance(obj, Mapping):
             raise ValueError(f"{source}: expected a JSON object of phase cut points, got {type(obj).__name__}")
-        required = [f.name for f in fields(cls) if f.name not in ("k", "k_fraction_requested")]
+        required = [f.name for f in fields(cls) if f.name not in _OPTIONAL_KEYS]
         missing = [name for name in required if name not in obj]
         if missing:
             raise ValueError(f"{source}: lacks keys {missing} (a phases.json written by resdyn.study_b.phases has {required})")
@@ -392,12 +402,15 @@ class Cutpoints:
         kf = obj.get("k_fraction_requested")
         if kf is not None and (isinstance(kf, bool) or not isinstance(kf, (int, float)) or not 0 < kf <= 1):
             raise ValueError(f"{source}: k_fraction_requested must be in (0, 1], got {kf!r}")
+        regime = obj.get("regime")
+        if regime is not None:
+            _check_regime(regime, source)
         return cls(
             b1=b1, b2=b2, peak=peak, b1_found=flag("b1_found"), b2_found=flag("b2_found"), reason=obj["reason"],
             spans=spans, widths=tuple(widths), n=n, window=window, method=obj["method"], sensitivity=sens,
             notes=tuple(obj["notes"]), profile=profile, smoothed=smoothed,
             stages={name: dict(stage) for name, stage in stages.items()}, k=k,
-            k_fraction_requested=None if kf is None else float(kf),
+            k_fraction_requested=None if kf is None else float(kf), regime=regime,
         )
 
 
@@ -563,8 +576,136 @@ def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
     else:
         dist = (ks["k_fraction"].astype(float) - float(k_fraction)).abs().to_numpy()
         k = int(ks["k"].to_numpy()[int(np.argmin(dist))])  # first minimum = smaller k
-    sub = rss[rss["k"].astype(int) == k].sort_values("layer")
+    return _profile_at_k(rss, k), k
+
+
+def _profile_at_k(rss: pd.DataFrame, k: int) -> list[float]:
+    """The ``rss`` values at readout dimension ``k``, ordered by layer (0 … m−1 required)."""
+    sub = rss[rss["k"].astype(int) == int(k)].sort_values("layer")
     layers = sub["layer"].astype(int).tolist()
+    if not layers:
+        raise ValueError(f"rss table has no rows at k={k} (its k: {sorted(set(rss['k'].astype(int)))})")
     if layers != list(range(len(layers))):
         raise ValueError(f"rss table at k={k}: layers must be exactly 0..{len(layers) - 1}, got {layers}")
-    return [float(v) for v in sub["rss"]], k
+    return [float(v) for v in sub["rss"]]
+
+
+def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
+    """The middle resolution regime: the compromise k of the Pareto frontier and its neighbours.
+
+    On the frontier rows of a ``resolution.tsv`` table (``pareto`` True; one row per distinct
+    k, sorted by k), energy ``e`` and visibility ``v`` are min-max normalised over the frontier
+    (an axis with no range counts as 1 everywhere). The compromise point is the frontier point
+    nearest the ideal ``(1, 1)``: ``argmin sqrt((1 − ê)² + (1 − v̂)²)`` (smaller k on ties) — the
+    point of the trade-off curve where neither is given up much for the other. The regime is
+    that point and its immediate frontier neighbours in k (3 values, fewer at an end of the
+    frontier or when it holds fewer points). Study B's choice k ∈ {5, 10, 15}% of d is this
+    rule with the compromise at 10% on the grid 1 … 50%.
+
+    Returns
+    -------
+    ``{"k": [...], "k_fraction": [...], "k_center": int, "how": str}``: the regime's k
+    (ascending), their fractions, the compromise k and a sentence saying how it was chosen.
+
+    Raises
+    ------
+    ValueError
+        Missing columns or no frontier row.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"k": [1, 2, 5, 10, 20], "k_fraction": [.01, .02, .05, .1, .2],
+    ...                   "energy": [.1, .2, .7, .9, 1.0], "visibility": [1.0, .95, .8, .3, .1],
+    ...                   "pareto": True})
+    >>> middle_regime(t)["k"], middle_regime(t)["k_center"]
+    ([2, 5, 10], 5)
+    """
+    need = ["k", "k_fraction", "energy", "visibility", "pareto"]
+    if not isinstance(resolution, pd.DataFrame):
+        raise ValueError(f"resolution must be a pandas DataFrame (a resolution.tsv table), got {type(resolution).__name__}")
+    missing = [c for c in need if c not in resolution.columns]
+    if missing:
+        raise ValueError(f"resolution table lacks columns {missing}; needs {need}, has {list(resolution.columns)}")
+    front = resolution[resolution["pareto"].astype(str) == "True"].copy()
+    if front.empty:
+        raise ValueError("resolution table has no Pareto-frontier row (column pareto all False)")
+    front["k"] = front["k"].astype(int)
+    front = front.sort_values(["k", "k_fraction"]).drop_duplicates("k").reset_index(drop=True)
+
+    def unit(col: str) -> np.ndarray:
+        x = front[col].to_numpy(dtype=np.float64)
+        span = float(np.ptp(x))
+        return (x - x.min()) / span if span > 0 else np.ones_like(x)
+
+    dist = np.hypot(1.0 - unit("energy"), 1.0 - unit("visibility"))
+    i = int(np.argmin(dist))
+    sel = front.iloc[max(0, i - 1): i + 2]
+    how = (f"frontier point nearest the ideal (normalised energy 1, visibility 1): k = {int(front['k'][i])} "
+           f"({float(front['k_fraction'][i]):g} of d), with its frontier neighbours; "
+           f"{len(front)} frontier point(s)")
+    return {"k": sel["k"].astype(int).tolist(), "k_fraction": [float(x) for x in sel["k_fraction"]],
+            "k_center": int(front["k"][i]), "how": how}
+
+
+def regime_agreement(
+    rss: pd.DataFrame,
+    regime: Mapping[str, Any],
+    *,
+    window: int = 3,
+    method: str = "moving_average",
+    sensitivity: float = 1.0,
+) -> dict[str, Any]:
+    """Cut the RSS profile at each k of a regime and measure how far the cut points move.
+
+    ``regime``: :func:`middle_regime`'s result (keys ``k``, ``k_fraction``, ``k_center``,
+    ``how``). For every k: :func:`cutpoints` of the profile at k (same smoothing and Kneedle
+    settings as the main cut). Agreement, in layers (profile points): ``b1_shift =
+    max_k b1 − min_k b1``, ``b2_shift`` likewise, ``max_shift = max(b1_shift, b2_shift)`` —
+    0 when every k gives the same phases.
+
+    Returns
+    -------
+    The ``regime`` object of ``phases.json`` (:data:`REGIME_KEYS`): ``regime``'s keys plus
+    ``cuts`` (per k: ``k``, ``b1``, ``peak``, ``b2``, ``b1_found``, ``b2_found``, ``reason``),
+    ``b1_shift``, ``b2_shift``, ``max_shift`` (int) and ``reason`` ("" unless fewer than two k
+    were cut: then the shifts are 0 and say nothing).
+    """
+    ks, k_fractions = list(regime.get("k") or []), list(regime.get("k_fraction") or [])
+    if not ks or len(ks) != len(k_fractions):
+        raise ValueError(f"regime_agreement needs at least one k and one fraction per k, got k {ks!r}, "
+                         f"fractions {k_fractions!r}")
+    cuts = []
+    for k in ks:
+        c = cutpoints(_profile_at_k(rss, int(k)), window=window, method=method, sensitivity=sensitivity)
+        cuts.append({"k": int(k), "b1": c.b1, "peak": c.peak, "b2": c.b2, "b1_found": c.b1_found,
+                     "b2_found": c.b2_found, "reason": c.reason})
+    b1s, b2s = [c["b1"] for c in cuts], [c["b2"] for c in cuts]
+    b1_shift, b2_shift = max(b1s) - min(b1s), max(b2s) - min(b2s)
+    return {
+        "k": [int(k) for k in ks],
+        "k_fraction": [float(f) for f in k_fractions],
+        "k_center": int(regime.get("k_center", ks[len(ks) // 2])),
+        "how": str(regime.get("how", "")),
+        "cuts": cuts,
+        "b1_shift": int(b1_shift),
+        "b2_shift": int(b2_shift),
+        "max_shift": int(max(b1_shift, b2_shift)),
+        "reason": "" if len(ks) >= 2 else f"the regime holds one k ({ks[0]}): no agreement to measure",
+    }
+
+
+def _check_regime(regime: Any, source: str) -> None:
+    """A phases.json ``regime`` object has :data:`REGIME_KEYS`, integer shifts ≥ 0 and one cut per k."""
+    if not isinstance(regime, Mapping):
+        raise ValueError(f"{source}: regime must be a JSON object, got {type(regime).__name__}")
+    missing = [key for key in REGIME_KEYS if key not in regime]
+    if missing:
+        raise ValueError(f"{source}: regime lacks keys {missing} (has {sorted(regime)})")
+    for key in ("b1_shift", "b2_shift", "max_shift"):
+        v = regime[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{source}: regime.{key} must be an integer >= 0, got {v!r}")
+    cuts = regime["cuts"]
+    if not isinstance(cuts, list) or not all(isinstance(c, Mapping) for c in cuts) \
+            or [c.get("k") for c in cuts] != regime["k"]:
+        raise ValueError(f"{source}: regime.cuts must hold one cut per k of regime.k {regime['k']!r}")

@@ -1,5 +1,5 @@
 # Beyond the two studies: the A<->B bridge, a causal test of readout subspaces, bootstrap
-# intervals and the replication scorecard.
+# intervals, the replication scorecard and the paper table (stated figures vs this run).
 
 from resdyn.beyond.scorecard import scaling_group
 
@@ -115,6 +115,7 @@ rule bootstrap:
 rule scorecard:
     input:
         unpack(scorecard_inputs),
+        claims=CLAIMS_TSV,
     output:
         report(
             "results/{model}/scorecard.tsv",
@@ -137,3 +138,31 @@ rule scorecard:
         code=code("scorecard"),
     script:
         "../scripts/scorecard.py"
+
+
+rule paper_comparison:
+    input:
+        unpack(paper_comparison_inputs),
+    output:
+        report(
+            "results/paper_comparison.tsv",
+            caption="../report/paper_comparison.rst",
+            category="At a glance: the papers",
+            labels={"table": "stated figures vs this run"},
+        ),
+    log:
+        "logs/paper_comparison/paper_comparison.log",
+    benchmark:
+        "benchmarks/out/paper_comparison/paper_comparison.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    params:
+        models=MODELS,
+        ckpts={m: ckpts(m) for m in MODELS},
+        lens_ckpts={m: lens_final(m) for m in MODELS},
+        groups=config["scaling"]["groups"],
+        studies=sorted(config["studies"]),
+        complex_tol=config["bootstrap"]["complex_tol"],
+        code=code("paper_comparison"),
+    script:
+        "../scripts/paper_comparison.py"

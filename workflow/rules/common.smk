@@ -4,6 +4,7 @@ from resdyn.infra import cost as rcost
 from resdyn.infra.codeversion import script_code_version
 from resdyn.plots import catalogue as figs
 from resdyn.beyond.scorecard import scaling_group
+from resdyn.artifacts import ClaimsTable
 
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
@@ -23,6 +24,7 @@ localrules:
     scaling,
     checkpoints,
     scorecard,
+    paper_comparison,
     figure_ckpt,
     figure_lens,
     figure_model,
@@ -96,6 +98,7 @@ def all_targets():
             targets.append(f"models/{m}/training.tsv")
     if rc.runs(config, "B"):
         targets.append("results/scaling/phase_widths.tsv")
+    targets.append("results/paper_comparison.tsv")
     targets += figure_targets()
     return targets
 
@@ -150,6 +153,38 @@ def scorecard_inputs(w):
         # phase widths only for models in a scaling group (else: not testable)
         if scaling_group(config, w.model):
             out["phase_widths"] = "results/scaling/phase_widths.tsv"
+    return out
+
+
+# The studies' stated figures (package data): an input of the tables that quote them, so that
+# editing the figures reruns those tables.
+CLAIMS_TSV = str(ClaimsTable.packaged())
+
+
+def lens_final(model):
+    return rc.lens_checkpoints(config, model)[-1]
+
+
+def paper_comparison_inputs(wildcards):
+    """The tables the paper table reads, of the studies that run (one list entry per model)."""
+    out = {"claims": CLAIMS_TSV}
+    if rc.runs(config, "A"):
+        out["checkpoints"] = [f"results/{m}/checkpoints.tsv" for m in MODELS]
+        out["coupling_counts"] = [f"results/{m}/coupling_counts.tsv" for m in MODELS]
+        out["bottleneck"] = [
+            f"results/{m}/{final_ckpt(m)}/bottleneck.tsv" for m in MODELS
+        ]
+        out["bootstrap"] = [
+            f"results/{m}/{final_ckpt(m)}/bootstrap.tsv" for m in MODELS
+        ]
+    if rc.runs(config, "B"):
+        for key, name in (
+            ("phases", "phases.json"),
+            ("geometry", "geometry.tsv"),
+            ("phase_metrics", "phase_metrics.tsv"),
+        ):
+            out[key] = [f"results/{m}/{lens_final(m)}/{name}" for m in MODELS]
+        out["phase_widths"] = "results/scaling/phase_widths.tsv"
     return out
 
 

@@ -3,7 +3,8 @@
 
 rule phases:
     input:
-        "results/{model}/{ckpt}/rss.tsv",
+        rss="results/{model}/{ckpt}/rss.tsv",
+        resolution="results/{model}/{ckpt}/resolution.tsv",
     output:
         "results/{model}/{ckpt}/phases.json",
     log:
