@@ -7,7 +7,8 @@ listed as not compared (two runs of different configs share only part of their t
 
 Tolerances: a float cell agrees when ``|a − b| ≤ atol + rtol·|b|`` (NaN agrees with NaN, ±Inf
 with itself), with :data:`DEFAULT_TOLERANCE` unless the column is in :data:`TOLERANCES`;
-integer, boolean and label columns must be equal; a partition column (:data:`PARTITIONS`) must be
+integer, boolean and label columns must be equal (identity and provenance columns are not
+compared); a partition column (:data:`PARTITIONS`) must be
 equal up to relabelling of its communities within each group of rows. Each differing table file
 is listed with its provenance difference: code version, resdyn version, commit, device, package
 versions and the rule's params (e.g. a seed), from the sidecars.
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn.infra.io import PathLike
-from resdyn.results import PROVENANCE_COLUMNS, Results, load
+from resdyn.results import IDENTITY_COLUMNS, PROVENANCE_COLUMNS, Results, load
 
 __all__ = ["DEFAULT_TOLERANCE", "TOLERANCES", "PARTITIONS", "FileDifference", "Comparison", "relabel",
            "column_differences", "provenance_difference", "compare_tables", "compare_runs"]
@@ -36,8 +37,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 #: Partition columns: {column: the columns whose groups each hold one partition}.
 PARTITIONS: dict[str, tuple[str, ...]] = {"community": ("layer", "boundary")}
-#: Columns that name a row rather than hold a result: not compared.
-_NOT_VALUES = set(PROVENANCE_COLUMNS) | {"model", "ckpt"}
+#: Columns that say who made a row rather than hold a result: not compared (identity columns
+#: also depend on what the run folder still holds, e.g. models/ for the zoo's token counts).
+_NOT_VALUES = set(PROVENANCE_COLUMNS) | set(IDENTITY_COLUMNS)
 
 
 def relabel(labels: pd.Series, groups: pd.DataFrame | None = None) -> np.ndarray:
