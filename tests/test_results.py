@@ -242,3 +242,18 @@ def test_compare_runs_of_different_configs_says_what_is_not_shared(tmp_path):
     assert got.not_shared == ["table communities only in A", "rss: results/m/main/rss.tsv only in A"]
     assert "not compared: table communities only in A" in got.render()
     assert json.loads(json.dumps(got.compared)) == {"rss": 1}
+
+
+def test_one_version_everywhere():
+    """pyproject.toml's version is what resdyn.__version__, `resdyn --version`, the provenance
+    sidecars (provenance.versions) and CITATION.cff say (collect's catalog: test above)."""
+    import tomllib
+
+    import yaml
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert resdyn.__version__ == version == provenance.versions()["resdyn"]
+    assert cli("--version").stdout.strip() == f"resdyn {version}"
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["version"] == version and cff["cff-version"] == "1.2.0" and cff["type"] == "software"
+    assert all(ref["title"] and ref["authors"] for ref in cff["references"]) and len(cff["references"]) == 2
