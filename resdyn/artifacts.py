@@ -589,7 +589,8 @@ class LensFolder(Artifact):
     * ``config.json``: ``format`` = "resdyn.lens/1", ``model_id``/``model_revision``/``model_hash``,
       ``d_model``, ``n_layers``, ``vocab_size``, ``unembed_hash``, ``softcap``, ``translator``,
       ``training`` (options), ``steps_trained``, ``stop_reason``, ``convergence`` (records of
-      layer, converged, converged_step, steps, final_heldout_kl, rel_change), built by
+      layer, converged, converged_step, steps, final_heldout_kl, rel_change; null for a number
+      that is NaN: a lens trained without held-out batches), built by
       :meth:`resdyn.study_b.lens.Lens.config`;
     * ``tuned_lens/``: the same translators in EleutherAI tuned-lens's format
       (:meth:`write_tuned_lens`: ``params.pt`` + ``config.json``; read by :mod:`resdyn.study_b.lens_import`).
@@ -631,7 +632,8 @@ class LensFolder(Artifact):
         with io.atomic_path(directory / cls.CURVES_FILE) as tmp:
             # 17 significant digits: float64 round-trips exactly (read back with round_trip).
             curves.to_csv(tmp, sep="\t", index=False, float_format="%.17g")
-        io.write_json(dict(config), directory / cls.CONFIG_FILE)
+        # a lens trained without held-out batches has no held-out KL: null in its convergence records
+        io.write_json(dict(config), directory / cls.CONFIG_FILE, nan_as_null=("convergence",))
         return directory
 
     @classmethod
