@@ -227,7 +227,7 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
     jobs = planned_jobs(smoke, cfg)
     # bridge, causal and the scorecard label or compare layers by phase, so they follow
     assert set(jobs) == {"phases", "phase_metrics", "scaling", "bridge", "causal", "scorecard", "figure_lens",
-                         "figure_global", "all"}
+                         "figure_global", "figure_lens_trajectory", "all"}
     assert jobs["phases"] == 1
 
 
@@ -330,9 +330,9 @@ def dag_outputs(work: Path, config: str) -> dict[str, str]:
     return {row[0]: row[2] for row in summary_rows(work, config)}
 
 
-A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap"}
+A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap", "figure_trajectory"}
 B_RULES = {"lens_tokens", "lens", "lens_metrics", "rss", "resolution", "phases", "phase_metrics", "scaling", "causal",
-           "figure_lens", "figure_global"}
+           "figure_lens", "figure_global", "figure_lens_trajectory"}
 A_FIGURES = {"eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici", "uncertainty"}
 B_FIGURES = {"lens", "rss", "resolution", "phase_metrics", "causal"}
 
@@ -380,7 +380,7 @@ def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
                                                  'def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n'
                                                  '    title = title + " (edited)"\n', 1))
     assert planned_jobs(work).keys() == {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global",
-                                         "all"}
+                                         "figure_trajectory", "figure_lens_trajectory", "all"}
     snakemake(work, "--cores", "1")
     changed = {str(p.relative_to(work)) for p in figures if p.read_bytes() != before[p]}
     assert changed == {f"results/figures/tiny_llama/{c}/funnel.{e}" for c in ("step0", "step30") for e in ("png", "pdf")}
