@@ -42,7 +42,7 @@ from resdyn.infra import io
 from resdyn.infra.io import PathLike
 
 __all__ = ["IDENTITY_COLUMNS", "PROVENANCE_COLUMNS", "NotAResultsTree", "TableFile", "Collected", "Results",
-           "table_classes", "run_folder", "find_tables", "sidecar_problem", "checkpoint_step", "collect",
+           "table_classes", "RunLayout", "run_layout", "find_tables", "sidecar_problem", "checkpoint_step", "collect",
            "write_collected", "load", "CATALOG"]
 
 CATALOG = "catalog.json"
@@ -79,18 +79,38 @@ def table_classes() -> dict[str, type[A.TsvArtifact]]:
     return out
 
 
-def run_folder(path: PathLike) -> Path:
-    """The run folder of ``path`` (the folder holding ``results/``, given it or its ``results``);
-    NotAResultsTree naming ``path`` when it is neither."""
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a run's files are: its results folder (any name: a copy from a cluster may be renamed)
+    and the folder above it (``models/``, the run folder the sidecars' input paths are relative to).
+    Artifact paths (``results/…``, ``models/…``) map to files by :meth:`locate` and back by
+    :meth:`logical`, so two runs' tables pair up by the same logical path."""
+
+    results: Path
+
+    @property
+    def run(self) -> Path:
+        return self.results.parent
+
+    def locate(self, rel: str) -> Path:
+        """The file of the run-relative artifact path ``rel``."""
+        head, _, tail = str(rel).partition("/")
+        return self.results / tail if head == "results" else self.run / rel
+
+    def logical(self, path: Path) -> str:
+        """The run-relative artifact path of a file of this run."""
+        if path.is_relative_to(self.results):
+            return "results/" + path.relative_to(self.results).as_posix()
+        return path.relative_to(self.run).as_posix()
+
+
+def run_layout(path: PathLike) -> RunLayout:
+    """The layout of a run given its results folder or the run folder holding ``results/``;
+    NotAResultsTree naming ``path`` when it is not a folder."""
     p = Path(path)
     if not p.is_dir():
         raise NotAResultsTree(f"{p}: not a results tree (no such folder)")
-    if (p / "results").is_dir():
-        return p
-    if p.name == "results":
-        return p.parent
-    raise NotAResultsTree(f"{p}: not a results tree (expected the folder the pipeline writes, results/, "
-                          "or the run folder holding it)")
+    return RunLayout(p / "results" if (p / "results").is_dir() else p)
 
 
 @dataclass(frozen=True)
@@ -109,23 +129,26 @@ def _pattern(template: str) -> re.Pattern:
     return re.compile(rx + "$")
 
 
-def find_tables(run: PathLike, names: list[str] | None = None) -> list[TableFile]:
-    """Every table file of the kinds ``names`` (default: all) under the run folder, in path order."""
-    run = Path(run)
+def find_tables(layout: RunLayout, names: list[str] | None = None) -> list[TableFile]:
+    """Every table file of the kinds ``names`` (default: all) of the run, in path order."""
     found = []
     for name, cls in table_classes().items():
         if names is not None and name not in names:
             continue
         pattern = _pattern(cls.relpath)
-        for path in sorted(run.glob(re.sub(r"\{\w+\}", "*", cls.relpath))):
-            rel = path.relative_to(run).as_posix()
+        head, _, tail = cls.relpath.partition("/")
+        base, glob = (layout.results, tail) if head == "results" else (layout.run, cls.relpath)
+        if not base.is_dir():
+            continue
+        for path in sorted(base.glob(re.sub(r"\{\w+\}", "*", glob))):
+            rel = layout.logical(path)
             m = pattern.match(rel)
             if m and not any(part.startswith(".") for part in Path(rel).parts):
                 found.append(TableFile(name, cls, path, m.groupdict()))
     return found
 
 
-def sidecar_problem(path: PathLike, run: PathLike) -> str:
+def sidecar_problem(path: PathLike, layout: RunLayout) -> str:
     """Why the sidecar of ``path`` does not vouch for it ("" when it does): missing or unreadable,
     the content changed since its rule wrote it, or an input was rebuilt since (its own sidecar
     records other content than this one read). Hashes only ``path`` itself, not its inputs."""
@@ -142,7 +165,7 @@ def sidecar_problem(path: PathLike, run: PathLike) -> str:
     if fingerprint(path)["sha256"] != recorded:
         return f"changed since rule {prov.get('rule')} wrote it (sha256 differs from its sidecar)"
     for inp, digest in (prov.get("inputs") or {}).items():
-        up = Path(run) / inp
+        up = layout.locate(inp)
         up_side = io.prov_path(up)
         if digest and up_side.is_file():
             try:
@@ -185,8 +208,8 @@ def _tokens(record: Mapping[str, Any], step: float, train: Mapping[str, Any] | N
 class _Identity:
     """Identity columns of (model, ckpt), read once each from the run's records and sidecars."""
 
-    def __init__(self, run: Path):
-        self.run = run
+    def __init__(self, layout: RunLayout):
+        self.run = layout.run
         self._cache: dict[tuple[str, str | None], dict[str, Any]] = {}
         self.sidecar_checkpoints: dict[tuple[str, str], dict] = {}
 
@@ -237,7 +260,7 @@ class _Identity:
         return out
 
 
-def _provenance(path: Path, run: Path) -> dict[str, Any]:
+def _provenance(path: Path, layout: RunLayout) -> dict[str, Any]:
     side = io.prov_path(path)
     try:
         prov = io.read_json(side) if side.is_file() else {}
@@ -252,7 +275,7 @@ def _provenance(path: Path, run: Path) -> dict[str, Any]:
         "device": prov.get("device"),
         "versions": " ".join(f"{k}={v}" for k, v in sorted(versions.items())) or None,
         "params": json.dumps(params, sort_keys=True) if prov else None,
-        "file": path.relative_to(run).as_posix(),
+        "file": layout.logical(path),
         "checkpoint": prov.get("checkpoint"),
     }
 
@@ -284,7 +307,8 @@ def _tidy(name: str, table: pd.DataFrame, tf: TableFile, prov: dict, stale: str,
 
 @dataclass
 class Collected:
-    """What :func:`collect` returns: the tables by name, the files read and the lines about skipped ones."""
+    """What :func:`collect` returns: the results folder, the tables by name, the files read (logical
+    paths) and the lines about skipped ones."""
 
     run: Path
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -300,22 +324,22 @@ def collect(path: PathLike, allow_stale: bool = False, names: list[str] | None =
     not read through its artifact class is skipped with the reader's message. NotAResultsTree
     when the folder holds no table at all.
     """
-    run = run_folder(path)
-    files = find_tables(run, names)
+    layout = run_layout(path)
+    files = find_tables(layout, names)
     if not files and names is None:
         raise NotAResultsTree(f"{path}: not a results tree (none of the pipeline's tables, e.g. "
-                              f"{A.SpectraTable.relpath}, under {run})")
-    out = Collected(run=run)
-    ident = _Identity(run)
-    provs = {tf.path: _provenance(tf.path, run) for tf in files}
+                              f"{A.SpectraTable.relpath}, in it or in a results/ folder in it)")
+    out = Collected(run=layout.results)
+    ident = _Identity(layout)
+    provs = {tf.path: _provenance(tf.path, layout) for tf in files}
     for tf in files:  # checkpoint records from the sidecars, for runs copied without models/
         ck = provs[tf.path]["checkpoint"]
         if isinstance(ck, dict) and ck.get("model") and ck.get("checkpoint"):
             ident.sidecar_checkpoints.setdefault((ck["model"], ck["checkpoint"]), ck)
     parts: dict[str, list[pd.DataFrame]] = {}
     for tf in files:
-        rel = tf.path.relative_to(run).as_posix()
-        stale = sidecar_problem(tf.path, run)
+        rel = layout.logical(tf.path)
+        stale = sidecar_problem(tf.path, layout)
         if stale and not allow_stale:
             out.skipped.append(f"{rel}: {stale} — skipped (rerun snakemake to rebuild it, or --allow-stale)")
             continue
@@ -395,8 +419,7 @@ class Results(Mapping):
             self._names = sorted(self.catalog["tables"])
         else:
             self.catalog = None
-            run = run_folder(self.path)
-            self._names = sorted({tf.name for tf in find_tables(run)})
+            self._names = sorted({tf.name for tf in find_tables(run_layout(self.path))})
             if not self._names:
                 raise NotAResultsTree(f"{path}: not a results tree nor a collected folder (no {CATALOG}, "
                                       "none of the pipeline's tables)")

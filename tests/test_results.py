@@ -126,10 +126,11 @@ def test_a_table_made_from_a_rebuilt_input_is_stale(tmp_path):
     down = A.ResolutionTable.path(run, model="m", ckpt="main")
     A.ResolutionTable.write(pd.DataFrame({"k_fraction": [0.25], "k": [2], "energy": [0.5], "mean_rss": [0.5],
                                           "visibility": [0.5], "pareto": [True]}), down)
+    layout = results.run_layout(run)
     sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): "0" * 64})
-    assert results.sidecar_problem(down, run).startswith("stale: made from an older results/m/main/rss.tsv")
+    assert results.sidecar_problem(down, layout).startswith("stale: made from an older results/m/main/rss.tsv")
     sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): provenance.hash_path(up)})
-    assert results.sidecar_problem(down, run) == ""
+    assert results.sidecar_problem(down, layout) == ""
 
 
 def test_write_collected_catalog_and_load_both_ways(tmp_path):
@@ -226,6 +227,17 @@ def test_compare_a_run_with_itself_a_relabelled_and_a_perturbed_copy(tmp_path):
     got = compare.compare_runs(run, other)
     assert sorted(d.table for d in got.differences) == ["communities", "rss"]
     assert "partitions differ (beyond relabelling) in 2 of 6 rows" in got.differences[0].columns[0]
+
+
+def test_a_renamed_results_folder_is_the_same_run(tmp_path):
+    """A results folder copied under another name (e.g. from a cluster) pairs up by logical path."""
+    run = make_run(tmp_path)
+    shutil.copytree(run / "results", tmp_path / "cluster_results")
+    got = results.collect(tmp_path / "cluster_results")
+    assert got.skipped == [] and got.files["rss"] == ["results/m/main/rss.tsv",
+                                                      "results/m/stage1-step1000-tokens2B/rss.tsv"]
+    same = compare.compare_runs(run, tmp_path / "cluster_results")
+    assert same.differences == [] and same.not_shared == [] and same.compared == {"rss": 2, "communities": 1}
 
 
 def test_compare_runs_of_different_configs_says_what_is_not_shared(tmp_path):
