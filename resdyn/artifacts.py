@@ -124,10 +124,12 @@ class TsvArtifact(Artifact):
     Subclasses set ``relpath`` (a template relative to the run folder, e.g.
     ``results/{model}/{ckpt}/spectra.tsv``), ``columns`` ({name: kind}, the columns every file
     has), ``allow_nan`` (columns whose numbers may be NaN) and ``extra_columns`` (whether
-    further columns may follow; their cells are not checked for kind).
+    further columns may follow; their cells are not checked for kind); ``units`` ({column:
+    unit}) only where a column has a physical unit (``resdyn collect``'s catalog reports them).
     """
 
     columns: ClassVar[Mapping[str, str]] = {}
+    units: ClassVar[Mapping[str, str]] = {}
     allow_nan: ClassVar[tuple[str, ...]] = ()
     extra_columns: ClassVar[bool] = False
 
@@ -223,6 +225,8 @@ class SpectraTable(TsvArtifact):
         "henrici_JmI:float symmetry:float symmetry_minus_identity:float expansive_frac_eig:float "
         "expansive_frac_sv:float erank_J:float pr_J:float erank_JmI:float pr_JmI:float")
     extra_columns = True
+    units = {"expansive_frac_eig": "fraction", "expansive_frac_sv": "fraction", "erank_J": "dimensions",
+             "pr_J": "dimensions", "erank_JmI": "dimensions", "pr_JmI": "dimensions"}
 
 
 class BottleneckTable(TsvArtifact):
@@ -236,6 +240,8 @@ class BottleneckTable(TsvArtifact):
     relpath = _CKPT + "bottleneck.tsv"
     columns = _cols("s:int layer:int kind:str d:int erank:float participation_ratio:float log10_fro:float "
                     "erank_single:float pr_single:float")
+    units = {"erank": "dimensions", "participation_ratio": "dimensions", "erank_single": "dimensions",
+             "pr_single": "dimensions", "log10_fro": "log10"}
 
 
 class SchurCurves(TsvArtifact):
@@ -495,6 +501,8 @@ class CausalTable(TsvArtifact):
                     "random_kl_sd:float random_flip_mean:float random_flip_sd:float kl_z:float kl_p:float "
                     "n_random:int n_samples:int n_tokens:int phase:int")
     allow_nan = ("phase",)
+    units = {"kl": "nats", "random_kl_mean": "nats", "random_kl_sd": "nats", "flip_rate": "fraction",
+             "random_flip_mean": "fraction", "random_flip_sd": "fraction", "n_tokens": "tokens"}
 
 
 class BridgeTable(TsvArtifact):
@@ -633,6 +641,8 @@ class LensMetrics(TsvArtifact):
     relpath = _CKPT + "lens_metrics.tsv"
     columns = _cols("lens:str layer:int kl:float ce:float hit1:float hit5:float n_tokens:int converged:bool "
                     "steps:int converged_step:int final_heldout_kl:float reason:str")
+    units = {"kl": "nats", "ce": "nats", "final_heldout_kl": "nats", "hit1": "fraction", "hit5": "fraction",
+             "n_tokens": "tokens", "steps": "optimizer steps", "converged_step": "optimizer steps"}
 
 
 #: pandas ≥ 3 parses floats round-trip exactly by default (and deprecates the option); 2.x needs it.
@@ -663,7 +673,8 @@ class LensFolder(Artifact):
     * ``config.json``: ``format`` = "resdyn.lens/1", ``model_id``/``model_revision``/``model_hash``,
       ``d_model``, ``n_layers``, ``vocab_size``, ``unembed_hash``, ``softcap``, ``translator``,
       ``training`` (options), ``steps_trained``, ``stop_reason``, ``convergence`` (records of
-      layer, converged, converged_step, steps, final_heldout_kl, rel_change), built by
+      layer, converged, converged_step, steps, final_heldout_kl, rel_change; null for a number
+      that is NaN: a lens trained without held-out batches), built by
       :meth:`resdyn.study_b.lens.Lens.config`;
     * ``tuned_lens/``: the same translators in EleutherAI tuned-lens's format
       (:meth:`write_tuned_lens`: ``params.pt`` + ``config.json``; read by :mod:`resdyn.study_b.lens_import`).
@@ -705,7 +716,8 @@ class LensFolder(Artifact):
         with io.atomic_path(directory / cls.CURVES_FILE) as tmp:
             # 17 significant digits: float64 round-trips exactly (read back with round_trip).
             curves.to_csv(tmp, sep="\t", index=False, float_format="%.17g")
-        io.write_json(dict(config), directory / cls.CONFIG_FILE)
+        # a lens trained without held-out batches has no held-out KL: null in its convergence records
+        io.write_json(dict(config), directory / cls.CONFIG_FILE, nan_as_null=("convergence",))
         return directory
 
     @classmethod
@@ -862,6 +874,7 @@ class RssProfile(TsvArtifact):
 
     relpath = _CKPT + "rss.tsv"
     columns = _cols("layer:int k:int k_fraction:float d:int rss:float grassmann_distance:float energy:float")
+    units = {"grassmann_distance": "radians", "k_fraction": "fraction of d", "energy": "fraction"}
 
 
 class ResolutionTable(TsvArtifact):
@@ -873,6 +886,7 @@ class ResolutionTable(TsvArtifact):
 
     relpath = _CKPT + "resolution.tsv"
     columns = _cols("k_fraction:float k:int energy:float mean_rss:float visibility:float pareto:bool")
+    units = {"k_fraction": "fraction of d", "energy": "fraction"}
 
 
 class PhaseCuts(Artifact):
@@ -995,6 +1009,8 @@ class TrainingCurve(TsvArtifact):
 
     relpath = "models/{model}/training.tsv"
     columns = _cols("step:int lr:float train_loss:float heldout_loss:float unigram_loss:float reason:str")
+    units = {"step": "optimizer steps", "train_loss": "nats/token", "heldout_loss": "nats/token",
+             "unigram_loss": "nats/token"}
 
 
 class Corpus(Artifact):

@@ -87,6 +87,38 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collect(args: argparse.Namespace) -> int:
+    import time
+
+    from resdyn import results
+
+    start = time.perf_counter()
+    try:
+        got = results.collect(args.results, allow_stale=args.allow_stale)
+    except results.NotAResultsTree as err:
+        print(f"resdyn collect: error: {err}", file=sys.stderr)
+        return 2
+    for line in got.skipped:
+        print(line)
+    catalog = results.write_collected(got, args.out)
+    rows = sum(len(t) for t in got.tables.values())
+    print(f"collected {len(got.tables)} tables ({rows} rows) from {got.run} into {catalog.parent} in "
+          f"{time.perf_counter() - start:.1f} s; {len(got.skipped)} file(s) skipped", file=sys.stderr)
+    return 1 if got.skipped else 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from resdyn import compare, results
+
+    try:
+        report = compare.compare_runs(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol)
+    except results.NotAResultsTree as err:
+        print(f"resdyn compare: error: {err}", file=sys.stderr)
+        return 2
+    print(report.render())
+    return 1 if report.differences else 0
+
+
 DESCRIPTION = """\
 resdyn: how perturbations travel through the residual stream of decoder-only transformers.
 The pipeline itself runs with Snakemake (snakemake --cores N, or --profile slurm); these
@@ -96,14 +128,17 @@ EPILOG = """\
 exit codes:
   0  success
   1  the command ran and found problems (verify: changed or missing inputs;
-     provenance: the file has no provenance record)
+     provenance: the file has no provenance record; collect: tables skipped;
+     compare: the runs differ)
   2  bad usage or bad input: a missing or unreadable file, an invalid config
      (one line "resdyn COMMAND: error: ..." on stderr, no traceback)
 
 examples:
   resdyn plan configs/paper-a.yaml
   resdyn provenance results/figures/llama/step0/funnel.png
-  resdyn verify results"""
+  resdyn verify results
+  resdyn collect results -o tables/
+  resdyn compare results /scratch/other-run/results"""
 
 
 def _version() -> str:
@@ -145,6 +180,21 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
     pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
     pl.set_defaults(func=_plan)
+    co = sub.add_parser("collect", help="every table of a run as one tidy parquet per table kind, with model, "
+                        "checkpoint, step and provenance columns, and catalog.json (see docs/notebooks.md)")
+    co.add_argument("results", help="the run's results/ folder (or the run folder holding it)")
+    co.add_argument("-o", "--out", required=True, help="folder for the parquet files and catalog.json")
+    co.add_argument("--allow-stale", action="store_true", help="keep tables whose provenance sidecar is missing "
+                    "or does not match (their 'stale' column says why) instead of skipping them")
+    co.set_defaults(func=_collect)
+    cm = sub.add_parser("compare", help="compare two runs table by table within per-metric tolerances, with "
+                        "the provenance difference of each differing table (see docs/notebooks.md)")
+    cm.add_argument("run_a", help="a results folder, its run folder, or a folder written by resdyn collect")
+    cm.add_argument("run_b", help="the same for the other run")
+    cm.add_argument("--rtol", type=float, default=None, help="relative tolerance for every float column "
+                    "(default: per metric, listed in the output)")
+    cm.add_argument("--atol", type=float, default=None, help="absolute tolerance for every float column")
+    cm.set_defaults(func=_compare)
     for name, action in sub.choices.items():  # every subcommand's help carries the exit codes too
         action.epilog = EPILOG.split("\n\nexamples:")[0]
         action.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -330,13 +330,22 @@ def test_training_stops_when_converged(llama_lens):
     assert (conv.rel_change < FAST["tol"]).all()
 
 
-def test_without_heldout_runs_all_steps_and_reports_unconverged(llama, train_data):
+def test_without_heldout_runs_all_steps_and_reports_unconverged(llama, train_data, heldout_data, tmp_path):
     lens = L.train_lens(llama, train_data, steps=12, eval_every=5, progress=False)
     assert lens.meta["steps_trained"] == 12 and lens.meta["stop_reason"] == "max_steps"
     assert not lens.convergence.converged.any()
     assert lens.convergence.final_heldout_kl.isna().all()
     assert set(lens.curves.split) == {"train"}
     assert sorted(set(lens.curves.step)) == [5, 10, 12]
+    # issue 29: its own writers accept it (no held-out KL: null in config.json, NaN back), and
+    # the metrics of the reloaded lens say why their held-out KL is empty
+    back = L.Lens.load(lens.save(tmp_path / "lens"), llama)
+    assert json.loads((tmp_path / "lens" / "config.json").read_text())["convergence"][0]["final_heldout_kl"] is None
+    pd.testing.assert_frame_equal(back.convergence, lens.convergence, check_dtype=False, check_exact=True)
+    metrics = L.lens_metrics(llama, back, heldout_data[:1])
+    artifacts.LensMetrics.write(metrics, tmp_path / "lens_metrics.tsv")
+    tuned = artifacts.LensMetrics.read(tmp_path / "lens_metrics.tsv").query("lens == 'tuned' and layer < @N_LAYERS")
+    assert (tuned["reason"] == "no held-out batches: no held-out KL").all() and tuned["final_heldout_kl"].isna().all()
 
 
 def test_lr_schedule():

@@ -255,7 +255,7 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
     jobs = planned_jobs(smoke, cfg)
     # bridge, causal and the scorecard label or compare layers by phase, so they follow
     assert set(jobs) == {"phases", "phase_metrics", "scaling", "bridge", "causal", "scorecard", "paper_comparison",
-                         "figure_lens", "figure_global", "all"}
+                         "figure_lens", "figure_global", "figure_lens_trajectory", "all"}
     assert jobs["phases"] == 1
 
 
@@ -359,9 +359,9 @@ def dag_outputs(work: Path, config: str) -> dict[str, str]:
     return {row[0]: row[2] for row in summary_rows(work, config)}
 
 
-A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap"}
+A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap", "figure_trajectory"}
 B_RULES = {"lens_tokens", "lens", "lens_metrics", "rss", "resolution", "phases", "phase_metrics", "scaling", "causal",
-           "figure_lens", "figure_global"}
+           "figure_lens", "figure_global", "figure_lens_trajectory"}
 A_FIGURES = {"eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici", "uncertainty"}
 B_FIGURES = {"lens", "rss", "resolution", "phase_metrics", "causal"}
 
@@ -409,7 +409,7 @@ def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
                                                  'def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n'
                                                  '    title = title + " (edited)"\n', 1))
     assert planned_jobs(work).keys() == {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global",
-                                         "all"}
+                                         "figure_trajectory", "figure_lens_trajectory", "all"}
     snakemake(work, "--cores", "1")
     changed = {str(p.relative_to(work)) for p in figures if p.read_bytes() != before[p]}
     assert changed == {f"results/figures/tiny_llama/{c}/funnel.{e}" for c in ("step0", "step30") for e in ("png", "pdf")}
@@ -435,3 +435,58 @@ def test_dry_run_every_config(config, paper_hub_cache):
                           env={**env_for(ROOT), "HF_HUB_CACHE": str(paper_hub_cache)},
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path):
+    """Issue 29: collect the smoke run into parquet, load it back, compare it with itself and with a
+    copy whose step30 bootstrap was redone with another seed, and run the example notebook on it."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    import resdyn
+    from notebooks import run_notebook
+    from resdyn import artifacts as A
+
+    def cli(*args):
+        return subprocess.run([RESDYN, *args], cwd=smoke, env=env_for(smoke), capture_output=True, text=True)
+
+    out = cli("collect", "results", "-o", str(tmp_path / "t"))
+    assert out.returncode == 0, out.stderr
+    tables = resdyn.load(tmp_path / "t")
+    assert {"spectra", "bootstrap", "lens_metrics", "rss", "phase_metrics", "communities", "scorecard"} <= set(tables)
+    spectra = tables["spectra"]
+    ident = spectra[["model", "family", "n_layers", "d_model", "ckpt", "step", "tokens"]].drop_duplicates()
+    assert ident.values.tolist() == [["tiny_llama", "llama", 6, 32, "step0", 0.0, 0.0],
+                                     ["tiny_llama", "llama", 6, 32, "step30", 30.0, 30 * 8 * 32.0]]
+    prov = io.read_json(smoke / "results/tiny_llama/step30/spectra.tsv.prov.json")
+    assert set(spectra["code_version"]) <= {prov["params"]["code"], io.read_json(
+        smoke / "results/tiny_llama/step0/spectra.tsv.prov.json")["params"]["code"]}
+    assert set(spectra["resdyn_version"]) == {resdyn.__version__} == {io.read_json(tmp_path / "t/catalog.json")[
+        "resdyn_version"]}
+    assert cli("compare", "results", str(tmp_path / "t")).returncode == 0
+
+    other = tmp_path / "other"  # the same run, its step30 bootstrap redone with seed 1
+    for folder in ("results", "models"):
+        shutil.copytree(smoke / folder, other / folder, ignore=shutil.ignore_patterns("*.h5", "*.safetensors"))
+    boot = other / "results/tiny_llama/step30/bootstrap.tsv"
+    table = io.read_tsv(boot)
+    table["ci_low"] = table["ci_low"] - 0.01 * np.abs(table["ci_low"]) - 1e-3
+    side = io.read_json(io.prov_path(boot))
+    side["params"]["seed"] = side["params"].get("seed", 0) + 1
+    A.BootstrapTable.write(table, boot)
+    side["artifact"] = provenance.fingerprint(boot)
+    io.write_json(side, io.prov_path(boot))
+    out = cli("compare", "results", str(other))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert re.findall(r"^DIFFERENT (\w+): (\S+):", out.stdout, re.M) == [("bootstrap",
+                                                                          "results/tiny_llama/step30/bootstrap.tsv")]
+    assert "ci_low:" in out.stdout and re.search(r"provenance difference: params seed \d+ → \d+", out.stdout)
+
+    plt.close("all")
+    run_notebook(ROOT / "examples" / "cross_checkpoint.ipynb", {"RESDYN_RUN": str(tmp_path / "t")})
+    figures = [plt.figure(n) for n in plt.get_fignums()]
+    assert len(figures) == 2
+    for fig in figures:
+        assert all(list(line.get_xdata()) == [0.0, 30.0] for ax in fig.axes for line in ax.lines)
+        assert sum(len(ax.lines) for ax in fig.axes) >= 2
+    plt.close("all")

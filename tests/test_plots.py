@@ -18,10 +18,12 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from resdyn.infra import provenance
-from resdyn.plots import bridge, catalogue, common, render, study_a_spectra, study_a_topology, study_b, style, zoo
+from resdyn.plots import (bridge, catalogue, common, render, study_a_spectra, study_a_topology, study_b, style,
+                          trajectory, zoo)
 
 # One namespace over the figure modules (the tests below predate the split of resdyn/plots.py).
-plots = SimpleNamespace(**{k: v for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge)
+plots = SimpleNamespace(**{k: v for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge,
+                                           trajectory)
                            for k, v in vars(m).items() if not k.startswith("__")})
 
 # ------------------------------------------------------------------------------- helpers
@@ -570,8 +572,23 @@ def bootstrap_df(n: int = 4) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def boot_trajectory_df(n: int = 3) -> pd.DataFrame:
+    """Whole-model bootstrap rows of n checkpoints of two models, as render.trajectory_table gives them."""
+    return pd.DataFrame([{"model": m, "ckpt": f"step{10 * i}", "ckpt_index": i, "step": 10.0 * i, "metric": "cum",
+                          "layer": np.nan, "estimate": 3.0 + i, "ci_low": 2.5 + i, "ci_high": 3.5 + i,
+                          "bootstrapped": True} for m in ("a", "b") for i in range(n)])
+
+
+def phase_trajectory_df(n: int = 3) -> pd.DataFrame:
+    return pd.DataFrame([{"model": "a", "ckpt": f"step{10 * i}", "ckpt_index": i, "step": 10.0 * i, "phase": ph,
+                          "phase_name": name, "metric": "hidden_erank", "mean": 2.0 + i, "sd": 0.5}
+                         for i in range(n) for ph, name in ((1, "rise"), (2, "plateau"))])
+
+
 def _one_row_cases():
     return {
+        "study_a_trajectory": lambda: plots.study_a_trajectory(boot_trajectory_df(1).head(1), "m"),
+        "study_b_trajectory": lambda: plots.study_b_trajectory(phase_trajectory_df(1).head(1), "m"),
         "training_curve": lambda: plots.training_curve(training_df(1), "m"),
         "eigenvalue_grid": lambda: plots.eigenvalue_grid({"L000_mlp": {"eigenvalues": np.array([0.5 + 0j])}}, "m"),
         "operator_profile": lambda: plots.operator_profile(spectra_df(1).head(1), "m"),
@@ -629,6 +646,8 @@ def _nan_cases():
         "bridge_profiles": lambda: plots.bridge_profiles(_nan(bridge_df()), PHASES, "m"),
         "causal_effects": lambda: plots.causal_effects(_nan(causal_df()), "m"),
         "uncertainty_bands": lambda: plots.uncertainty_bands(_nan(bootstrap_df(), keep=("s",)), "m"),
+        "study_a_trajectory": lambda: plots.study_a_trajectory(_nan(boot_trajectory_df(), keep=("layer",)), "m"),
+        "study_b_trajectory": lambda: plots.study_b_trajectory(_nan(phase_trajectory_df(), keep=("phase",)), "m"),
     }
 
 
@@ -796,7 +815,7 @@ def test_style_constants_are_seaborns_and_plots_import_neither_seaborn_nor_scipy
 
 # ------------------------------------------------------------------ catalogue and render cache
 
-FIGURE_MODULES = (bridge, study_a_spectra, study_a_topology, study_b, zoo)
+FIGURE_MODULES = (bridge, study_a_spectra, study_a_topology, study_b, trajectory, zoo)
 
 
 def test_catalogue_names_existing_functions_and_every_figure_module():

@@ -173,7 +173,7 @@ def test_schur_bottleneck_alpha_one_is_plain_bottleneck():
     df = sc.schur_bottleneck(jac, alphas=[0.0, 0.5, 1.0])
     assert list(df.columns) == ["alpha", "s", "layer", "kind", "erank", "pr", "log10_fro", "henrici_single"]
     assert df[["alpha", "s"]].values.tolist() == [[a, s] for a in (0.0, 0.5, 1.0) for s in range(4)]
-    plain = sp.bottleneck_table(jac, reference=False)
+    plain = sp.bottleneck_table(jac)
     one = df[df.alpha == 1.0].reset_index(drop=True)
     np.testing.assert_allclose(one["erank"], plain["erank"], rtol=1e-9)
     np.testing.assert_allclose(one["pr"], plain["participation_ratio"], rtol=1e-9)

@@ -13,7 +13,12 @@ Scopes (one figure job per scope instance, drawing all of that scope's figures):
 * ``lens``: the checkpoints with a tuned lens (config ``lens.checkpoints``), same paths;
 * ``model``: once per model, ``results/figures/{model}/{name}.png``;
 * ``zoo``: once per model the pipeline trains itself (same paths as ``model``);
-* ``global``: once per run, ``results/figures/scaling/{name}.png``.
+* ``global``: once per run, ``results/figures/scaling/{name}.png``;
+* ``trajectory`` / ``lens_trajectory``: once per run, across checkpoints and models,
+  ``results/figures/trajectory/{name}.png``: each input template is read for every checkpoint
+  (``lens_trajectory``: every checkpoint with a tuned lens) of every model, and the plot
+  function gets one table per template, the files concatenated with ``model``, ``ckpt`` and
+  ``step`` columns (:func:`trajectory_inputs`, :func:`resdyn.plots.render.trajectory_table`).
 
 This module imports neither matplotlib nor the figure modules, so the Snakefile reads it at
 parse time for free; the plot functions are named as ``"module:function"`` in
@@ -33,10 +38,13 @@ from pathlib import Path
 
 from resdyn.infra.codeversion import PACKAGE_DIR, import_closure, module_file
 
-__all__ = ["FigureSpec", "FIGURES", "SCOPES", "CATEGORIES", "by_name", "of_scope", "studies_on", "enabled",
-           "require_studies", "output_path", "input_paths", "figure_code_version"]
+__all__ = ["FigureSpec", "FIGURES", "SCOPES", "TRAJECTORY_SCOPES", "CATEGORIES", "by_name", "of_scope",
+           "studies_on", "enabled", "require_studies", "output_path", "input_paths", "trajectory_inputs",
+           "figure_code_version"]
 
-SCOPES = ("ckpt", "lens", "model", "zoo", "global")
+SCOPES = ("ckpt", "lens", "model", "zoo", "global", "trajectory", "lens_trajectory")
+#: Scopes whose figures read each input for every (model, checkpoint) of the run.
+TRAJECTORY_SCOPES = ("trajectory", "lens_trajectory")
 
 #: Report categories: one per stage of the pipeline (the table rules use the same names).
 CATEGORIES = ("Zoo", "Study A", "Study B", "Beyond the studies")
@@ -90,6 +98,10 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("coupling_henrici", "ckpt", (f"{_CKPT}/coupling.tsv",), "study_a_topology:coupling_vs_henrici",
                "Coupling effect vs Henrici departure of the sublayer (Spearman rho)", "Study A", "topology", A),
     # --- study A, per model
+    # --- study A, across checkpoints and models
+    FigureSpec("trajectory_a", "trajectory", (f"{_CKPT}/bootstrap.tsv",), "trajectory:study_a_trajectory",
+               "Study A whole-model statistics vs training step, all models (bootstrap percentile intervals)",
+               "Study A", "across checkpoints", A),
     FigureSpec("checkpoints", "model", ("results/{model}/checkpoints.tsv",), "study_a_spectra:checkpoint_comparison",
                "Study A metrics vs depth, one line per checkpoint (step 0 = null)", "Study A", "checkpoints", A),
     FigureSpec("significant", "model", ("results/{model}/coupling_counts.tsv",), "study_a_topology:significant_counts",
@@ -109,6 +121,10 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("phase_metrics", "lens", (f"{_CKPT}/geometry.tsv", f"{_CKPT}/phases.json"),
                "study_b:phase_metric_profiles", "Phase metrics vs depth with the three phases shaded",
                "Study B", "phases", B),
+    # --- study B, across checkpoints and models
+    FigureSpec("trajectory_b", "lens_trajectory", (f"{_CKPT}/phase_metrics.tsv",), "trajectory:study_b_trajectory",
+               "Study B phase metrics vs training step, all models (mean +/- sd over the layers of each phase)",
+               "Study B", "across checkpoints", B),
     # --- study B, across models
     FigureSpec("phase_widths", "global", ("results/scaling/widths.tsv", "results/scaling/phase_widths.tsv"),
                "study_b:phase_width_scaling", "Phase width vs depth with OLS slope and 95% CI", "Study B", "phases", B),
@@ -180,7 +196,7 @@ def require_studies(config: dict, name: str, path: str = "") -> None:
 def output_path(spec: FigureSpec, ext: str = "png", **wildcards: str) -> str:
     """``results/figures/…/<name>.<ext>`` of ``spec``; wildcards not given stay as ``{model}``/``{ckpt}``."""
     folder = {"ckpt": "{model}/{ckpt}/", "lens": "{model}/{ckpt}/", "model": "{model}/", "zoo": "{model}/",
-              "global": "scaling/"}[spec.scope]
+              "global": "scaling/", "trajectory": "trajectory/", "lens_trajectory": "trajectory/"}[spec.scope]
     path = f"results/figures/{folder}{spec.name}.{ext}"
     for key, value in wildcards.items():
         path = path.replace("{" + key + "}", value)
@@ -190,6 +206,12 @@ def output_path(spec: FigureSpec, ext: str = "png", **wildcards: str) -> str:
 def input_paths(spec: FigureSpec, **wildcards: str) -> list[str]:
     """The artifacts ``spec`` reads, with ``{model}``/``{ckpt}`` filled in."""
     return [p.format(**wildcards) for p in spec.inputs]
+
+
+def trajectory_inputs(spec: FigureSpec, pairs: list[tuple[str, str]]) -> list[str]:
+    """The artifacts a trajectory figure reads: each template for every (model, ckpt) of ``pairs``,
+    template by template (the order :func:`resdyn.plots.render.render` groups them back by)."""
+    return [t.format(model=m, ckpt=c) for t in spec.inputs for m, c in pairs]
 
 
 # --- a figure's own code version -------------------------------------------------------------

@@ -38,6 +38,28 @@ def load(path: str | Path, template: str) -> Any:
     return data[0] if cls is artifacts.SpectraArrays else data  # spectra.h5: arrays; its attrs are provenance
 
 
+def trajectory_table(tables: Sequence[Any], pairs: Sequence[tuple[str, str]]) -> Any:
+    """The tables of one trajectory input, one per (model, ckpt) of ``pairs`` (config and training
+    order), as one DataFrame with ``model``, ``ckpt``, ``ckpt_index`` (the checkpoint's position
+    in its model's training order) and ``step`` (the training step the checkpoint name carries,
+    :func:`resdyn.infra.hub.revision_step`; NaN for ``main`` or a local model) in front."""
+    import numpy as np
+    import pandas as pd
+
+    from resdyn.infra.hub import revision_step
+
+    if len(tables) != len(pairs):
+        raise ValueError(f"trajectory input: {len(tables)} tables for {len(pairs)} (model, checkpoint) pairs")
+    parts, index = [], {}
+    for table, (model, ckpt) in zip(tables, pairs):
+        parsed = revision_step(ckpt)
+        index[model] = index.get(model, -1) + 1
+        front = pd.DataFrame({"model": model, "ckpt": ckpt, "ckpt_index": index[model],
+                              "step": float(parsed[1]) if parsed else np.nan}, index=table.index)
+        parts.append(pd.concat([front, table.drop(columns=[c for c in front if c in table.columns])], axis=1))
+    return pd.concat(parts, ignore_index=True)
+
+
 def cache_key(name: str, plot: str, outputs: Sequence[str], inputs: Mapping[str, str | None], title: str,
               caption: str, dpi: int, code: str) -> str:
     """Hex SHA-256 of everything a figure's bytes depend on (but its provenance's times)."""
@@ -56,11 +78,15 @@ def plot_function(plot: str):
 
 
 def render(name: str, plot: str, inputs: Mapping[str, str | None], png: str, pdf: str, title: str, caption: str,
-           dpi: int, code: str, provenance: dict, cache: str | Path | None) -> bool:
+           dpi: int, code: str, provenance: dict, cache: str | Path | None,
+           pairs: Sequence[tuple[str, str]] | None = None) -> bool:
     """Draw one figure into ``png`` and ``pdf`` (provenance embedded), or restore it from ``cache``.
 
     ``inputs`` maps each input path, in the order of the plot function's positional arguments,
-    to its SHA-256. Returns True when the figure was drawn, False when it was restored.
+    to its SHA-256; for a trajectory figure, each template's paths for every (model, ckpt) of
+    ``pairs`` (:func:`resdyn.plots.catalogue.trajectory_inputs`), read as one
+    :func:`trajectory_table` per template. Returns True when the figure was drawn, False when
+    it was restored.
     """
     from resdyn.plots.common import save_figure
 
@@ -69,9 +95,16 @@ def render(name: str, plot: str, inputs: Mapping[str, str | None], png: str, pdf
     if store is not None and store.restore([png, pdf], key):
         return False
     templates = catalogue.by_name(name).inputs
-    if len(templates) != len(inputs):
-        raise ValueError(f"figure {name!r}: {len(inputs)} inputs given, the catalogue declares {len(templates)}")
-    fig = plot_function(plot)(*[load(p, t) for p, t in zip(inputs, templates)], title=title)
+    n = len(pairs) if pairs is not None else 1
+    if len(templates) * n != len(inputs):
+        raise ValueError(f"figure {name!r}: {len(inputs)} inputs given, the catalogue declares {len(templates)}"
+                         + (f" templates × {n} checkpoints" if pairs is not None else ""))
+    paths = list(inputs)
+    if pairs is None:
+        args = [load(p, t) for p, t in zip(paths, templates)]
+    else:
+        args = [trajectory_table([load(p, t) for p in paths[i * n:(i + 1) * n]], pairs) for i, t in enumerate(templates)]
+    fig = plot_function(plot)(*args, title=title)
     save_figure(fig, png, pdf, {**provenance, "figure": name, "figure_code": code, "cache_key": key}, dpi=dpi)
     if store is not None:
         store.store([png, pdf], key)

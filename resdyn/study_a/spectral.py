@@ -698,7 +698,6 @@ def spectra_table(
 
 def bottleneck_table(
     jacobians: JacobianSource,
-    reference: bool = True,
     spectra: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> pd.DataFrame:
     """``bottleneck.tsv``: ranks of the cumulative Jacobian P_s = J_s J_{s−1} ⋯ J_0 along depth.
@@ -708,15 +707,14 @@ def bottleneck_table(
 
     Args:
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable}, all the same d.
-        reference: also report the single-sublayer values erank(J_s), PR(J_s) (one more
-            singular-value decomposition per sublayer, unless ``spectra`` has them).
         spectra: the arrays of :func:`spectra_table` (``L{layer:03d}_{kind}`` →
-            ``singular_values``): the reference reuses those singular values instead of
-            recomputing them (cost per sublayer: one product and one svdvals, not two svdvals).
+            ``singular_values``): the single-sublayer reference erank(J_s), PR(J_s) reuses those
+            singular values instead of recomputing them (cost per sublayer: one product and one
+            svdvals, not two svdvals). The reference is always computed: BottleneckTable
+            requires it (an option to drop it made tables its writer refused).
     Returns:
         DataFrame with columns ``s, layer, kind, d, erank, participation_ratio, log10_fro``
-        (log10 ‖P_s‖_F of the unrescaled product) and, with ``reference``, ``erank_single``,
-        ``pr_single``.
+        (log10 ‖P_s‖_F of the unrescaled product), ``erank_single``, ``pr_single``.
     Example:
         >>> J = {(0, "attn"): np.diag([1.0, 1.0, 0.5]), (0, "mlp"): np.diag([1.0, 1.0, 0.0])}
         >>> bottleneck_table(J)[["s", "erank", "pr_single"]].round(4).values.tolist()
@@ -743,11 +741,10 @@ def bottleneck_table(
             "participation_ratio": participation_ratio(sv),
             "log10_fro": cum.log10_fro,
         }
-        if reference:
-            known = (spectra or {}).get(group_name(layer, kind))
-            sv1 = np.asarray(known["singular_values"]) if known is not None else svd(a, vectors=False)
-            row["erank_single"] = effective_rank(sv1)
-            row["pr_single"] = participation_ratio(sv1)
+        known = (spectra or {}).get(group_name(layer, kind))
+        sv1 = np.asarray(known["singular_values"]) if known is not None else svd(a, vectors=False)
+        row["erank_single"] = effective_rank(sv1)
+        row["pr_single"] = participation_ratio(sv1)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -920,6 +920,8 @@ class Lens:
             )
         files = LensFolder.read(directory)
         convergence = pd.DataFrame(cfg.get("convergence") or [], columns=CONVERGENCE_COLUMNS)
+        # null (NaN when saved: no held-out batches) back to NaN
+        convergence[["final_heldout_kl", "rel_change"]] = convergence[["final_heldout_kl", "rel_change"]].astype(float)
         meta = {k: cfg.get(k) for k in ("model_id", "model_revision", "model_hash", "steps_trained", "stop_reason")}
         return cls(model, torch.from_numpy(files.weight.copy()), torch.from_numpy(files.bias.copy()),
                    options=cfg.get("training"), curves=files.curves, convergence=convergence, meta=meta)

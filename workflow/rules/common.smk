@@ -30,6 +30,8 @@ localrules:
     figure_model,
     figure_zoo,
     figure_global,
+    figure_trajectory,
+    figure_lens_trajectory,
 
 
 ZOO = [m for m in MODELS if config["models"][m]["source"] == "train"]
@@ -122,8 +124,8 @@ def jacobian_blocks(w):
 def figure_targets():
     """Every figure of the catalogue (resdyn.plots.catalogue) whose studies run."""
     out = []
-    for f in figs.of_scope("global", config):
-        out.append(figs.output_path(f))
+    for scope in ("global", *figs.TRAJECTORY_SCOPES):
+        out += [figs.output_path(f) for f in figs.of_scope(scope, config)]
     for m in MODELS:
         for scope in ["model", "zoo"] if m in ZOO else ["model"]:
             out += [figs.output_path(f, model=m) for f in figs.of_scope(scope, config)]
@@ -198,6 +200,8 @@ FIGURE_WILDCARDS = {
     "model": ("model",),
     "zoo": ("model",),
     "global": (),
+    "trajectory": (),
+    "lens_trajectory": (),
 }
 
 
@@ -229,10 +233,27 @@ def figure_outputs(scope):
     return out
 
 
+def trajectory_pairs(scope):
+    """(model, ckpt) of every checkpoint (lens_trajectory: with a tuned lens) of every model, in
+    config and training order: what a trajectory figure reads."""
+    of = (
+        (lambda m: rc.lens_checkpoints(config, m))
+        if scope == "lens_trajectory"
+        else ckpts
+    )
+    return [[m, c] for m in MODELS for c in of(m)]
+
+
 def figure_inputs(scope):
     """Named inputs of a figure job: per figure, the artifacts it reads."""
 
     def inputs(w):
+        if scope in figs.TRAJECTORY_SCOPES:
+            pairs = trajectory_pairs(scope)
+            return {
+                f.name: figs.trajectory_inputs(f, pairs)
+                for f in figs.of_scope(scope, config)
+            }
         return {
             f.name: figs.input_paths(f, **dict(w.items()))
             for f in figs.of_scope(scope, config)

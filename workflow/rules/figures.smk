@@ -117,6 +117,34 @@ if figs.of_scope("global", config):
             "../scripts/figure.py"
 
 
+for _scope in figs.TRAJECTORY_SCOPES:
+    if figs.of_scope(_scope, config):
+
+        # Across checkpoints and models: one job per run and scope, every checkpoint's table in.
+        rule:
+            name:
+                f"figure_{_scope}"
+            input:
+                unpack(figure_inputs(_scope)),
+            output:
+                **figure_outputs(_scope),
+            log:
+                f"logs/figures/figure_{_scope}.log",
+            benchmark:
+                f"benchmarks/out/figure_{_scope}/figure_{_scope}.tsv"
+            conda:
+                "../../envs/resdyn.yaml"
+            params:
+                scope=_scope,
+                pairs=trajectory_pairs(_scope),
+                title="all models",
+                dpi=config["figures"]["dpi"],
+                cache=FIGURE_CACHE,
+                code=code("figure"),
+            script:
+                "../scripts/figure.py"
+
+
 if OFF_FIGURES:
 
     # A figure of a study that config key studies leaves out: stop with one line saying so

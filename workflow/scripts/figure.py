@@ -11,7 +11,7 @@ from resdyn.plots import catalogue, render
 
 # Every figure module, imported here so that the rule's code version covers them (render
 # reaches them by name).
-from resdyn.plots import bridge, study_a_spectra, study_a_topology, study_b, zoo  # noqa: F401
+from resdyn.plots import bridge, study_a_spectra, study_a_topology, study_b, trajectory, zoo  # noqa: F401
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
@@ -27,5 +27,6 @@ with provenance.step(snakemake) as step:
         prov = {**base, "inputs": {i: step.input_hashes[i] for i in inputs}, "outputs": {png: None, pdf: None},
                 "params": {**base["params"], "figure": spec.name, "plot": spec.plot, "caption": spec.caption}}
         drawn = render.render(spec.name, spec.plot, prov["inputs"], png, pdf, f"{p.title} · {spec.name}",
-                              spec.caption, p.dpi, code, prov, p.cache)
+                              spec.caption, p.dpi, code, prov, p.cache,
+                              pairs=[tuple(x) for x in p.pairs] if spec.scope in catalogue.TRAJECTORY_SCOPES else None)
         log.info("%s %s", "drew" if drawn else "restored unchanged", spec.name)
