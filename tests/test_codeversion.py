@@ -5,7 +5,7 @@ Oracles independent of the ``ast`` walk under test:
 * the standard library's ``modulefinder`` (bytecode analysis): the modules a script imports,
   a superset of the modules whose symbols its closure may hold;
 * execution: every ``resdyn`` function that runs while the Jacobians of a tiny model of each
-  family are computed (traced with :func:`sys.setprofile`) must be in the static closure of
+  family are computed (traced with :func:`sys.settrace`) must be in the static closure of
   ``workflow/scripts/jacobians.py`` for that family, and no other family's adapter may be.
 
 A synthetic package covers the import forms, the edits that must not change a version and those
@@ -321,15 +321,15 @@ def _traced_symbols(fn) -> set[str]:
     seen: set[tuple[str, str]] = set()
     package = str(cv.PACKAGE_DIR) + "/"
 
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(package):
+    def trace(frame, event, arg):  # Python calls only; no line events (returns None)
+        if frame.f_code.co_filename.startswith(package):
             seen.add((frame.f_code.co_filename, frame.f_code.co_qualname))
 
-    sys.setprofile(profile)
+    sys.settrace(trace)
     try:
         fn()
     finally:
-        sys.setprofile(None)
+        sys.settrace(None)
     out = set()
     for filename, qualname in seen:
         top = qualname.split(".")[0]
