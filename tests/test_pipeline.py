@@ -403,7 +403,7 @@ def test_plan_changes_names_the_symbol_and_the_cost(smoke, tmp_path):
     text = proc.stdout
     assert re.search(r"^jacobians: 4 job\(s\), 0 GPU-h, [0-9.e-]+ CPU-h$", text, re.M), text
     assert "code: resdyn.study_a.jacobian:attn_jacobian" in text
-    assert "input: rerun upstream" in text and "zoo_train" not in text
+    assert "input: after jacobians ×2" in text and "zoo_train" not in text
     assert re.search(r"^total: \d+ jobs, ", text, re.M)
 
 

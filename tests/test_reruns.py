@@ -58,7 +58,8 @@ def rule_params() -> dict[str, tuple[list[str], list[str]]]:
 def doc_table() -> dict[str, tuple[list[str], list[str]]]:
     """The table of docs/reruns.md: | rule | reruns when these params change | settings |."""
     out = {}
-    for line in DOC.read_text().splitlines():
+    text = DOC.read_text().split("| rule | reruns when these params change |", 1)[1]
+    for line in text.split("\n\n", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and cells[0].startswith("`"):
             split = lambda c: [x.strip() for x in re.split(r";\s*", c.replace("`", "")) if x.strip() not in ("", "—")]

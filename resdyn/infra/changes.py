@@ -74,6 +74,26 @@ def parse_dry_run(text: str) -> list[PlannedJob]:
     return jobs
 
 
+def _split_values(text: str) -> list[str]:
+    """Snakemake's ``repr(value),repr(value),…`` split at the commas outside brackets and quotes."""
+    out, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return [v.strip() for v in out if v.strip()]
+
+
 def _old_params(job: PlannedJob) -> dict:
     for out in job.outputs:
         side = io.prov_path(out)
@@ -85,9 +105,9 @@ def _old_params(job: PlannedJob) -> dict:
 def _param_reason(job: PlannedJob, clause: str, cache: Path) -> list[str]:
     """'params: k1, k2' and 'code: module:name, …' for a "Params have changed" clause."""
     before, _, now = clause.partition(" now: ")
-    before = before.split("before: ", 1)[-1]
+    before = set(_split_values(before.split("before: ", 1)[-1].strip()))
     old = _old_params(job)
-    changed = [k for k, v in old.items() if isinstance(v, (str, int, float, bool, list, dict)) and repr(v) in before]
+    changed = [k for k, v in old.items() if repr(v) in before]
     out = []
     if "code" in changed:
         changed.remove("code")
@@ -107,15 +127,21 @@ def _param_reason(job: PlannedJob, clause: str, cache: Path) -> list[str]:
     return out
 
 
-def explain(job: PlannedJob, cache: Path = CODE_CACHE) -> list[str]:
-    """Snakemake's reason for ``job`` in resdyn's terms (module docstring)."""
+def explain(job: PlannedJob, cache: Path = CODE_CACHE, producers: dict[str, str] | None = None) -> list[str]:
+    """Snakemake's reason for ``job`` in resdyn's terms (module docstring); ``producers`` maps
+    the outputs of the dry run's jobs to their rules, to name upstream reruns by rule."""
     out = []
     for clause in job.reason.split("; "):
         if clause.startswith("Missing output files"):
             out.append("new: output missing")
         elif clause.startswith("Input files updated by another job"):
             files = clause.split(": ", 1)[1].split(", ")
-            out.append(f"input: rerun upstream ({', '.join(files[:3])}{', …' if len(files) > 3 else ''})")
+            rules = [(producers or {}).get(f) for f in files]
+            if all(rules):
+                counts = {r: rules.count(r) for r in dict.fromkeys(rules)}
+                out.append("input: after " + ", ".join(f"{r} ×{n}" if n > 1 else r for r, n in counts.items()))
+            else:
+                out.append(f"input: rerun upstream ({', '.join(files[:3])}{', …' if len(files) > 3 else ''})")
         elif clause.startswith("Updated input files"):
             out.append(f"input: newer file ({clause.split(': ', 1)[1]})")
         elif clause.startswith("Set of input files has changed"):
@@ -157,8 +183,9 @@ def render_changes(config: dict, jobs: list[PlannedJob], device: str = "h100", c
     if not [j for j in jobs if j.rule != "all"]:
         return "nothing to rerun: every output is up to date with the code, params and inputs"
     by_rule: dict[str, list[PlannedJob]] = {}
+    producers = {out: job.rule for job in jobs for out in job.outputs}
     for job in jobs:
-        job.why = explain(job, cache)
+        job.why = explain(job, cache, producers)
         price(config, job, device)
         by_rule.setdefault(job.rule, []).append(job)
     lines = []
@@ -166,7 +193,8 @@ def render_changes(config: dict, jobs: list[PlannedJob], device: str = "h100", c
         if rule == "all":
             continue
         gpu, cpu = sum(j.gpu_hours for j in group), sum(j.cpu_hours for j in group)
-        lines.append(f"{rule}: {len(group)} job(s), {gpu:.3g} GPU-h, {cpu:.3g} CPU-h")
+        hours = "not priced" if rule in rcost.LOCAL_UNPRICED_RULES else f"{gpu:.3g} GPU-h, {cpu:.3g} CPU-h"
+        lines.append(f"{rule}: {len(group)} job(s), {hours}")
         for job in sorted(group, key=lambda j: sorted(j.wildcards.items())):
             where = " ".join(f"{k}={v}" for k, v in job.wildcards.items()) or "-"
             lines.append(f"  {where}: {'; '.join(job.why)}")
