@@ -366,12 +366,13 @@ def test_settings_rerun_nothing(smoke):
 
 
 def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
-    """Issue 27: a local model whose checkpoints are folders (the zoo's weights); after a finished
-    run, a new first checkpoint plans its own jobs and the per-model tables, no job of the others
-    and no new samples (they depend on the tokenizer, not on which checkpoint comes first)."""
+    """Issue 27: a local model whose checkpoints are folders (the zoo's weights), run up to its
+    spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
+    tokenizer, not on which checkpoint comes first); reordering the others plans nothing."""
+    from resdyn.infra import changes
+
     work = edited_copy(smoke, tmp_path / "wf")
-    weights = work / "models" / "tiny_llama" / "weights"
-    shutil.copytree(weights / "step0", work / "extra_ckpt")
+    shutil.copytree(work / "models" / "tiny_llama" / "weights" / "step0", work / "extra_ckpt")
 
     def local(paths):
         def change(c):
@@ -379,18 +380,20 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
             c["scaling"]["groups"] = {"llama": ["tiny_local"]}
         return change
 
+    def targets(paths):
+        return [f"results/tiny_local/{c}/spectra.tsv" for c in paths]
+
     before = {"step0": "models/tiny_llama/weights/step0", "step30": "models/tiny_llama/weights/step30"}
     cfg = with_config(work, "local", local(before))
-    snakemake(work, "--cores", "2", config=cfg)
-    assert planned_jobs(work, cfg) == {}
-    cfg = with_config(work, "local2", local({"first": "extra_ckpt", **before}))
-    out = snakemake(work, "-n", config=cfg).stdout
-    from resdyn.infra import changes
-
-    jobs = [j for j in changes.parse_dry_run(out) if j.rule != "all"]
-    assert jobs and {j.wildcards.get("ckpt") for j in jobs} <= {"first", None}
-    assert {j.rule for j in jobs if "ckpt" not in j.wildcards} <= {"checkpoints", "scorecard", "figure_model"}
-    assert {"resolve_checkpoint", "jacobians", "spectra"} <= {j.rule for j in jobs}
+    snakemake(work, "--cores", "2", *targets(before), config=cfg)
+    added = {"first": "extra_ckpt", **before}
+    out = snakemake(work, "-n", *targets(added), config=with_config(work, "added", local(added))).stdout
+    jobs = changes.parse_dry_run(out)
+    assert sorted((j.rule, j.wildcards.get("ckpt")) for j in jobs) == [
+        ("jacobians", "first"), ("jacobians", "first"), ("resolve_checkpoint", "first"), ("spectra", "first")]
+    reordered = {"step30": before["step30"], "step0": before["step0"]}
+    out = snakemake(work, "-n", *targets(reordered), config=with_config(work, "reordered", local(reordered))).stdout
+    assert "Nothing to be done" in out, out[-3000:]
 
 
 def test_plan_changes_names_the_symbol_and_the_cost(smoke, tmp_path):

@@ -154,10 +154,26 @@ def import_closure(script: str | Path, package_dir: Path = PACKAGE_DIR) -> set[s
 Binding = tuple[str, "str | None"]
 
 
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(stmts, into_defs: bool = True):
+    """Every statement in ``stmts`` and in the bodies nested in them (not into expressions;
+    not into nested functions and classes unless ``into_defs``)."""
+    for stmt in stmts:
+        yield stmt
+        if not into_defs and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in _BODIES:
+            inner = getattr(stmt, name, None)
+            if inner:
+                yield from _statements(inner, into_defs)
+
+
 def _strip_docstrings(node: ast.AST) -> ast.AST:
-    """``node`` without the docstrings of its module/classes/functions (modified in place)."""
-    for n in ast.walk(node):
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+    """``node`` without the docstrings of its classes/functions (modified in place)."""
+    for n in _statements([node]):
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = n.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
                     and isinstance(body[0].value.value, str):
@@ -170,17 +186,31 @@ def _dump(stmt: ast.AST) -> str:
     return ast.dump(stmt, annotate_fields=False, include_attributes=False)
 
 
-def _stored(nodes) -> set[str]:
-    """Names stored (assigned, loop targets, parameters, defs) anywhere under ``nodes``."""
-    out = set()
-    for node in nodes:
-        for n in ast.walk(node):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-                out.add(n.id)
-            elif isinstance(n, ast.arg):
-                out.add(n.arg)
-            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out.add(n.name)
+def _target_names(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _stored(args: ast.arguments, body: list[ast.stmt]) -> set[str]:
+    """Names local to a function: its parameters and what its statements bind (assignment and
+    loop targets, ``with … as``, ``except … as``, nested defs, imports). Statements only: a name
+    bound inside an expression (``:=``) is missed, which can only add to what counts."""
+    out = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
+    for n in _statements(body, into_defs=False):  # a nested function's locals are its own
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Assign):
+            for t in n.targets:
+                out |= _target_names(t)
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+            out |= _target_names(n.target)
+        elif isinstance(n, (ast.With, ast.AsyncWith)):
+            for item in n.items:
+                if item.optional_vars is not None:
+                    out |= _target_names(item.optional_vars)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in n.names}
     return out
 
 
@@ -218,7 +248,7 @@ class _RefVisitor(ast.NodeVisitor):
         for d in node.decorator_list:
             self.visit(d)
         self._visit_args(node.args)
-        self.scopes.append(_stored([node.args, *node.body]))
+        self.scopes.append(_stored(node.args, node.body))
         for s in node.body:
             self.visit(s)
         self.scopes.pop()
@@ -227,12 +257,12 @@ class _RefVisitor(ast.NodeVisitor):
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self._visit_args(node.args)
-        self.scopes.append(_stored([node.args]))
+        self.scopes.append(_stored(node.args, []))
         self.visit(node.body)
         self.scopes.pop()
 
     def _visit_comprehension(self, node) -> None:
-        self.scopes.append(_stored([g.target for g in node.generators]))
+        self.scopes.append(set().union(*(_target_names(g.target) for g in node.generators)))
         self.generic_visit(node)
         self.scopes.pop()
 
