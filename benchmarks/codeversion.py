@@ -51,8 +51,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         for s, f in jobs:
             cv.cached_code_version(s, cache, f)
-        cv._MANIFESTS.clear()
-        cv._load.cache_clear()
+        cv.clear_caches()
         t = time.perf_counter()
         for s, f in jobs:
             cv.cached_code_version(s, cache, f)

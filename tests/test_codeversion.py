@@ -299,14 +299,16 @@ def test_closure_that_cannot_be_computed_names_the_file(pkg, case, text, match):
     assert "\n" not in str(err.value)
 
 
-def test_cached_version_survives_processes_and_sees_edits(pkg, tmp_path):
+def test_cached_version_survives_processes_and_sees_edits(pkg, tmp_path, monkeypatch):
     base, script = pkg
     cache = tmp_path / "cache"
     v1 = cv.cached_code_version(script, cache, package_dir=base)
     assert v1 == cv.script_code_version(script, base)
     assert cv.stored_manifest(cache, v1) == cv.code_manifest(script, base)
-    cv._MANIFESTS.clear()  # as a new process: the index answers
-    assert cv.cached_code_version(script, cache, package_dir=base) == v1 and not cv._MANIFESTS
+    cv.clear_caches()  # as a new process: the index answers, nothing is computed
+    with monkeypatch.context() as m:
+        m.setattr(cv, "code_manifest", lambda *a, **k: pytest.fail("recomputed although nothing changed"))
+        assert cv.cached_code_version(script, cache, package_dir=base) == v1
     _edit(base / "util.py", "SCALE = 2.0", "SCALE = 2.5")
     v2 = cv.cached_code_version(script, cache, package_dir=base)
     assert v2 != v1

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resdyn.infra import codeversion, io
+from resdyn.infra import codeversion, provenance
 from resdyn.infra import cost as rcost
 
 CODE_CACHE = Path(".snakemake/resdyn/code")  # as in workflow/rules/common.smk
@@ -95,10 +95,12 @@ def _split_values(text: str) -> list[str]:
 
 
 def _old_params(job: PlannedJob) -> dict:
+    """The params of the run that made the job's outputs (their provenance record)."""
     for out in job.outputs:
-        side = io.prov_path(out)
-        if side.is_file():
-            return io.read_json(side).get("params", {})
+        try:
+            return provenance.read(out).get("params", {})
+        except FileNotFoundError:
+            continue
     return {}
 
 

@@ -48,6 +48,7 @@ FAMILY_TABLES = frozenset({
 
 __all__ = ["CodeVersionError", "FAMILY_TABLES", "module_file", "imported_modules", "import_closure",
            "symbol_closure", "code_manifest", "script_code_version", "cached_code_version", "stored_manifest",
+           "clear_caches",
            "version_of", "changed_symbols"]
 
 
@@ -650,6 +651,14 @@ def code_manifest(script: str | Path, package_dir: Path = PACKAGE_DIR, family: s
     manifest = dict(sorted(manifest.items()))
     _MANIFESTS[key] = (dict(c.files), manifest)
     return dict(manifest)
+
+
+def clear_caches() -> None:
+    """Forget every parsed file and computed manifest of this process (as a new process would)."""
+    _MANIFESTS.clear()
+    _load.cache_clear()
+    _module_file.cache_clear()
+    _imported.cache_clear()
 
 
 def symbol_closure(script: str | Path, package_dir: Path = PACKAGE_DIR, family: str | None = None) -> set[str]:
