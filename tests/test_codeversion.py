@@ -370,3 +370,11 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
         own = {f"resdyn.infra.arch:{cls.__name__}" for cls in arch._ADAPTERS[family].__mro__
                if cls.__module__ == "resdyn.infra.arch"}
         assert adapters & closure == own & adapters, name
+
+
+def test_imports_inside_top_level_blocks_bind_names(pkg):
+    base, script = pkg
+    (base / "guarded.py").write_text("try:\n    from resdyn.util import used\nexcept ImportError:\n    used = None\n\n\n"
+                                     "def f():\n    return used(1)\n")
+    script.write_text("from resdyn.guarded import f\n\nf()\n")
+    assert "resdyn.util:used" in cv.symbol_closure(script, base)

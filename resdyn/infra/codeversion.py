@@ -423,6 +423,9 @@ def _load(path: str, _mtime: int, _size: int, module: str | None) -> _Module:
         stmts.append(stmt)
         if not _is_definition(stmt):
             effects.append(i)
+            for name, b in _refs(stmt, module, is_pkg).imports.items():  # `try:`/`if` imports bind too
+                if not name.startswith("*"):
+                    imports.setdefault(name, b)
         for name in _bound_names(stmt):
             defs.setdefault(name, []).append(i)
     return _Module(module, path, stmts, defs, effects, imports, loads, star)
@@ -560,9 +563,11 @@ class _Closure:
         head, bare = chain[0], len(chain) == 1
         if head in local:
             self.follow(local[head], chain[1:], bare, mod.path)
-        elif head in mod.defs:
+        elif head in mod.defs:  # (and imported too, in a `try:` block: both may run)
             for i in mod.defs[head]:
                 self.add(mod, i)
+            if head in mod.imports:
+                self.follow(mod.imports[head], chain[1:], bare, mod.path)
         elif head in mod.imports:
             self.follow(mod.imports[head], chain[1:], bare, mod.path)
         elif mod.star:
