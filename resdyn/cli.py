@@ -80,6 +80,12 @@ def _plan(args: argparse.Namespace) -> int:
             order = rc.checkpoints(cfg, name)
             if len(order) > 1:
                 print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
+        if args.changes:  # what a rerun of this config would run now, why, and its cost
+            from resdyn.infra import changes
+
+            jobs = changes.parse_dry_run(changes.dry_run(args.config))
+            print(changes.render_changes(cfg, jobs, device=args.gpu))
+            return 0
         print(plan.render(cfg, device=args.gpu, gpus=args.gpus, cores=args.cores))
     except (rc.ConfigError, cost.ShapeError) as err:
         print(f"resdyn plan: error: {err}", file=sys.stderr)
@@ -135,6 +141,7 @@ exit codes:
 
 examples:
   resdyn plan configs/paper-a.yaml
+  resdyn plan configs/paper-a.yaml --changes
   resdyn provenance results/figures/llama/step0/funnel.png
   resdyn verify results
   resdyn collect results -o tables/
@@ -179,6 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="GPU kind (default h100)")
     pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
     pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
+    pl.add_argument("--changes", action="store_true", help="only the jobs a rerun would run now (after `git pull` "
+                    "or a config edit), grouped by rule, with the reason (code symbol, param, input) and cost")
     pl.set_defaults(func=_plan)
     co = sub.add_parser("collect", help="every table of a run as one tidy parquet per table kind, with model, "
                         "checkpoint, step and provenance columns, and catalog.json (see docs/notebooks.md)")

@@ -38,19 +38,21 @@ class Totals:
     device: str
 
 
+def job_row(config: dict, rule: str, w: dict, device: str = "h100") -> dict:
+    """The priced row of one job: rule, wildcards, gpu, threads, seconds, TFLOP, host/device GB, disk GB."""
+    c = rcost.job_cost(config, rule, w)
+    threads = rcost.threads_for(config, rule, w)
+    kind = device if c.gpu else "cpu"
+    return {
+        "rule": rule, "model": w.get("model", ""), "ckpt": w.get("ckpt", ""), "block": w.get("block", ""),
+        "gpu": c.gpu, "threads": threads, "seconds": rcost.seconds(c, kind, threads), "tflop": c.flops / 1e12,
+        "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9, "disk_gb": c.disk_bytes / 1e9,
+    }
+
+
 def job_table(config: dict, device: str = "h100") -> pd.DataFrame:
-    """One row per job: rule, wildcards, gpu, threads, seconds, TFLOP, host/device GB, disk GB."""
-    rows = []
-    for rule, w in rcost.unique_jobs(config):
-        c = rcost.job_cost(config, rule, w)
-        threads = rcost.threads_for(config, rule, w)
-        kind = device if c.gpu else "cpu"
-        rows.append({
-            "rule": rule, "model": w.get("model", ""), "ckpt": w.get("ckpt", ""), "block": w.get("block", ""),
-            "gpu": c.gpu, "threads": threads, "seconds": rcost.seconds(c, kind, threads), "tflop": c.flops / 1e12,
-            "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9, "disk_gb": c.disk_bytes / 1e9,
-        })
-    return pd.DataFrame(rows)
+    """One row per job (:func:`job_row`)."""
+    return pd.DataFrame([job_row(config, rule, w, device) for rule, w in rcost.unique_jobs(config)])
 
 
 def rule_table(jobs: pd.DataFrame) -> pd.DataFrame:

@@ -71,8 +71,8 @@ rule causal:
         n_random=config["causal"]["n_random"],
         n_samples=config["causal"]["n_samples"],
         seed=config["causal"]["seed"],
-        device=config["device"],
-        code=code("causal"),
+        device=setting(config["device"]),
+        code=code("causal", family=model_family),
     script:
         "../scripts/causal.py"
 
@@ -106,7 +106,7 @@ rule bootstrap:
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
-        device=config["device"],
+        device=setting(config["device"]),
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"

@@ -1,7 +1,8 @@
 # Validation and lookups. The logic lives in resdyn.infra.config, where pytest reaches it.
 from resdyn.infra import config as rc
 from resdyn.infra import cost as rcost
-from resdyn.infra.codeversion import script_code_version
+from resdyn.infra import io as rio
+from resdyn.infra.codeversion import cached_code_version
 from resdyn.plots import catalogue as figs
 from resdyn.beyond.scorecard import scaling_group
 from resdyn.artifacts import ClaimsTable
@@ -70,9 +71,28 @@ def dataset_of(w):
     return config["models"][w.model]["dataset"]
 
 
-def code(script):
-    """Code version of a rule: workflow/scripts/<script>.py and every resdyn module it reaches."""
-    return script_code_version(f"{workflow.basedir}/workflow/scripts/{script}.py")
+CODE_CACHE = ".snakemake/resdyn/code"
+
+
+def code(script, family=None):
+    """Code version of a rule: the normalised code workflow/scripts/<script>.py reaches, symbol by
+    symbol (resdyn.infra.codeversion); family=model_family: only the job's family's adapter.
+    """
+    path = f"{workflow.basedir}/workflow/scripts/{script}.py"
+    if family is None:
+        return cached_code_version(path, CODE_CACHE)
+    return lambda w: cached_code_version(path, CODE_CACHE, family(w))
+
+
+def model_family(w):
+    return config["models"][w.model]["family"]
+
+
+def setting(value):
+    """A param that changes no number (device, checkpoint spacing; docs/reruns.md): Snakemake
+    does not count params computed from resources as a rerun trigger. Scripts and provenance
+    see it as any param."""
+    return lambda wildcards, resources: value
 
 
 def per_ckpt(pattern, model):
@@ -106,10 +126,20 @@ def all_targets():
 
 
 def tokenizer_input(w):
-    """Zoo models use the dataset's trained tokenizer; others their first checkpoint's."""
+    """Zoo models use the dataset's trained tokenizer; others a checkpoint's (all checkpoints of a
+    model share it; each record holds its tokenizer_hash). Samples already made keep the record
+    they were made from while it is configured, so adding or reordering revisions reruns no
+    samples (docs/reruns.md); else the first checkpoint's."""
     if config["models"][w.model]["source"] == "train":
         return f"results/data/{dataset_of(w)}/tokenizer"
-    return f"models/{w.model}/{ckpts(w.model)[0]}/checkpoint.json"
+    records = [f"models/{w.model}/{c}/checkpoint.json" for c in ckpts(w.model)]
+    for made in (f"results/{w.model}/samples.h5", f"results/{w.model}/lens_tokens.h5"):
+        side = rio.prov_path(made)
+        used = set(rio.read_json(side).get("inputs", {})) if side.is_file() else set()
+        for r in records:
+            if r in used:
+                return r
+    return records[0]
 
 
 def jacobian_blocks(w):

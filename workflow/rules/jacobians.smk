@@ -21,9 +21,9 @@ rule jacobians:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
         store_first_n=config["jacobian"]["store_first_n"],
-        checkpoint_every=config["jacobian"]["checkpoint_every"],
-        device=config["device"],
-        code=code("jacobians"),
+        checkpoint_every=setting(config["jacobian"]["checkpoint_every"]),
+        device=setting(config["device"]),
+        code=code("jacobians", family=model_family),
     script:
         "../scripts/jacobians.py"
 
@@ -47,7 +47,7 @@ rule activations:
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
-        device=config["device"],
-        code=code("activations"),
+        device=setting(config["device"]),
+        code=code("activations", family=model_family),
     script:
         "../scripts/activations.py"

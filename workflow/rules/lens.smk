@@ -36,8 +36,8 @@ rule lens:
         },
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
-        checkpoint_every=config["lens"]["checkpoint_every"],
-        device=config["device"],
+        checkpoint_every=setting(config["lens"]["checkpoint_every"]),
+        device=setting(config["device"]),
         code=code("lens"),
     script:
         "../scripts/lens.py"
@@ -72,7 +72,7 @@ rule lens_metrics:
         mem_mb=cost("lens_metrics", "mem_mb"),
         runtime=cost("lens_metrics", "runtime"),
     params:
-        device=config["device"],
+        device=setting(config["device"]),
         code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

@@ -27,7 +27,7 @@ rule spectra:
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        device=config["device"],
+        device=setting(config["device"]),
         code=code("spectra"),
     script:
         "../scripts/spectra.py"
