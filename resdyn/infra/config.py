@@ -26,8 +26,14 @@ class ConfigError(ValueError):
 
 
 def load_schema() -> dict:
-    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml)."""
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml), the model
+    family list filled from the family table (:data:`resdyn.infra.families.FAMILIES`) plus
+    ``generic`` (any standard decoder layer, :mod:`resdyn.infra.generic`)."""
+    from resdyn.infra.families import FAMILIES
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["$defs"]["model"]["properties"]["family"]["enum"] = [*FAMILIES, "generic"]  # generic: resdyn.infra.generic
+    return schema
 
 
 def _with_defaults(validator_class):

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resdyn.infra import families
 from resdyn.infra.linalg import k_from_fraction
 
 #: Op classes a price is made of (see the module docstring).
@@ -209,8 +210,8 @@ class Shape:
         return self.params * self.dtype_bytes
 
 
-#: families whose MLP is W_2 act(W_1 x) (two matrices)
-PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
+#: families whose MLP is W_2 act(W_1 x) (two matrices), from the family table
+PLAIN_MLP_FAMILIES = tuple(name for name, fam in families.FAMILIES.items() if fam.mlp_matrices == 2)
 
 
 class ShapeError(ValueError):
@@ -244,8 +245,8 @@ def model_shape(config: dict, model: str) -> Shape:
     family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
                  int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
-                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3,
-                 parallel=family == "gpt_neox" and bool(m.get("parallel_residual", True)))
+                 mlp_mats=families.mlp_matrices(family),
+                 parallel=families.is_parallel(family, {"use_parallel_residual": m.get("parallel_residual", True)}))
 
 
 # ----------------------------------------------------------------------------------------------
