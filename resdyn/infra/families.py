@@ -133,6 +133,11 @@ REFUSED_FAMILIES: dict[str, str] = {
     "t5gemma": _ENC_DEC + "gemma2 or gemma3 model",
 }
 
+#: Jacobian work of the generic path relative to the hand-written engines (forward mode through
+#: HF's modules: three MLP GEMMs per direction instead of one, projections per direction, vmap
+#: over HF's Python); benchmarks/jacobian.py (generic) measures it, the cost model prices it.
+GENERIC_SLOWDOWN = 4.0
+
 #: config.json key whose presence means the model's code comes from its repository
 REMOTE_CODE_KEY = "auto_map"
 

@@ -127,22 +127,23 @@ def read_config_json(path: str | Path) -> dict:
 
 
 def family_of(model_type: str | None, outer_type: str | None = None, settings: dict | None = None,
-              remote_code: bool = False) -> str:
+              remote_code: bool = False, generic: bool = False) -> str:
     """The resdyn family of an HF ``model_type`` (see :data:`resdyn.infra.families.FAMILIES`).
 
     Raises HubError naming the type, why it is refused (MoE, encoder-decoder, remote code, a
     refused setting in ``settings``, the text config) with the nearest supported family, and
-    the supported families (:func:`resdyn.infra.families.refusal`).
+    the supported families (:func:`resdyn.infra.families.refusal`). ``generic`` (config
+    ``family: generic``): any type not refused by name gives "generic".
     """
     from resdyn.infra import families
 
-    reason = families.refusal(model_type, outer_type, settings or {}, remote_code)
+    reason = families.refusal(model_type, outer_type, settings or {}, remote_code, generic)
     if reason:
         raise HubError(reason)
-    return families.family_of_type(model_type, outer_type)
+    return "generic" if generic else families.family_of_type(model_type, outer_type)
 
 
-def architecture(cfg: dict) -> dict:
+def architecture(cfg: dict, generic: bool = False) -> dict:
     """Family and shape keys (``SHAPE_FIELDS``) of a parsed config.json.
 
     Multimodal wrappers keep the decoder in ``text_config``. ``n_kv_heads`` defaults to
@@ -152,7 +153,7 @@ def architecture(cfg: dict) -> dict:
     """
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     out: dict = {"model_type": text.get("model_type") or cfg.get("model_type")}
-    out["family"] = family_of(text.get("model_type"), cfg.get("model_type"), text, bool(cfg.get("auto_map")))
+    out["family"] = family_of(text.get("model_type"), cfg.get("model_type"), text, bool(cfg.get("auto_map")), generic)
     for key, field in SHAPE_FIELDS.items():
         value = text.get(field)
         if value is None and field in _GPT2_FIELDS:  # GPT-2's config.json keeps its own names
