@@ -597,7 +597,7 @@ def test_family_table_is_the_one_place():
         ({"model_type": "gemma3_text", "use_bidirectional_attention": True}, ["bidirectional"]),
         ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "use_bidirectional_attention": True}},
          ["bidirectional"]),
-        ({"model_type": "bloom"}, ["'bloom' is not supported", "no adapter"]),
+        ({"model_type": "bloom"}, ["'bloom' is not supported", "no adapter", "family: generic"]),
     ],
 )
 def test_refusals_at_validation(cfg, needles):

@@ -99,4 +99,4 @@ def test_qwen3_and_gemma3_minis_run_the_whole_dag(tmp_path):
         with h5py.File(blocks[0]) as f:
             assert f.attrs["family"] == model
         assert (work / "results" / model / "main" / "phases.json").is_file()
-    assert (work / "report.html").is_file() or (work / "results" / "figures").is_dir()
+    assert (work / "results" / "scaling" / "phase_widths.tsv").is_file()

@@ -47,8 +47,15 @@ The sublayers are built from the layer's own HF submodules (norms, projections, 
 tables); only the attention core (scores, mask, softmax in fp32 then cast back, weighted values,
 as HF's eager path does) is written here, so the composition reproduces HF's eager forward bit
 for bit in fp32 and bf16, and its sdpa forward to that kernel's rounding. Families whose
-residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel (GPT-NeoX
-parallel residual without an adapter: GPT-J, Phi, Falcon), MoE blocks and unknown families are refused with a ValueError.
+residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel without an
+adapter (GPT-J, Phi-1/2, Falcon; GPT-NeoX has one), MoE blocks, encoder-decoders, remote code
+and unknown families are refused with a one-line ValueError (:func:`resdyn.infra.families.refusal`).
+
+The family table :data:`resdyn.infra.families.FAMILIES` names each family's adapter class: the
+first eight live here, later ones in ``resdyn/infra/adapters/<family>.py`` (Qwen3 per-head q/k
+norms; Gemma 2 attention soft-capping and ``1 + w`` norms; Gemma 3 per-layer-type RoPE; Phi-3
+fused projections; Granite multipliers; SmolLM3 NoPE layers). A model marked by
+:func:`use_generic` is split by :mod:`resdyn.infra.generic` instead (any standard layer).
 """
 
 from __future__ import annotations
