@@ -545,6 +545,13 @@ def test_new_family_features_are_active():
     assert [a.rotary for a in smol] == [True, False, True, False]
     granite = make_model("granite")
     assert arch.sublayers(granite)[0].branch_scale == 0.6 and arch.readout_scale(granite) == 2.5
+    from resdyn.study_b import lens
+
+    assert lens.linear_readout_weight(granite, torch.float32) is None  # the lens reads out through / 2.5
+    with torch.no_grad():
+        out = granite(input_ids=ids[None], use_cache=False)
+        final = arch.boundary_states(granite, ids)[-1]
+        torch.testing.assert_close(lens.lens_readout(granite, final, None, None), out.logits[0], atol=1e-5, rtol=0)
     assert arch.sublayers(make_model("phi3"))[0].rope(arch.prepare(make_model("phi3"), ids[None]),
                                                      torch.float32)[0].shape[-1] == 4  # of head_dim 8
     for name in ("qwen3", "gemma2", "gemma3", "phi3", "smollm3"):

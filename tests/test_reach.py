@@ -100,3 +100,13 @@ def test_qwen3_and_gemma3_minis_run_the_whole_dag(tmp_path):
             assert f.attrs["family"] == model
         assert (work / "results" / model / "main" / "phases.json").is_file()
     assert (work / "results" / "scaling" / "phase_widths.tsv").is_file()
+
+
+def test_family_contradicting_config_json_is_one_line(offline_standins):
+    """A family written in the config that config.json contradicts stops validation in one line."""
+    raw = yaml.safe_load(PRESET.read_text())
+    raw["models"]["qwen3_06b"]["family"] = "qwen2"
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(raw)
+    lines = [line for line in str(err.value).splitlines() if "qwen3_06b" in line]
+    assert len(lines) == 1 and "'qwen2' disagrees with config.json" in lines[0] and "'qwen3'" in lines[0], lines
