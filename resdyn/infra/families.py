@@ -82,8 +82,8 @@ FAMILIES: dict[str, Family] = {
                      summary=("sequential, sandwich norms", "RMSNorm (1 + w)",
                               "per-head q/k norm, sliding/global layers with their own RoPE", "gated (GELU-tanh)")),
     "phi3": Family(("phi3",), "Phi3DecoderLayer", "resdyn.infra.adapters.phi3:Phi3Sublayers", {"Phi3RMSNorm": 0.0},
-                   summary=("sequential, pre-norm", "RMSNorm", "fused q|k|v, partial rotary, sliding window",
-                            "fused gate|up")),
+                   summary=("sequential, pre-norm", "RMSNorm", "fused q/k/v, partial rotary, sliding window",
+                            "fused gate/up")),
     "granite": Family(("granite",), "GraniteDecoderLayer", "resdyn.infra.adapters.granite:GraniteSublayers",
                       {"GraniteRMSNorm": 0.0},
                       summary=("sequential, pre-norm, residual multiplier", "RMSNorm", "attention multiplier",
@@ -179,6 +179,16 @@ def refusal(model_type: str | None, outer_type: str | None, settings: dict, remo
         if settings.get(key) == value:
             return f"{name} with {key}={value!r} is not supported: {reason}; supported families: {supported}"
     return None
+
+
+def docs_table() -> str:
+    """The family table of docs/architectures.md (markdown), rendered from :data:`FAMILIES`
+    (tests/test_arch.py checks the docs hold exactly this)."""
+    lines = ["| family key (`models.*.family`) | HF `model_type` | residual | norms | attention | MLP |",
+             "|---|---|---|---|---|---|"]
+    for name, fam in FAMILIES.items():
+        lines.append(f"| `{name}` | {', '.join(fam.model_types)} | " + " | ".join(fam.summary) + " |")
+    return "\n".join(lines)
 
 
 def mlp_matrices(family: str | None) -> int:

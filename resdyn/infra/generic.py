@@ -28,6 +28,7 @@ one ValueError with the error in numbers. A layer that matches no template is re
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 
@@ -40,7 +41,6 @@ SELF_CHECK_RTOL = 1e-4
 SELF_CHECK_PROBES = 4
 #: Keyword under which HF attention modules take a KV cache, by transformers version/family.
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
-_SLOTS = ("attn_pre", "attn_post", "mlp_pre", "mlp_post")
 
 
 @dataclass(frozen=True)
@@ -250,8 +250,6 @@ class GenericSublayers:
         tensors = [*self.layer.parameters(), *(b for b in self.layer.buffers() if b.is_floating_point())]
         if all(x.dtype == torch.float32 for x in tensors):
             return self
-        import copy
-
         return GenericSublayers(copy.deepcopy(self.layer).float(), self.index, self.template)
 
     # -- pieces ----------------------------------------------------------------------------
