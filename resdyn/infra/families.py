@@ -135,8 +135,8 @@ REFUSED_FAMILIES: dict[str, str] = {
 
 #: Jacobian work of the generic path relative to the hand-written engines (forward mode through
 #: HF's modules: three MLP GEMMs per direction instead of one, projections per direction, vmap
-#: over HF's Python). ``benchmarks/jacobian.py --generic`` measured 3.3-12.2x (median 5.8x) at
-#: d = 256, T = 128 on CPU; the cost model prices it at the upper side of that range.
+#: over HF's Python). ``benchmarks/jacobian.py --generic`` measured 1.8-9.8x (median 7.1x) at
+#: d = 256, T = 128 on CPU (docs/architectures.md); the cost model prices it at 8x.
 GENERIC_SLOWDOWN = 8.0
 
 #: config.json key whose presence means the model's code comes from its repository
