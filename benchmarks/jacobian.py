@@ -17,6 +17,13 @@
     (``h + self_attn(input_layernorm(h))`` with HF's mask and RoPE; ``m + mlp(norm(m))``), on the
     same inputs. Only ``--rows`` rows are timed and the time is extrapolated to d rows (marked).
 
+(g) ``--generic``: the generic path (resdyn.infra.generic: forward mode through HF's modules,
+    other positions' keys/values frozen) against the hand-written structured engine, per family,
+    on random models of one shape (``--generic-d``, 4 layers, T = ``--length``): seconds per
+    sample for all sublayer Jacobians at the last token, after a warm-up sample (which also runs
+    the generic path's load-time self-check, timed separately), the ratio, and the largest
+    difference between the two engines' Jacobians. Gemma 4 has no generic template.
+
 Analytic FLOP count of the structured method, per position (H heads of width hd, Hkv KV heads,
 d_q = H·hd, d_kv = Hkv·hd, S ≤ T visible keys):
   attention  2·d·d_q·d              W_o times the d tangent columns of the head outputs
@@ -348,6 +355,69 @@ def bench_layer(args, device: torch.device) -> tuple[list[tuple], list[tuple], f
 # ----------------------------------------------------------------------------------------------
 
 
+def family_models(d: int, device: torch.device) -> dict[str, torch.nn.Module]:
+    """One random 4-layer model per family with an adapter (Gemma 4 excepted: no template), of
+    width d, d_ff = 4d, d/32 heads (half as many KV heads), each family's features on."""
+    heads = max(2, d // 32)
+    common = dict(vocab_size=512, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=4,
+                  num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=4096,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    alternate = ["sliding_attention", "full_attention"] * 2
+    window = 32
+    builders = {
+        "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(**common)),
+        "mistral": (tf.MistralForCausalLM, tf.MistralConfig(**common, sliding_window=window)),
+        "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**common)),
+        "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**common)),
+        "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(vocab_size=512, n_embd=d, n_inner=4 * d, n_layer=4, n_head=heads)),
+        "gpt_neox (parallel)": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(
+            vocab_size=512, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=4, num_attention_heads=heads,
+            rotary_pct=0.25)),
+        "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=d // heads)),
+        "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config(**common, head_dim=d // heads, layer_types=alternate,
+                                                         sliding_window=window)),
+        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(**common, head_dim=d // heads, layer_types=alternate,
+                                                             sliding_window=window)),
+        "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**common, partial_rotary_factor=0.5)),
+        "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(**common, residual_multiplier=0.2,
+                                                            attention_multiplier=0.05, embedding_multiplier=12.0)),
+        "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**common)),
+    }
+    out = {}
+    for name, (cls, config) in builders.items():
+        config._attn_implementation = "eager"
+        torch.manual_seed(0)
+        out[name] = cls(config).eval().to(device)
+    return out
+
+
+def bench_generic(d: int, length: int, samples: int, device: torch.device) -> list[tuple]:
+    """(family, structured s/sample, generic s/sample, self-check s, max |Δ|) per family."""
+    rows = []
+    for name, model in family_models(d, device).items():
+        ids = [random_ids(512, length, s, device) for s in range(samples + 1)]
+        engine = jacobian.JacobianEngine(model)
+        reference = engine.compute(ids[0])
+        hand = [timed(lambda x=x: engine.compute(x), device)[0] for x in ids[1:]]
+        arch.use_generic(model)
+        generic = jacobian.JacobianEngine(model)
+        first, jacs = timed(lambda: generic.compute(ids[0]), device)  # includes the self-check
+        gen = [timed(lambda x=x: generic.compute(x), device)[0] for x in ids[1:]]
+        arch.use_generic(model, False)
+        diff = max(float((jacs[k] - reference[k]).abs().max()) for k in reference)
+        rows.append((name, statistics.median(hand), statistics.median(gen), first - statistics.median(gen), diff))
+        del model
+    return rows
+
+
+def print_generic(rows: list[tuple], d: int, length: int, samples: int) -> None:
+    print(f"\n(g) generic path vs hand-written (structured) engine, 4 layers, d={d}, d_ff={4 * d}, T={length}, "
+          f"last token, median of {samples} samples")
+    print(f"{'family':22s} {'structured s':>13s} {'generic s':>10s} {'ratio':>7s} {'self-check s':>13s} {'max |Δ|':>9s}")
+    for name, hand, gen, check, diff in rows:
+        print(f"{name:22s} {hand:13.3f} {gen:10.3f} {gen / hand:6.1f}× {check:13.2f} {diff:9.1e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small layer for (b)/(c); < 2 min on 2 CPU cores")
@@ -359,6 +429,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timing repeats in (b) (best of; default 3, quick 2)")
     parser.add_argument("--matmul-n", type=int, default=None, help="matmul size for the throughput reference")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--generic", action="store_true", help="only (g): generic path vs hand-written per family")
+    parser.add_argument("--generic-d", type=int, default=256, help="model width d of (g) (default 256)")
     args = parser.parse_args(argv)
     args.samples = args.samples or (2 if args.quick else 3)
     args.rows = args.rows or (8 if args.quick else 32)
@@ -370,6 +442,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--device cuda: no CUDA device available")
 
     start = time.perf_counter()
+    if args.generic:
+        rows_g = bench_generic(args.generic_d, args.length, args.samples, device)
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+            f"CPU, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"\nresdyn.study_a.jacobian benchmark — {where}, torch {torch.__version__}")
+        print_generic(rows_g, args.generic_d, args.length, args.samples)
+        print(f"Total {time.perf_counter() - start:.0f} s.")
+        return
     if args.model:
         model = tf.AutoModelForCausalLM.from_pretrained(args.model).eval().to(device)
         label = str(args.model)

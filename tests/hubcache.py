@@ -65,6 +65,23 @@ def _olmo2(n_layers: int):
     return Olmo2Config(**_COMMON, num_hidden_layers=n_layers)
 
 
+def _qwen3(n_layers: int):
+    """Qwen3 in miniature: per-head q/k norms, the upper half of the layers sliding."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_COMMON, num_hidden_layers=n_layers, head_dim=8, use_sliding_window=True, sliding_window=8,
+                       max_window_layers=n_layers // 2)
+
+
+def _gemma3(n_layers: int):
+    """Gemma 3 (text) in miniature: sandwich norms (1 + w), per-head q/k norms, sliding/global
+    layers with their own RoPE, sqrt(d)-scaled embedding."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(**_COMMON, num_hidden_layers=n_layers, head_dim=8, sliding_window=8,
+                            layer_types=["sliding_attention", "full_attention"] * (n_layers // 2))
+
+
 def _gemma4_e4b(n_layers: int):
     """Gemma 4 E4B in miniature: the multimodal wrapper config (text only), per-layer inputs,
     the last layers sharing the K/V of earlier ones, sliding/full attention alternating."""
@@ -86,6 +103,12 @@ def _gemma4_e4b(n_layers: int):
     )
     return Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None)
 
+
+#: configs/reach-mini.yaml: the families of issue #28 through the whole DAG (tests/test_reach.py)
+REACH_MODELS: dict[str, tuple] = {
+    "resdyn-ci/Qwen3-mini": (_qwen3, 4, ["main"]),
+    "resdyn-ci/gemma-3-mini": (_gemma3, 4, ["main"]),
+}
 
 #: repo -> (config builder, n_layers, revisions in training order)
 MODELS: dict[str, tuple] = {
@@ -195,6 +218,18 @@ PAPER_STANDINS: dict[str, dict] = {
     "allenai/OLMo-2-1124-7B": _shape("olmo2", 32, 4096, 32, 32, 11008, 100352, 4096),
     "allenai/OLMo-2-1124-13B": _shape("olmo2", 40, 5120, 40, 40, 13824, 100352, 4096),
     "allenai/OLMo-2-0325-32B": _shape("olmo2", 64, 5120, 40, 8, 27648, 100352, 4096),
+    # configs/qwen3-gemma3.yaml (issue #28; Gemma 3 4B-27B are multimodal: the text tower in text_config)
+    "Qwen/Qwen3-0.6B-Base": _shape("qwen3", 28, 1024, 16, 8, 3072, 151936, 32768),
+    "Qwen/Qwen3-1.7B-Base": _shape("qwen3", 28, 2048, 16, 8, 6144, 151936, 32768),
+    "Qwen/Qwen3-4B-Base": _shape("qwen3", 36, 2560, 32, 8, 9728, 151936, 32768),
+    "Qwen/Qwen3-8B-Base": _shape("qwen3", 36, 4096, 32, 8, 12288, 151936, 32768),
+    "google/gemma-3-1b-pt": _shape("gemma3_text", 26, 1152, 4, 1, 6912, 262144, 32768),
+    "google/gemma-3-4b-pt": {"model_type": "gemma3",
+                             "text_config": _shape("gemma3_text", 34, 2560, 8, 4, 10240, 262208, 131072)},
+    "google/gemma-3-12b-pt": {"model_type": "gemma3",
+                              "text_config": _shape("gemma3_text", 48, 3840, 16, 8, 15360, 262208, 131072)},
+    "google/gemma-3-27b-pt": {"model_type": "gemma3",
+                              "text_config": _shape("gemma3_text", 62, 5376, 32, 16, 21504, 262208, 131072)},
     # configs/pythia.yaml (GPT-NeoX: no num_key_value_heads, heads = kv heads)
     "EleutherAI/pythia-70m-deduped": _shape("gpt_neox", 6, 512, 8, 8, 2048, 50304, 2048),
     "EleutherAI/pythia-160m-deduped": _shape("gpt_neox", 12, 768, 12, 12, 3072, 50304, 2048),
@@ -290,6 +325,20 @@ def build_pythia(hf_home: Path) -> Path:
     for i, repo in enumerate(PYTHIA_MODELS):
         snaps = write_model(hub_cache, repo, tok, PYTHIA_MODELS)
         write_tuned_lens(hub_cache, repo, snaps[-1], seed=i)
+    return hub_cache
+
+
+def build_reach(hf_home: Path) -> Path:
+    """The tiny Qwen3 and Gemma 3 models of configs/reach-mini.yaml and the dataset."""
+    from resdyn.infra import data
+
+    hub_cache = Path(hf_home) / "hub"
+    docs = documents()
+    write_dataset(hub_cache, docs)
+    tok = Path(hf_home) / "tokenizer"
+    data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
+    for repo in REACH_MODELS:
+        write_model(hub_cache, repo, tok, REACH_MODELS)
     return hub_cache
 
 

@@ -62,6 +62,31 @@ def _configs() -> dict[str, tuple[type, object]]:
         "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(**GPT2_CONFIG)),
         "gpt_neox": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**NEOX_CONFIG, use_parallel_residual=False)),
         PARALLEL: (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**NEOX_CONFIG, use_parallel_residual=True)),
+        **NEW_FAMILY_CONFIGS(),
+    }
+
+
+def NEW_FAMILY_CONFIGS() -> dict[str, tuple[type, object]]:  # noqa: N802  (a table, like _configs)
+    """The families of issue #28, each with its specific features switched on at tiny sizes:
+    Qwen3 sliding layers; Gemma 2 soft-capping (scores of the random model reach ~±3, so a cap
+    of 1 is far from linear) and sliding layers; Gemma 3 per-type RoPE and sliding layers;
+    Phi-3 partial rotary and a window; Granite multipliers ≠ 1; SmolLM3 NoPE layers and a window."""
+    alternate = ["sliding_attention", "full_attention"] * 2
+    return {
+        "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**_COMMON, head_dim=8, use_sliding_window=True,
+                                                      sliding_window=WINDOW, max_window_layers=2)),
+        "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config(
+            **_COMMON, head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW, layer_types=alternate,
+            attn_logit_softcapping=1.0, final_logit_softcapping=5.0)),
+        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
+            **_COMMON, head_dim=8, query_pre_attn_scalar=12, sliding_window=WINDOW, layer_types=alternate,
+            final_logit_softcapping=None)),
+        "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**_COMMON, partial_rotary_factor=0.5, sliding_window=WINDOW)),
+        "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(
+            **_COMMON, residual_multiplier=0.6, attention_multiplier=0.3, embedding_multiplier=3.0,
+            logits_scaling=2.5)),
+        "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(
+            **_COMMON, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=WINDOW)),
     }
 
 
@@ -116,6 +141,12 @@ M_INPUT_MODULE = {
     "gemma4": "pre_feedforward_layernorm",
     "gpt2": "ln_2",
     "gpt_neox": "post_attention_layernorm",
+    "qwen3": "post_attention_layernorm",
+    "gemma2": "pre_feedforward_layernorm",
+    "gemma3": "pre_feedforward_layernorm",
+    "phi3": "post_attention_layernorm",
+    "granite": "post_attention_layernorm",
+    "smollm3": "post_attention_layernorm",
 }
 ATTN_OUTPUT_MODULE = {
     "llama": "self_attn",
@@ -126,6 +157,12 @@ ATTN_OUTPUT_MODULE = {
     "gemma4": "post_attention_layernorm",
     "gpt2": "attn",
     "gpt_neox": "attention",
+    "qwen3": "self_attn",
+    "gemma2": "post_attention_layernorm",
+    "gemma3": "post_attention_layernorm",
+    "phi3": "self_attn",
+    "granite": "self_attn",
+    "smollm3": "self_attn",
 }
 
 
@@ -176,11 +213,13 @@ def attn_half_oracle(name: str, layer: torch.nn.Module, call: tuple):
 
 def mlp_half_oracle(name: str, layer: torch.nn.Module, call: tuple, h: torch.Tensor):
     """m (T, d) -> h_{L+1} (T, d) through HF's layer: a forward hook replaces the attention
-    branch output by m − h, so HF's own residual add yields m and the rest of the layer runs."""
+    branch output by (m − h) / r, so HF's own residual add ``h + r · branch`` yields m and the
+    rest of the layer runs (r = Granite's residual_multiplier, 1 elsewhere)."""
+    scale = getattr(layer, "residual_multiplier", 1.0)
 
     def fn(m: torch.Tensor) -> torch.Tensor:
         def replace(_mod, _args, output):
-            delta = m[None] - h[None]
+            delta = (m[None] - h[None]) / scale
             return (delta, *output[1:]) if isinstance(output, tuple) else delta
 
         handle = getattr(layer, ATTN_OUTPUT_MODULE[name]).register_forward_hook(replace)
@@ -480,3 +519,109 @@ def test_gpt2_learned_positions_and_partial_rotary():
     cos, sin = torch.cos(torch.ones(2, 4)), torch.sin(torch.ones(2, 4))
     out = arch.apply_rope(x, cos, sin)
     assert torch.equal(out[..., 4:], x[..., 4:]) and not torch.equal(out[..., :4], x[..., :4])
+
+
+# ----------------------------------------------------------------------------------------------
+# Families of issue #28: features that must be active in the oracle tests, the family table
+# ----------------------------------------------------------------------------------------------
+
+
+def test_new_family_features_are_active():
+    """The oracle tests above exercise each family's own feature: Gemma 2 scores reach beyond the
+    soft cap (tanh far from linear), SmolLM3 has NoPE layers, Granite's multipliers are ≠ 1,
+    Phi-3 rotates half of each head, every sliding family has a window shorter than LENGTH."""
+    gemma2 = make_model("gemma2")
+    adapter = arch.sublayers(gemma2)[0]
+    ids = sample_ids()
+    ctx = arch.prepare(gemma2, ids[None])
+    with torch.no_grad():
+        n = adapter.norm("attn_pre")(ctx.embeddings)
+        cos, sin = adapter.rope(ctx, n.dtype)
+        q = adapter.shape_q(adapter.project_q(n), cos, sin)
+        k, _ = adapter.shape_kv(*adapter.project_kv(n), cos, sin)
+        scores = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(2, dim=2)) * adapter.scaling
+    assert adapter.softcap == 1.0 and scores.abs().max() > 2 * adapter.softcap
+    smol = arch.sublayers(make_model("smollm3"))
+    assert [a.rotary for a in smol] == [True, False, True, False]
+    granite = make_model("granite")
+    assert arch.sublayers(granite)[0].branch_scale == 0.6 and arch.readout_scale(granite) == 2.5
+    from resdyn.study_b import lens
+
+    assert lens.linear_readout_weight(granite, torch.float32) is None  # the lens reads out through / 2.5
+    with torch.no_grad():
+        out = granite(input_ids=ids[None], use_cache=False)
+        final = arch.boundary_states(granite, ids)[-1]
+        torch.testing.assert_close(lens.lens_readout(granite, final, None, None), out.logits[0], atol=1e-5, rtol=0)
+    assert arch.sublayers(make_model("phi3"))[0].rope(arch.prepare(make_model("phi3"), ids[None]),
+                                                     torch.float32)[0].shape[-1] == 4  # of head_dim 8
+    for name in ("qwen3", "gemma2", "gemma3", "phi3", "smollm3"):
+        assert WINDOW in [a.window for a in arch.sublayers(make_model(name))], name
+
+
+def test_gemma3_multimodal_checkpoint_text_tower():
+    """Gemma3ForConditionalGeneration (model_type gemma3): the text tower is split as gemma3."""
+    _, text_config = _configs()["gemma3"]
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = tf.Gemma3Config(text_config=text_config.to_dict(), vision_config=vision, mm_tokens_per_image=1)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(config).eval()
+    assert arch.family(model) == "gemma3"
+    ids = sample_ids()
+    torch.testing.assert_close(arch.boundary_states(model, ids)[0::2], arch.residual_states(model, ids)[0],
+                               atol=1e-5, rtol=0)
+
+
+def test_family_table_is_the_one_place():
+    """Schema enum, hub detection, norms and adapters all come from resdyn.infra.families; the
+    docs table has one row per family."""
+    from pathlib import Path
+
+    from resdyn.infra import config as rc
+    from resdyn.infra import families
+
+    schema = rc.load_schema()
+    assert schema["$defs"]["model"]["properties"]["family"]["enum"] == [*families.FAMILIES, arch.GENERIC]
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "architectures.md").read_text()
+    assert families.docs_table() in docs, "docs/architectures.md: paste resdyn.infra.families.docs_table()"
+    for name, fam in families.FAMILIES.items():
+        assert issubclass(arch.adapter_class(name), arch.LayerSublayers), name
+        for model_type in fam.model_types:
+            assert families.family_of_type(model_type) == name
+        assert set(fam.rms_norms) <= set(arch.RMS_NORM_CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "needles"),
+    [
+        ({"model_type": "qwen3_moe"}, ["mixture-of-experts", "nearest supported: qwen3"]),
+        ({"model_type": "mixtral"}, ["mixture-of-experts", "nearest supported: mistral"]),
+        ({"model_type": "t5"}, ["encoder-decoder", "nearest supported"]),
+        ({"model_type": "phi"}, ["ONE shared input LayerNorm", "phi3"]),
+        ({"model_type": "qwen3", "auto_map": {"AutoModelForCausalLM": "x.Y"}}, ["remote code", "'qwen3'"]),
+        ({"model_type": "gemma3_text", "use_bidirectional_attention": True}, ["bidirectional"]),
+        ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "use_bidirectional_attention": True}},
+         ["bidirectional"]),
+        ({"model_type": "bloom"}, ["'bloom' is not supported", "no adapter", "family: generic"]),
+    ],
+)
+def test_refusals_at_validation(cfg, needles):
+    """config.json alone (no torch, before any job): one line with the reason, the nearest
+    supported family and the supported list."""
+    from resdyn.infra import hub
+
+    with pytest.raises(hub.HubError) as err:
+        hub.architecture(cfg)
+    message = str(err.value)
+    assert "\n" not in message and "supported families: llama" in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_refuses_remote_code_model_object():
+    """A model object whose config carries auto_map (trust_remote_code) is refused by arch too."""
+    model = make_model("llama")
+    model.config.auto_map = {"AutoModelForCausalLM": "modeling_x.X"}
+    with pytest.raises(ValueError, match="remote code"):
+        arch.family(model)

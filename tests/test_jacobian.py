@@ -620,3 +620,23 @@ def test_engine_code_avoids_the_zero_tangent_decomposition(name):
         sys.setprofile(None)
     assert len(jacs) == 8
     assert ours == [], f"{name}: {len(ours)} decomposed ops called from resdyn, first at {sorted(set(ours))[:3]}"
+
+
+NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "granite", "smollm3"]
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_new_families_match_float64_autograd(name):
+    """Issue #28's families in float64: the engine (which differentiates fp32 copies of the
+    layers) against autograd through HF's float64 decoder layer, both halves and their product,
+    to 1e-5 (HF's own fp32 upcasts — Gemma's norms, the eager softmax — bound the oracle too)."""
+    model = make_model(name).double()
+    ids = sample_ids()
+    layer = 1
+    jacs = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS, layers=[layer])
+    oracles = hf_oracles(name, model, ids, layer)
+    for p, t in enumerate(POSITIONS):
+        for kind in ("attn", "mlp"):
+            torch.testing.assert_close(jacs[(layer, kind)][p].double(), oracles[kind][t, :, t, :], atol=1e-5, rtol=0)
+        product = (jacs[(layer, "mlp")][p] @ jacs[(layer, "attn")][p]).double()
+        torch.testing.assert_close(product, oracles["layer"][t, :, t, :], atol=1e-5, rtol=0)

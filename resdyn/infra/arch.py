@@ -47,13 +47,22 @@ The sublayers are built from the layer's own HF submodules (norms, projections, 
 tables); only the attention core (scores, mask, softmax in fp32 then cast back, weighted values,
 as HF's eager path does) is written here, so the composition reproduces HF's eager forward bit
 for bit in fp32 and bf16, and its sdpa forward to that kernel's rounding. Families whose
-residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel (GPT-NeoX
-parallel residual without an adapter: GPT-J, Phi, Falcon), MoE blocks and unknown families are refused with a ValueError.
+residual is not a single d-vector (Gemma 3n AltUp), whose halves run in parallel without an
+adapter (GPT-J, Phi-1/2, Falcon; GPT-NeoX has one), MoE blocks, encoder-decoders, remote code
+and unknown families are refused with a one-line ValueError (:func:`resdyn.infra.families.refusal`).
+
+The family table :data:`resdyn.infra.families.FAMILIES` names each family's adapter class: the
+first eight live here, later ones in ``resdyn/infra/adapters/<family>.py`` (Qwen3 per-head q/k
+norms; Gemma 2 attention soft-capping and ``1 + w`` norms; Gemma 3 per-layer-type RoPE; Phi-3
+fused projections; Granite multipliers; SmolLM3 NoPE layers). A model marked by
+:func:`use_generic` is split by :mod:`resdyn.infra.generic` instead (any standard layer).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,7 +70,7 @@ import torch
 from torch import nn
 
 # The family tables live in a torch-free module: config validation reads them too.
-from resdyn.infra.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
+from resdyn.infra.families import FAMILIES, REMOTE_CODE_KEY, SUPPORTED_FAMILIES, refusal
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,14 +125,25 @@ def _is_parallel(config) -> bool:
     return getattr(config, "model_type", None) == "gpt_neox" and bool(getattr(config, "use_parallel_residual", True))
 
 
+def readout_scale(model: nn.Module) -> float | None:
+    """Granite's ``logits_scaling`` s (logits = lm_head(·) / s), None for the families without one."""
+    scale = getattr(_text_config(model), "logits_scaling", None)
+    return None if scale in (None, 1, 1.0) else float(scale)
+
+
 def unembed_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Logits from a raw residual state: ``softcap(lm_head(final_norm(h)))``.
+    """Logits from a raw residual state: ``softcap(lm_head(final_norm(h)) / s)``.
+
+    ``s`` is Granite's ``logits_scaling`` (:func:`readout_scale`; 1 elsewhere).
 
     ``softcap(z) = c · tanh(z / c)`` with ``c = config.final_logit_softcapping`` where the family
     has one (Gemma), identity otherwise. This is exactly the model's own readout, so the logit
     lens at the last layer reproduces the model's logits.
     """
     logits = model.get_output_embeddings()(final_norm(model)(hidden))
+    scale = readout_scale(model)
+    if scale is not None:  # Granite: logits / logits_scaling
+        logits = logits / scale
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     if cap is None and hasattr(model.config, "get_text_config"):
         cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
@@ -183,28 +203,40 @@ def _supported_list() -> str:
     return ", ".join(SUPPORTED_FAMILIES)
 
 
-def family(model: nn.Module) -> str:
-    """The sublayer family of a causal LM: one of ``SUPPORTED_FAMILIES``.
+#: The family name of models split by the generic path (:mod:`resdyn.infra.generic`).
+GENERIC = "generic"
 
-    Raises ValueError naming the model type (and why, for known unsupported designs) and
-    listing the supported families when the model cannot be split into attention/MLP halves
-    of a single d-dimensional residual stream.
+
+def use_generic(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Mark ``model`` to be split by the generic path (config ``family: generic``): any decoder
+    layer that matches a template, self-checked against autograd before its Jacobians are used."""
+    model._resdyn_generic = enabled
+    return model
+
+
+def family(model: nn.Module) -> str:
+    """The sublayer family of a causal LM: a key of :data:`resdyn.infra.families.FAMILIES`.
+
+    Raises ValueError naming the model type, why (known unsupported designs: MoE,
+    encoder-decoder, parallel residuals without an adapter, refused settings, remote code) with
+    the nearest supported family, and listing the supported families, when the model cannot be
+    split into attention/MLP halves of a single d-dimensional residual stream.
     """
     config = _text_config(model)
     model_type = getattr(config, "model_type", None)
     outer_type = getattr(getattr(model, "config", None), "model_type", None)
-    for mt in (model_type, outer_type):
-        if mt in REFUSED_FAMILIES:
-            raise ValueError(
-                f"model type {mt!r} is not supported: {REFUSED_FAMILIES[mt]}; " f"supported families: {_supported_list()}"
-            )
-    found = next((fam for fam, (types, _) in SUPPORTED_FAMILIES.items() if model_type in types), None)
-    if found is None:
-        raise ValueError(
-            f"model type {model_type!r} ({type(model).__name__}) is not supported: its decoder layer has "
-            f"not been split into attention/MLP sublayers; supported families: {_supported_list()}"
-        )
-    expected_layer = SUPPORTED_FAMILIES[found][1]
+    remote = bool(getattr(getattr(model, "config", None), REMOTE_CODE_KEY, None))
+    settings = dict(vars(config))
+    generic = bool(getattr(model, "_resdyn_generic", False))
+    reason = refusal(model_type, outer_type, settings, remote_code=remote, generic=generic)
+    if reason:
+        raise ValueError(reason)
+    if generic:
+        return GENERIC
+    from resdyn.infra.families import family_of_type
+
+    found = family_of_type(model_type, outer_type)
+    expected_layer = FAMILIES[found].layer_class
     layers = decoder_layers(model)
     bad = sorted({type(layer).__name__ for layer in layers} - {expected_layer})
     if bad:
@@ -213,23 +245,6 @@ def family(model: nn.Module) -> str:
             f"model type {model_type!r}: decoder layers are {bad}, expected {expected_layer!r} "
             f"(transformers' implementation); supported families: {_supported_list()}"
         )
-    if found == "gpt2" and getattr(config, "add_cross_attention", False):
-        raise ValueError(
-            "gpt2 with add_cross_attention=True is not a decoder-only model; "
-            f"supported families: {_supported_list()} (decoder-only models)"
-        )
-    if found == "gemma4":
-        if getattr(config, "enable_moe_block", False):
-            raise ValueError(
-                "gemma4 with enable_moe_block=True is not supported: the MoE block runs in parallel "
-                f"with the dense MLP from a router on m_L; supported families: {_supported_list()} "
-                "(gemma4 dense models only)"
-            )
-        if getattr(config, "use_bidirectional_attention", None) == "all":
-            raise ValueError(
-                "gemma4 with use_bidirectional_attention='all' is not a causal decoder; "
-                f"supported families: {_supported_list()} (causal models only)"
-            )
     return found
 
 
@@ -254,6 +269,9 @@ class SequenceContext:
     embeddings: torch.Tensor
     per_layer_inputs: torch.Tensor | None
     _rope: dict = field(default_factory=dict)
+    #: generic path: the (args, kwargs) HF passed each layer and each attention module, by layer
+    layer_calls: dict | None = None
+    attn_calls: dict | None = None
 
     @property
     def length(self) -> int:
@@ -269,7 +287,7 @@ class SequenceContext:
         if key not in self._rope:
             dummy = torch.empty(0, dtype=dtype, device=self.position_ids.device)
             rotary = self.stack.rotary_emb
-            if self.family in ("olmo3", "gemma4"):
+            if "layer_type" in inspect.signature(rotary.forward).parameters:  # per-layer-type tables
                 cos, sin = rotary(dummy, self.position_ids, layer_type)
             else:
                 cos, sin = rotary(dummy, self.position_ids)
@@ -305,9 +323,17 @@ def prepare(model: nn.Module, input_ids: torch.Tensor) -> SequenceContext:
             f"input_ids contain multimodal placeholder tokens ({', '.join(present)}); only text inputs are supported"
         )
     positions = torch.arange(input_ids.shape[1], device=device)[None]
+    if fam == GENERIC:  # h_0 and every module's arguments as HF's own forward makes them
+        from resdyn.infra import generic
+
+        layers = decoder_layers(model)[: n_layers(model)]
+        layer_calls, attn_calls = generic.capture_calls(model, input_ids, list(layers))
+        h0 = layer_calls[0][0][0] if layer_calls[0][0] else layer_calls[0][1]["hidden_states"]
+        return SequenceContext(fam, stack, positions, h0, None, layer_calls=layer_calls, attn_calls=attn_calls)
     embeddings = model.get_input_embeddings()(input_ids)
     if fam == "gpt2":  # learned absolute positions, added as GPT2Model does
         embeddings = embeddings + stack.wpe(positions)
+    embeddings = adapter_class(fam).scale_embeddings(stack, embeddings)
     per_layer = None
     if fam == "gemma4" and getattr(stack, "hidden_size_per_layer_input", 0):
         # Token-identity part plus the projection of the embedding (HF's own two methods).
@@ -355,13 +381,15 @@ def window_start(t: int, window: int | None) -> int:
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention as HF's eager path computes it.
 
     q (B, T, H, hd), k/v (B, T, Hkv, hd) with H a multiple of Hkv (query head j uses kv head
-    j // (H/Hkv)); scores ``q·k * scaling`` masked by :func:`allowed_keys`, softmax in fp32 then
-    cast to q's dtype, weighted sum of v. Returns (B, T, H·hd).
+    j // (H/Hkv)); scores ``q·k * scaling`` (Gemma 2 soft-capping: ``c · tanh(scores / c)``)
+    masked by :func:`allowed_keys`, softmax in fp32 then cast to q's dtype, weighted sum of v.
+    Returns (B, T, H·hd).
     """
     batch, length, heads, hd = q.shape
     groups = heads // k.shape[2]
@@ -369,6 +397,8 @@ def causal_attention(
     k = k.transpose(1, 2).repeat_interleave(groups, dim=1)
     v = v.transpose(1, 2).repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     mask = allowed_keys(length, window, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -411,15 +441,14 @@ class AttentionCore:
                               zeros + tuple(tangents))
 
 
-#: RMSNorm classes whose math is ``w ⊙ x / sqrt(mean(x²) + eps)`` (w absent: no scale). The
-#: closed-form Jacobians in resdyn.study_a.jacobian rely on this; any other norm class is refused there.
-RMS_NORM_CLASSES = frozenset(
-    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Olmo2RMSNorm", "Olmo3RMSNorm", "Gemma4RMSNorm"}
-)
+#: RMSNorm classes whose math is ``(c + w) ⊙ x / sqrt(mean(x²) + eps)`` (w absent: no scale), class
+#: name -> offset c (Gemma 2/3: 1), from the family table. The closed-form Jacobians in
+#: resdyn.study_a.jacobian rely on this; any other norm class is refused there.
+RMS_NORM_CLASSES: dict[str, float] = {name: c for fam in FAMILIES.values() for name, c in fam.rms_norms.items()}
 
 
 def rms_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, float]:
-    """(scale weight or None, eps) of an RMSNorm ``w ⊙ x / sqrt(mean(x²) + eps)``.
+    """(effective scale c + w or None, eps) of an RMSNorm ``(c + w) ⊙ x / sqrt(mean(x²) + eps)``.
 
     Raises ValueError for a norm class not in :data:`RMS_NORM_CLASSES` (its math is unknown)."""
     name = type(norm).__name__
@@ -427,6 +456,9 @@ def rms_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, float]:
         raise ValueError(f"norm {name!r} is not a known RMSNorm; known: {sorted(RMS_NORM_CLASSES)}")
     eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
     weight = norm.weight if getattr(norm, "with_scale", True) else None
+    offset = RMS_NORM_CLASSES[name]
+    if weight is not None and offset:
+        weight = weight + offset
     return weight, float(eps)
 
 
@@ -436,6 +468,14 @@ def layer_norm_params(norm: nn.Module) -> tuple[torch.Tensor | None, torch.Tenso
     if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
         raise ValueError(f"norm {type(norm).__name__!r} is not a 1-d torch.nn.LayerNorm")
     return norm.weight, norm.bias, float(norm.eps)
+
+
+def gated_mlp_parts(mlp: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module, int]:
+    """(gate, up, down, act, 0) of a Llama-style gated MLP (see :meth:`LayerSublayers.gated_mlp`)."""
+    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+        if not hasattr(mlp, name):
+            raise ValueError(f"{type(mlp).__name__} has no {name!r}: not a gated MLP down(act(gate(x)) * up(x))")
+    return mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn, 0
 
 
 class LayerSublayers:
@@ -464,6 +504,8 @@ class LayerSublayers:
     parallel: bool = False
     #: attribute of the layer holding self-attention
     attention_attr: str = "self_attn"
+    #: factor on each branch before its residual add (Granite's ``residual_multiplier``)
+    branch_scale: float = 1.0
 
     def __init__(self, layer: nn.Module, index: int, fam: str, config) -> None:
         self.layer = layer
@@ -477,9 +519,27 @@ class LayerSublayers:
         self.layer_type: str = layer_types[index] if layer_types else "full_attention"
         self.window: int | None = self._window()
         self.kv_source: int = index
+        cap = getattr(self.attention, "attn_logit_softcapping", None)
+        #: attention logit soft-capping c (Gemma 2): scores -> c · tanh(scores / c); None: off
+        self.softcap: float | None = None if cap is None else float(cap)
+        #: False for layers without rotary positions (SmolLM3's NoPE layers)
+        self.rotary: bool = bool(getattr(self.attention, "use_rope", True))
 
     def _head_dim(self) -> int:
         return self.attention.head_dim
+
+    @classmethod
+    def scale_embeddings(cls, stack: nn.Module, embeddings: torch.Tensor) -> torch.Tensor:
+        """h_0 from the token embeddings (B, T, d) as the family's model forward makes it (identity;
+        Granite multiplies by ``embedding_multiplier``)."""
+        return embeddings
+
+    def rope(self, ctx: SequenceContext, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (cos, sin) tables (1, T, r); r = 0 (no rotation) for NoPE layers."""
+        if not self.rotary:
+            empty = torch.zeros(1, ctx.length, 0, dtype=dtype, device=ctx.position_ids.device)
+            return empty, empty
+        return ctx.rope(self.layer_type, dtype)
 
     def _window(self) -> int | None:
         if self.family in ("gpt2", "gpt_neox"):
@@ -578,12 +638,22 @@ class LayerSublayers:
         k = k.unflatten(-1, (-1, self.head_dim))
         v = v.unflatten(-1, (-1, self.head_dim))
         if self.qk_norm == "head":
-            k, v = self.attention.k_norm(k), self.attention.v_norm(v)
+            k = self.attention.k_norm(k)
+            v_norm = getattr(self.attention, "v_norm", None)  # Gemma 4 only
+            v = v if v_norm is None else v_norm(v)
         return apply_rope(k, cos, sin), v
 
+    def gated_mlp(self) -> tuple[nn.Module, nn.Module | None, nn.Module, nn.Module, int]:
+        """The gated MLP ``down(act(gate(u)) ⊙ up(u))`` as (gate_up, None, down, act, 0) or, for a
+        fused projection (Phi-3), (gate_up, None, down, act, d_ff): gate = rows [0, d_ff) of
+        its output, up = rows [d_ff, 2 d_ff). Separate projections: (gate, up, down, act, 0)."""
+        return gated_mlp_parts(self.layer.mlp)
+
     def mlp_core(self, x: torch.Tensor, per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
-        """``x + n_post(F(n_pre(x)))`` (the whole MLP half except Gemma 4's extras)."""
-        return x + self._apply_norm("mlp_post", self.layer.mlp(self._apply_norm("mlp_pre", x)))
+        """``x + s · n_post(F(n_pre(x)))`` (the whole MLP half except Gemma 4's extras; s the
+        branch scale, 1 except Granite)."""
+        out = self._apply_norm("mlp_post", self.layer.mlp(self._apply_norm("mlp_pre", x)))
+        return x + (out if self.branch_scale == 1.0 else out * self.branch_scale)
 
     def mlp_fn(self, m: torch.Tensor, per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
         """MLP half on states m (..., d); ``per_layer_input`` (..., p) only for Gemma 4."""
@@ -593,7 +663,7 @@ class LayerSublayers:
 
     def kv(self, h: torch.Tensor, ctx: SequenceContext) -> KV:
         """Keys and values (B, T, Hkv, hd) this layer computes from its input h (B, T, d)."""
-        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        cos, sin = self.rope(ctx, h.dtype)
         return self.shape_kv(*self.project_kv(self._apply_norm("attn_pre", h)), cos, sin)
 
     def attn(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> torch.Tensor:
@@ -606,7 +676,7 @@ class LayerSublayers:
     def attn_update(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> torch.Tensor:
         """The attention branch's output ``n_post(A(n_pre(h)))`` (B, T, d), added to h."""
         n = self._apply_norm("attn_pre", h)
-        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        cos, sin = self.rope(ctx, h.dtype)
         q = self.shape_q(self.project_q(n), cos, sin)
         if self.shares_kv:
             if kv is None:
@@ -614,8 +684,11 @@ class LayerSublayers:
             k, v = kv
         else:
             k, v = self.shape_kv(*self.project_kv(n), cos, sin)
-        out = causal_attention(q, k, v, self.scaling, self.window)
-        return self._apply_norm("attn_post", self.out_proj(out))
+        out = causal_attention(q, k, v, self.scaling, self.window, self.softcap)
+        return self._scale_branch(self._apply_norm("attn_post", self.out_proj(out)))
+
+    def _scale_branch(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.branch_scale == 1.0 else out * self.branch_scale
 
     def mlp(self, m: torch.Tensor, ctx: SequenceContext) -> torch.Tensor:
         """MLP half on a full sequence: m (B, T, d) -> h_{L+1} (B, T, d)."""
@@ -643,7 +716,7 @@ class LayerSublayers:
         length = h.shape[0]
         if not 0 <= t < length:
             raise ValueError(f"position {t} outside the sequence (length {length})")
-        cos, sin = ctx.rope(self.layer_type, h.dtype)
+        cos, sin = self.rope(ctx, h.dtype)
         cos_t, sin_t = cos[0, t], sin[0, t]
         lo = window_start(t, self.window)
         shared = self.shares_kv
@@ -665,18 +738,23 @@ class LayerSublayers:
         # The score scale as a 0-d float64 CPU tensor: PyTorch treats it as a scalar on every device
         # (a 0-d CUDA tensor would be cast to bf16 first), so x * it equals x * float in every dtype.
         constants = (cos_t, sin_t, torch.tensor(self.scaling, dtype=torch.float64))
+        if self.softcap is not None:  # likewise a 0-d float64 CPU tensor
+            constants += (torch.tensor(self.softcap, dtype=torch.float64),)
+
+        def capped(scores: torch.Tensor, cap: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            return torch.tanh(scores / cap[0]) * cap[0] if cap else scores
 
         def core(constants: tuple[torch.Tensor, ...], q_raw: torch.Tensor, k_raw: torch.Tensor | None = None,
                  v_raw: torch.Tensor | None = None) -> torch.Tensor:
-            cos_t, sin_t, scaling = constants
+            cos_t, sin_t, scaling, *cap = constants
             q = self.shape_q(q_raw, cos_t, sin_t).unflatten(0, (n_kv, -1))  # (Hkv, G, hd)
             if not shared:
                 k_t, v_t = self.shape_kv(k_raw, v_raw, cos_t, sin_t)  # (Hkv, hd) each
             heads = []
             for k in range(n_kv):
-                scores = nn.functional.linear(q[k], keys_h[k]) * scaling  # (G, S)
+                scores = capped(nn.functional.linear(q[k], keys_h[k]) * scaling, cap)  # (G, S)
                 if not shared:
-                    own = (q[k] * k_t[k]).sum(-1, keepdim=True) * scaling
+                    own = capped((q[k] * k_t[k]).sum(-1, keepdim=True) * scaling, cap)
                     scores = torch.cat((scores, own), dim=-1)
                 probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
                 out = nn.functional.linear(probs[:, :n_ctx], values_t[k])  # (G, hd)
@@ -705,7 +783,7 @@ class LayerSublayers:
             n = self._apply_norm("attn_pre", x)
             q = self.project_q(n)
             out = core(q) if self.shares_kv else core(q, *self.project_kv(n))
-            return self._apply_norm("attn_post", self.out_proj(out))
+            return self._scale_branch(self._apply_norm("attn_post", self.out_proj(out)))
 
         return fn
 
@@ -859,26 +937,27 @@ class _Gemma4Sublayers(LayerSublayers):
         return y * layer.layer_scalar
 
 
-_ADAPTERS: dict[str, type[LayerSublayers]] = {
-    "llama": LayerSublayers,
-    "mistral": LayerSublayers,
-    "qwen2": LayerSublayers,
-    "olmo2": _PostNormSublayers,
-    "olmo3": _PostNormSublayers,
-    "gemma4": _Gemma4Sublayers,
-    "gpt2": _GPT2Sublayers,
-    "gpt_neox": _GPTNeoXSublayers,
-}
+def adapter_class(fam: str) -> type[LayerSublayers]:
+    """The :class:`LayerSublayers` subclass of a family, imported from the module its
+    :data:`resdyn.infra.families.FAMILIES` entry names."""
+    module, _, name = FAMILIES[fam].adapter.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def sublayers(model: nn.Module) -> list[LayerSublayers]:
-    """One :class:`LayerSublayers` per decoder layer, in order (sublayer s = 2L attn, 2L+1 mlp).
+    """One :class:`LayerSublayers` per decoder layer, in order (sublayer s = 2L attn, 2L+1 mlp);
+    :class:`resdyn.infra.generic.GenericSublayers` for a model marked by :func:`use_generic`.
 
     Raises ValueError for unsupported families (see :func:`family`)."""
     fam = family(model)
     config = _text_config(model)
     layers = decoder_layers(model)[: config.num_hidden_layers]
-    cls = _ADAPTERS[fam]
+    if fam == GENERIC:
+        from resdyn.infra import generic
+
+        probe = (torch.arange(8, device=input_device(model)) % config.vocab_size)[None]
+        return generic.generic_sublayers(model, list(layers), probe)
+    cls = adapter_class(fam)
     return [cls(layer, i, fam, config) for i, layer in enumerate(layers)]
 
 

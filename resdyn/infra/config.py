@@ -26,8 +26,14 @@ class ConfigError(ValueError):
 
 
 def load_schema() -> dict:
-    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml)."""
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The JSON Schema of the configuration (resdyn/schemas/config.schema.yaml), the model
+    family list filled from the family table (:data:`resdyn.infra.families.FAMILIES`) plus
+    ``generic`` (any standard decoder layer, :mod:`resdyn.infra.generic`)."""
+    from resdyn.infra.families import FAMILIES
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["$defs"]["model"]["properties"]["family"]["enum"] = [*FAMILIES, "generic"]  # generic: resdyn.infra.generic
+    return schema
 
 
 def _with_defaults(validator_class):
@@ -275,7 +281,8 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
     out, seen = [], None
     for where, cfg in configs:
         try:
-            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
+            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg),
+                                     generic=m.get("family") == "generic")
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
         if seen is not None and found != seen[1]:
@@ -394,6 +401,8 @@ def checkpoint_spec(config: dict, model: str, ckpt: str) -> dict:
     """Where checkpoint ``ckpt`` of ``model`` comes from: source, repo/revision or folder, dtype."""
     m = config["models"][model]
     spec: dict[str, Any] = {"model": model, "checkpoint": ckpt, "source": m["source"], "dtype": m["dtype"]}
+    if m.get("family") == "generic":  # split by resdyn.infra.generic (self-checked at load time)
+        spec["family"] = "generic"
     if m["source"] == "hf":
         spec.update(repo=m["repo"], revision={revision_name(r): r for r in m["revisions"]}[ckpt])
     elif m["source"] == "local":

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from resdyn.infra import families
 from resdyn.infra.linalg import k_from_fraction
 
 #: Op classes a price is made of (see the module docstring).
@@ -174,6 +175,8 @@ class Shape:
     mlp_mats: int = 3
     #: parallel residual (GPT-NeoX/Pythia): one operator per layer, three Jacobian groups stored
     parallel: bool = False
+    #: Jacobian work factor (family ``generic``: families.GENERIC_SLOWDOWN, else 1)
+    jacobian_slowdown: float = 1.0
 
     @property
     def jacobian_groups(self) -> int:
@@ -209,8 +212,8 @@ class Shape:
         return self.params * self.dtype_bytes
 
 
-#: families whose MLP is W_2 act(W_1 x) (two matrices)
-PLAIN_MLP_FAMILIES = ("gpt2", "gpt_neox")
+#: families whose MLP is W_2 act(W_1 x) (two matrices), from the family table
+PLAIN_MLP_FAMILIES = tuple(name for name, fam in families.FAMILIES.items() if fam.mlp_matrices == 2)
 
 
 class ShapeError(ValueError):
@@ -244,8 +247,9 @@ def model_shape(config: dict, model: str) -> Shape:
     family = m.get("family")
     return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
                  int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
-                 mlp_mats=2 if family in PLAIN_MLP_FAMILIES else 3,
-                 parallel=family == "gpt_neox" and bool(m.get("parallel_residual", True)))
+                 mlp_mats=families.mlp_matrices(family),
+                 parallel=families.is_parallel(family, {"use_parallel_residual": m.get("parallel_residual", True)}),
+                 jacobian_slowdown=families.GENERIC_SLOWDOWN if family == "generic" else 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,8 +333,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
     c.add(mm_model, N * _forward_flops(s, T, max(layers) + 1, T))
     per = 2.0 * d * s.d_q * d + 2.0 * d * s.d_ff * d
-    c.add("gemm32", N * L * P * per)
-    c.add("jvp", N * L * P * d * (4.0 * T * s.d_q + 12.0 * s.n_heads * T))
+    c.add("gemm32", N * L * P * per * s.jacobian_slowdown)
+    c.add("jvp", N * L * P * d * (4.0 * T * s.d_q + 12.0 * s.n_heads * T) * s.jacobian_slowdown)
     stream = 3 * 4.0 * d * s.d_ff + 4 * 4.0 * d * s.d_q + 2 * 3 * 8.0 * d * d
     if d <= EXACT_SPECTRAL_MAX_D:  # σ_max exact: singular values of each J (resdyn.study_a.jacobian)
         c.add("svdvals", N * L * P * 2 * decomposition_flops("svdvals", d))

@@ -126,24 +126,24 @@ def read_config_json(path: str | Path) -> dict:
     return cfg
 
 
-def family_of(model_type: str | None, outer_type: str | None = None) -> str:
-    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.infra.families.SUPPORTED_FAMILIES`).
+def family_of(model_type: str | None, outer_type: str | None = None, settings: dict | None = None,
+              remote_code: bool = False, generic: bool = False) -> str:
+    """The resdyn family of an HF ``model_type`` (see :data:`resdyn.infra.families.FAMILIES`).
 
-    Raises HubError naming the type, why it is refused when known, and the supported families.
+    Raises HubError naming the type, why it is refused (MoE, encoder-decoder, remote code, a
+    refused setting in ``settings``, the text config) with the nearest supported family, and
+    the supported families (:func:`resdyn.infra.families.refusal`). ``generic`` (config
+    ``family: generic``): any type not refused by name gives "generic".
     """
-    from resdyn.infra.families import REFUSED_FAMILIES, SUPPORTED_FAMILIES
+    from resdyn.infra import families
 
-    supported = ", ".join(SUPPORTED_FAMILIES)
-    for mt in (model_type, outer_type):
-        if mt in REFUSED_FAMILIES:
-            raise HubError(f"model_type {mt!r} is not supported ({REFUSED_FAMILIES[mt]}); supported families: {supported}")
-    for fam, (types, _) in SUPPORTED_FAMILIES.items():
-        if model_type in types or outer_type in types:
-            return fam
-    raise HubError(f"model_type {model_type or outer_type!r} is not supported; supported families: {supported}")
+    reason = families.refusal(model_type, outer_type, settings or {}, remote_code, generic)
+    if reason:
+        raise HubError(reason)
+    return "generic" if generic else families.family_of_type(model_type, outer_type)
 
 
-def architecture(cfg: dict) -> dict:
+def architecture(cfg: dict, generic: bool = False) -> dict:
     """Family and shape keys (``SHAPE_FIELDS``) of a parsed config.json.
 
     Multimodal wrappers keep the decoder in ``text_config``. ``n_kv_heads`` defaults to
@@ -153,7 +153,7 @@ def architecture(cfg: dict) -> dict:
     """
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     out: dict = {"model_type": text.get("model_type") or cfg.get("model_type")}
-    out["family"] = family_of(text.get("model_type"), cfg.get("model_type"))
+    out["family"] = family_of(text.get("model_type"), cfg.get("model_type"), text, bool(cfg.get("auto_map")), generic)
     for key, field in SHAPE_FIELDS.items():
         value = text.get(field)
         if value is None and field in _GPT2_FIELDS:  # GPT-2's config.json keeps its own names

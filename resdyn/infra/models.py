@@ -190,6 +190,10 @@ def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
     except (OSError, ValueError) as err:
         raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
     model.to(target).eval()  # a no-op when device_map already placed every weight
+    if record.get("family") == "generic":  # config family: generic (resdyn.infra.generic)
+        from resdyn.infra import arch
+
+        arch.use_generic(model)
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer

@@ -114,6 +114,12 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
                  f"critical path {t.critical_h:.2f} h")
     lines.append(f"wall time with {gpus} GPU(s) and {cores} CPU cores: ≈ {t.wall_low_h:.1f} h "
                  f"(list-scheduling bounds {t.wall_low_h:.1f}–{t.wall_high_h:.1f} h)")
+    generic = sorted(k for k, m in config["models"].items() if m.get("family") == "generic")
+    if generic:  # resdyn.infra.generic: priced GENERIC_SLOWDOWN times the hand-written Jacobian work
+        from resdyn.infra.families import GENERIC_SLOWDOWN
+
+        lines.append(f"generic path (no adapter; forward mode through HF's modules, self-checked at load): "
+                     f"{', '.join(generic)} - Jacobians priced {GENERIC_SLOWDOWN:g}x the hand-written engines")
     lines.append("not priced (tables and figures from tables, run on the submit host in seconds): "
                  + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all"))
     return "\n".join(lines)

@@ -225,20 +225,26 @@ def _elementwise_derivative(act: nn.Module, g: torch.Tensor) -> tuple[torch.Tens
     return torch.func.jvp(act, (g,), (torch.ones_like(g),))
 
 
-def gated_mlp_jacobian(mlp: nn.Module, u: torch.Tensor) -> torch.Tensor:
+def gated_mlp_jacobian(mlp: nn.Module | arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
     """∂F/∂u (d_out, d_in) of ``F(u) = W_d (act(W_g u + b_g) ⊙ (W_u u + b_u)) + b_d`` at u (d,).
 
     ``= W_d M`` with ``M = diag(act'(g) ⊙ up) W_g + diag(act(g)) W_u`` (d_ff, d): one GEMM of
-    2·d_out·d_ff·d FLOPs (forward mode through F would cost three such GEMMs).
+    2·d_out·d_ff·d FLOPs (forward mode through F would cost three such GEMMs). The projections
+    come from :meth:`resdyn.infra.arch.LayerSublayers.gated_mlp` (separate or fused gate|up) when
+    ``mlp`` is an adapter; a bare module must have ``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``.
     """
-    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
-        if not hasattr(mlp, name):
-            raise ValueError(f"{type(mlp).__name__} has no {name!r}: not a gated MLP down(act(gate(x)) * up(x))")
-    g, up = mlp.gate_proj(u), mlp.up_proj(u)
-    act, dact = _elementwise_derivative(mlp.act_fn, g)
-    m = mlp.gate_proj.weight * (dact * up)[:, None]
-    m.addcmul_(mlp.up_proj.weight, act[:, None])
-    return mlp.down_proj.weight @ m
+    parts = mlp.gated_mlp() if isinstance(mlp, arch.LayerSublayers) else arch.gated_mlp_parts(mlp)
+    gate, up_proj, down, act_fn, fused = parts
+    if fused:
+        g, up = gate(u).split(fused, dim=-1)
+        w_g, w_u = gate.weight.split(fused, dim=0)
+    else:
+        g, up = gate(u), up_proj(u)
+        w_g, w_u = gate.weight, up_proj.weight
+    act, dact = _elementwise_derivative(act_fn, g)
+    m = w_g * (dact * up)[:, None]
+    m.addcmul_(w_u, act[:, None])
+    return down.weight @ m
 
 
 def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, act: nn.Module,
@@ -254,7 +260,7 @@ def mlp_branch_jacobian(adapter: arch.LayerSublayers, u: torch.Tensor) -> torch.
     """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.infra.arch.LayerSublayers.plain_mlp`)."""
     plain = adapter.plain_mlp()
     if plain is None:
-        return gated_mlp_jacobian(adapter.layer.mlp, u)
+        return gated_mlp_jacobian(adapter, u)
     return plain_mlp_jacobian(*plain, u)
 
 
@@ -307,6 +313,8 @@ def attn_jacobian(
         jac = norm_left(adapter.out_proj(core(*primals)), jac, post)
     else:
         jac = jac.contiguous()
+    if adapter.branch_scale != 1.0:
+        jac.mul_(adapter.branch_scale)
     if residual:
         jac.diagonal().add_(1.0)
     return jac
@@ -335,6 +343,8 @@ def mlp_jacobian(
         jac = norm_right(jac, x, pre)
     if post is not None:
         jac = norm_left(layer.mlp(u), jac, post)
+    if adapter.branch_scale != 1.0:
+        jac.mul_(adapter.branch_scale)
     if not residual:
         return jac
     jac.diagonal().add_(1.0)
@@ -375,9 +385,22 @@ METHODS = ("structured", "jvp")
 def _sample_context(ctx: arch.SequenceContext, b: int) -> arch.SequenceContext:
     """Sample b of a batch's context (its embeddings and per-layer inputs; rotary tables shared)."""
     per = ctx.per_layer_inputs
+    batch = ctx.embeddings.shape[0]
+
+    def calls(table: dict | None) -> dict | None:  # generic path: HF's call arguments of sample b
+        if table is None:
+            return None
+
+        def cut(v):
+            if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch:
+                return v[b : b + 1]
+            return tuple(cut(x) for x in v) if isinstance(v, tuple) else v
+
+        return {i: (tuple(cut(a) for a in args), {k: cut(v) for k, v in kw.items()}) for i, (args, kw) in table.items()}
+
     return dataclasses.replace(
         ctx, embeddings=ctx.embeddings[b : b + 1], per_layer_inputs=None if per is None else per[b : b + 1],
-        _rope=ctx._rope,
+        _rope=ctx._rope, layer_calls=calls(ctx.layer_calls), attn_calls=calls(ctx.attn_calls),
     )
 
 
@@ -423,6 +446,9 @@ class JacobianEngine:
         self.fp32 = {x: self.adapters[x].to_float32() for x in sorted(needed)}
         self.chunk_size = chunk_size
         self.d = arch.hidden_size(model)
+        #: generic path: forward mode through HF's modules, self-checked on the first sample
+        self.generic = bool(getattr(self.adapters[0], "generic", False))
+        self.self_check_errors: dict[int, dict[str, float]] | None = None
 
     def compute(self, input_ids: torch.Tensor, positions: PositionsArg = None) -> dict[tuple[int, str], torch.Tensor]:
         """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,); kinds per layer
@@ -456,8 +482,29 @@ class JacobianEngine:
             with full_fp32_matmul(), torch.no_grad():
                 for layer in self.layers:
                     out.update(self._layer(layer, states[b], one, pos))
+            if self.generic and self.self_check_errors is None:
+                self._self_check(states[b], one, pos[-1], out)
             results.append(out)
         return results
+
+    def _self_check(self, states: torch.Tensor, ctx: arch.SequenceContext, t: int, jacs: dict) -> None:
+        """Generic path: check every layer's Jacobians at position t against reverse-mode
+        autograd through HF's decoder layer (:func:`resdyn.infra.generic.self_check`)."""
+        from resdyn.infra import generic
+
+        errors = {}
+        with full_fp32_matmul():
+            for layer in self.layers:
+                adapter = self.fp32[layer]
+                p = -1  # position t is the last of the requested positions
+                if adapter.parallel:
+                    j_attn, j_layer = None, jacs[(layer, "layer")][p]
+                else:
+                    j_attn = jacs[(layer, "attn")][p]
+                    j_layer = jacs[(layer, "mlp")][p] @ j_attn
+                call = generic.cast_call(ctx.layer_calls[layer], torch.float32)
+                errors[layer] = generic.self_check(adapter, states[2 * layer], t, ctx, call, j_attn, j_layer)
+        self.self_check_errors = errors
 
     def kinds(self, layer: int) -> tuple[str, ...]:
         """Kinds :meth:`compute` returns for ``layer`` (:func:`layer_kinds`)."""
@@ -467,7 +514,7 @@ class JacobianEngine:
         """Parallel residual: J_A, J_F at h_L[t] and the operator I + J_A + J_F."""
         adapter = self.fp32[layer]
         h = states[2 * layer]
-        if self.method == "structured":
+        if self.method == "structured" and not self.generic:
             attn = [attn_jacobian(adapter, h, t, ctx, None, self.chunk_size, residual=False) for t in pos]
             mlp = [mlp_jacobian(adapter, h, t, ctx, residual=False) for t in pos]
             ja, jm = torch.stack(attn), torch.stack(mlp)
@@ -484,6 +531,12 @@ class JacobianEngine:
         adapter = self.fp32[layer]
         if adapter.parallel:
             return self._parallel_layer(layer, states, ctx, pos)
+        if self.generic:  # no explicit projections: forward mode through HF's modules
+            chunk = self.chunk_size or _jvp_chunk(adapter, states.shape[1], self.d)
+            h, m = states[2 * layer], states[2 * layer + 1]
+            attn = [forward_jacobian(adapter.attn_token_fn(h, t, ctx), h[t], chunk) for t in pos]
+            mlp = [forward_jacobian(adapter.mlp_token_fn(m, t, ctx), m[t], chunk) for t in pos]
+            return {(layer, "attn"): torch.stack(attn), (layer, "mlp"): torch.stack(mlp)}
         kv = None
         if adapter.shares_kv:
             k, v = self.fp32[adapter.kv_source].kv(states[2 * adapter.kv_source][None], ctx)

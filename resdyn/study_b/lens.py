@@ -431,6 +431,8 @@ def unembed_hash(model: nn.Module) -> str:
         for start in range(0, flat.shape[0], 4096):
             h.update(flat[start : start + 4096].to("cpu", torch.float32).contiguous().numpy().tobytes())
     h.update(f"softcap={_softcap(model)!r}".encode())
+    if arch.readout_scale(model) is not None:  # Granite (absent elsewhere: earlier hashes unchanged)
+        h.update(f"logits_scaling={arch.readout_scale(model)!r}".encode())
     return h.hexdigest()
 
 
@@ -639,9 +641,11 @@ def _dtype_of(model: nn.Module) -> torch.dtype:
 
 def linear_readout_weight(model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
     """The head's weight W (V, d) in ``dtype`` when the readout is ``W · final_norm(h)`` (no head
-    bias, no softcap) so that :class:`_LinearHeadKL` applies; None otherwise (Gemma's softcap)."""
+    bias, no softcap, no logit scaling) so that :class:`_LinearHeadKL` applies; None otherwise
+    (Gemma's softcap, Granite's logits_scaling)."""
     head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or head.bias is not None or _softcap(model) is not None:
+    if (not isinstance(head, nn.Linear) or head.bias is not None or _softcap(model) is not None
+            or arch.readout_scale(model) is not None):
         return None
     return head.weight.detach().to(dtype)
 

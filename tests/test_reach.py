@@ -1,0 +1,112 @@
+"""The families of issue #28 at the workflow level: the Qwen3/Gemma 3 preset validates, plans and
+dry-runs against config.json stand-ins; their tiny hub stand-ins run through the whole DAG
+offline (configs/reach-mini.yaml); ``family: generic`` is priced and flagged by the plan."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+import yaml
+
+import hubcache
+from resdyn.infra import config as rc
+from resdyn.infra import cost, families, plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+PRESET = ROOT / "configs" / "qwen3-gemma3.yaml"
+IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "models", "logs", ".snakemake", "report.html",
+                                "__pycache__", ".pytest_cache", "out", "*.egg-info")
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> Path:
+    return hubcache.build_paper_standins(tmp_path_factory.mktemp("reach-hub"), [PRESET])
+
+
+@pytest.fixture
+def offline_standins(standins, monkeypatch) -> Path:
+    monkeypatch.setenv("HF_HUB_CACHE", str(standins))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return standins
+
+
+def test_preset_validates_with_shapes_from_config_json(offline_standins):
+    cfg = rc.validate_config(yaml.safe_load(PRESET.read_text()))
+    assert {m["family"] for m in cfg["models"].values()} == {"qwen3", "gemma3"}
+    assert (cfg["models"]["qwen3_8b"]["n_layers"], cfg["models"]["qwen3_8b"]["d_model"]) == (36, 4096)
+    # the multimodal Gemma 3 checkpoints: shapes of the text tower
+    assert (cfg["models"]["gemma3_27b"]["n_layers"], cfg["models"]["gemma3_27b"]["d_model"]) == (62, 5376)
+    text = plan.render(cfg, "h100", gpus=4)
+    assert "total:" in text and "generic path" not in text
+
+
+def test_generic_family_is_priced_and_flagged(offline_standins):
+    """family: generic validates for these checkpoints, costs GENERIC_SLOWDOWN times the
+    Jacobian work of the adapter, and the plan names it."""
+    raw = yaml.safe_load(PRESET.read_text())
+    raw["models"] = {"qwen3_06b": raw["models"]["qwen3_06b"]}
+    raw["scaling"]["groups"] = {"qwen3": ["qwen3_06b"]}
+    adapter = rc.validate_config(copy.deepcopy(raw))
+    raw["models"]["qwen3_06b"]["family"] = "generic"
+    generic = rc.validate_config(raw)
+    assert generic["models"]["qwen3_06b"]["family"] == "generic"
+    assert rc.checkpoint_spec(generic, "qwen3_06b", "main")["family"] == "generic"
+    assert "family" not in rc.checkpoint_spec(adapter, "qwen3_06b", "main")
+    s_adapter, s_generic = cost.model_shape(adapter, "qwen3_06b"), cost.model_shape(generic, "qwen3_06b")
+    c_adapter = cost.cost_jacobians(adapter, s_adapter, [0, 1, 2, 3], gpu=True)
+    c_generic = cost.cost_jacobians(generic, s_generic, [0, 1, 2, 3], gpu=True)
+    assert c_generic.work["jvp"] == pytest.approx(families.GENERIC_SLOWDOWN * c_adapter.work["jvp"])
+    assert c_generic.flops > c_adapter.flops
+    text = plan.render(generic, "h100")
+    assert "generic path" in text and "qwen3_06b" in text
+
+
+@pytest.mark.slow
+def test_preset_dry_runs(standins, tmp_path):
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+           "HF_HUB_CACHE": str(standins), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
+    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", str(PRESET), "--directory", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    for rule in ("jacobians", "lens", "scaling"):
+        assert rule in out
+    assert "results/gemma3_27b/main/jacobians" in out and "results/qwen3_8b/main/jacobians" in out
+
+
+@pytest.mark.slow
+def test_qwen3_and_gemma3_minis_run_the_whole_dag(tmp_path):
+    """configs/reach-mini.yaml end to end, offline, on the tiny Qwen3 and Gemma 3 stand-ins."""
+    home = tmp_path / "hf"
+    hubcache.build_reach(home)
+    work = tmp_path / "wf"
+    shutil.copytree(ROOT, work, ignore=IGNORE)
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(work),
+           "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(tmp_path)}
+    proc = subprocess.run([SNAKEMAKE, "--cores", "2", "--configfile", "configs/reach-mini.yaml"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    for model in ("qwen3", "gemma3"):
+        blocks = sorted((work / "results" / model / "main" / "jacobians").rglob("layer*.h5"))
+        assert len(blocks) == 4, blocks
+        with h5py.File(blocks[0]) as f:
+            assert f.attrs["family"] == model
+        assert (work / "results" / model / "main" / "phases.json").is_file()
+    assert (work / "results" / "scaling" / "phase_widths.tsv").is_file()
+
+
+def test_family_contradicting_config_json_is_one_line(offline_standins):
+    """A family written in the config that config.json contradicts stops validation in one line."""
+    raw = yaml.safe_load(PRESET.read_text())
+    raw["models"]["qwen3_06b"]["family"] = "qwen2"
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(raw)
+    lines = [line for line in str(err.value).splitlines() if "qwen3_06b" in line]
+    assert len(lines) == 1 and "'qwen2' disagrees with config.json" in lines[0] and "'qwen3'" in lines[0], lines
