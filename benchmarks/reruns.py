@@ -35,12 +35,12 @@ NEW_FIGURE = [
      'FIGURES: tuple[FigureSpec, ...] = (\n    FigureSpec("training2", "zoo", ("models/{model}/training.tsv",), '
      '"zoo:training_copy", "copy", "Zoo", "training", NONE),'),
 ]
-NEW_FAMILY = [
-    ("resdyn/infra/arch.py", "_ADAPTERS: dict[str, type[LayerSublayers]] = {",
-     'class _NewSublayers(LayerSublayers):\n    mlp_post = "x"\n\n\n'
-     '_ADAPTERS: dict[str, type[LayerSublayers]] = {\n    "newfam": _NewSublayers,'),
-    ("resdyn/infra/families.py", "SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {",
-     'SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {\n    "newfam": (("newfam",), "NewLayer"),'),
+NEW_FAMILY = [  # (file, None, text): a new file
+    ("resdyn/infra/adapters/newfam.py", None,
+     'from resdyn.infra.arch import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n    mlp_post = "x"\n'),
+    ("resdyn/infra/families.py", "FAMILIES: dict[str, Family] = {",
+     'FAMILIES: dict[str, Family] = {\n    "newfam": Family(("newfam",), "NewLayer", '
+     '"resdyn.infra.adapters.newfam:NewSublayers"),'),
 ]
 #: (label, [(file, old, new)], config change or None)
 EDITS = [
@@ -96,8 +96,11 @@ def main() -> None:
         base = rc.load_config(work / a.config)  # every key, defaults filled in
         print("| edit | planned jobs | total | model jobs |\n|---|---|---|---|")
         for label, edits, change in EDITS:
-            originals = {rel: (work / rel).read_text() for rel, _, _ in edits}
+            originals = {rel: (work / rel).read_text() for rel, old, _ in edits if old is not None}
             for rel, old, new in edits:
+                if old is None:
+                    (work / rel).write_text(new)
+                    continue
                 text = (work / rel).read_text()
                 if old not in text:
                     raise SystemExit(f"{rel}: {old!r} not found (the edit needs updating)")
@@ -111,6 +114,9 @@ def main() -> None:
             jobs = planned(work, config)
             for rel, text in originals.items():
                 (work / rel).write_text(text)
+            for rel, old, _ in edits:
+                if old is None:
+                    (work / rel).unlink()
             shown = ", ".join(f"{r} ×{n}" if n > 1 else r for r, n in jobs.items()) or "none"
             n_model = sum(n for r, n in jobs.items() if r in MODEL_RULES)
             print(f"| {label} | {shown} | {sum(jobs.values())} | {n_model} |", flush=True)

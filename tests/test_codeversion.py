@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from resdyn.infra import codeversion as cv
+from resdyn.infra.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "workflow" / "scripts").glob("*.py"))
@@ -70,8 +71,14 @@ def test_closure_of_every_rule_script_matches_modulefinder(script):
     finder.run_script(str(script))
     expected = {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")}
     assert cv.import_closure(script) == expected
-    # the symbol closure lies inside the modules the script imports
-    assert {label.split(":")[0] for label in cv.symbol_closure(script)} <= expected
+    # the symbol closure lies inside the modules the script imports, plus (for a script that
+    # reaches the family table) the adapter modules its "module:Class" strings name and theirs
+    named = {m for label in cv.symbol_closure(script) if label.startswith("resdyn.infra.families:")
+             for m in (fam.adapter.partition(":")[0] for fam in FAMILIES.values())}
+    for module in sorted(named):
+        finder.run_script(str(cv.module_file(module)))
+    reachable = {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")} | named
+    assert {label.split(":")[0] for label in cv.symbol_closure(script)} <= reachable
 
 
 # --- the symbol-level closure on a synthetic package ------------------------------------------
@@ -125,9 +132,12 @@ PACKAGE = {
         ''',
     "types.py": "class Shape:\n    pass\n",  # only an annotation: does not count
     "infra/__init__.py": "",
-    "infra/families.py": 'SUPPORTED_FAMILIES = {"llama": ("llama",), "olmo2": ("olmo2",)}\n',
+    "infra/families.py": ('FAMILIES = {"llama": (("llama",), "resdyn.infra.arch:_Llama"),\n'
+                          '            "olmo2": (("olmo2",), "resdyn.infra.arch:_Olmo")}\n'),
     "infra/arch.py": '''
-        from resdyn.infra.families import SUPPORTED_FAMILIES
+        import pkgutil
+
+        from resdyn.infra.families import FAMILIES
 
 
         class Base:
@@ -144,11 +154,8 @@ PACKAGE = {
                 return 2
 
 
-        _ADAPTERS = {"llama": _Llama, "olmo2": _Olmo}
-
-
         def adapter(fam):
-            return _ADAPTERS[fam] if fam in SUPPORTED_FAMILIES else None
+            return pkgutil.resolve_name(FAMILIES[fam][1])
         ''',
     "dyn.py": '''
         import importlib
@@ -200,8 +207,8 @@ def test_symbol_closure_is_what_the_script_names(pkg):
     assert got == {
         "resdyn.core:f", "resdyn.core:DEFAULT", "resdyn.core:Model", "resdyn.core:helper",
         "resdyn.util:used", "resdyn.util:SCALE", "resdyn.util:deco",
-        "resdyn.infra.arch:adapter", "resdyn.infra.arch:_ADAPTERS", "resdyn.infra.arch:Base",
-        "resdyn.infra.arch:_Llama", "resdyn.infra.arch:_Olmo", "resdyn.infra.families:SUPPORTED_FAMILIES",
+        "resdyn.infra.arch:adapter", "resdyn.infra.arch:Base",
+        "resdyn.infra.arch:_Llama", "resdyn.infra.arch:_Olmo", "resdyn.infra.families:FAMILIES",
     }
     fam = cv.symbol_closure(script, base, family="llama")
     assert "resdyn.infra.arch:_Llama" in fam and "resdyn.infra.arch:_Olmo" not in fam
@@ -217,7 +224,8 @@ NO_CHANGE = {
     "unreached constant": ("core.py", "OTHER = 4", "OTHER = 5"),
     "annotation type": ("types.py", "pass", "x: int = 0"),
     "other family": ("infra/arch.py", "return 2", "return 3"),
-    "new family": ("infra/arch.py", '"olmo2": _Olmo}', '"olmo2": _Olmo, "gpt2": _Olmo}'),
+    "new family": ("infra/families.py", '"resdyn.infra.arch:_Olmo")}',
+                   '"resdyn.infra.arch:_Olmo"), "gpt2": (("gpt2",), "resdyn.infra.arch:_Olmo")}'),
     "unloaded module": ("dyn.py", "return 0", "return 1"),
 }
 
@@ -351,7 +359,12 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
     from resdyn.study_a import jacobian
 
     script = ROOT / "workflow" / "scripts" / "jacobians.py"
-    adapters = {f"resdyn.infra.arch:{cls.__name__}" for cls in arch._ADAPTERS.values()}
+    from resdyn.infra.families import FAMILIES as TABLE
+
+    def symbols(cls):  # the adapter and its bases defined by resdyn, as closure labels
+        return {f"{c.__module__}:{c.__name__}" for c in cls.__mro__ if c.__module__.startswith("resdyn.")}
+
+    adapters = set().union(*(symbols(arch.adapter_class(f)) for f in TABLE))
     torch.set_num_threads(1)
     for name in FAMILIES:
         family = FAMILY_OF[name]
@@ -367,8 +380,7 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
         closure = cv.symbol_closure(script, family=family)
         assert "resdyn.study_a.jacobian:attn_jacobian" in ran  # the trace sees the work
         assert ran <= closure, f"{name}: ran but not in the closure: {sorted(ran - closure)}"
-        own = {f"resdyn.infra.arch:{cls.__name__}" for cls in arch._ADAPTERS[family].__mro__
-               if cls.__module__ == "resdyn.infra.arch"}
+        own = symbols(arch.adapter_class(family))
         assert adapters & closure == own & adapters, name
 
 

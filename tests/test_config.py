@@ -210,4 +210,4 @@ def test_study_switch_defaults_to_both_and_guards_figures():
     # the figures a study-A-only run draws are exactly those needing A or nothing
     assert {f.name for f in figs.FIGURES if figs.enabled(only_a, f)} == {
         "training", "eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici",
-        "checkpoints", "significant", "partitions", "uncertainty"}
+        "checkpoints", "significant", "partitions", "uncertainty", "trajectory_a"}

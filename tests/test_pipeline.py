@@ -325,7 +325,12 @@ def edited_copy(smoke: Path, dest: Path) -> Path:
     return work
 
 
-def edit(path: Path, old: str, new: str) -> None:
+def edit(path: Path, old: str | None, new: str) -> None:
+    """Replace ``old`` by ``new`` in the file; ``old`` None: a new file."""
+    if old is None:
+        assert not path.exists(), path
+        path.write_text(new)
+        return
     text = path.read_text()
     assert old in text, (path, old)
     path.write_text(text.replace(old, new, 1))
@@ -339,11 +344,12 @@ NO_RERUN_EDITS = [
     ("resdyn/artifacts.py", "class SpectraTable(", "# a comment\nclass SpectraTable("),
     ("resdyn/study_a/jacobian.py", "other positions frozen.", "every other position held fixed."),
     ("resdyn/study_a/jacobian.py", "def attn_jacobian(", "def _unused_helper():\n    return 1\n\n\ndef attn_jacobian("),
-    ("resdyn/infra/arch.py", "_ADAPTERS: dict[str, type[LayerSublayers]] = {",
-     "class _NewSublayers(LayerSublayers):\n    mlp_post = \"post_feedforward_layernorm\"\n\n\n"
-     "_ADAPTERS: dict[str, type[LayerSublayers]] = {\n    \"newfam\": _NewSublayers,"),
-    ("resdyn/infra/families.py", "SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {",
-     "SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {\n    \"newfam\": ((\"newfam\",), \"NewLayer\"),"),
+    ("resdyn/infra/adapters/newfam.py", None,
+     "from resdyn.infra.arch import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n"
+     "    mlp_post = \"post_feedforward_layernorm\"\n"),
+    ("resdyn/infra/families.py", "FAMILIES: dict[str, Family] = {",
+     "FAMILIES: dict[str, Family] = {\n    \"newfam\": Family((\"newfam\",), \"NewLayer\", "
+     "\"resdyn.infra.adapters.newfam:NewSublayers\"),"),
 ]
 
 FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global"}
@@ -358,10 +364,13 @@ def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tm
 
     work = edited_copy(smoke, tmp_path / "wf")
     assert params_changed(work) == set()
-    originals = {rel: (work / rel).read_text() for rel, _, _ in NO_RERUN_EDITS}
+    originals = {rel: (work / rel).read_text() for rel, old, _ in NO_RERUN_EDITS if old is not None}
     for rel, old, new in NO_RERUN_EDITS:
         edit(work / rel, old, new)
     assert params_changed(work) == set()
+    for rel, old, _ in NO_RERUN_EDITS:
+        if old is None:
+            (work / rel).unlink()
     for rel, text in originals.items():
         (work / rel).write_text(text)
 

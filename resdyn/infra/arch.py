@@ -61,8 +61,8 @@ fused projections; Granite multipliers; SmolLM3 NoPE layers). A model marked by
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -940,8 +940,7 @@ class _Gemma4Sublayers(LayerSublayers):
 def adapter_class(fam: str) -> type[LayerSublayers]:
     """The :class:`LayerSublayers` subclass of a family, imported from the module its
     :data:`resdyn.infra.families.FAMILIES` entry names."""
-    module, _, name = FAMILIES[fam].adapter.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return pkgutil.resolve_name(FAMILIES[fam].adapter)
 
 
 def sublayers(model: nn.Module) -> list[LayerSublayers]:

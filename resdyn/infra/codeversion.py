@@ -18,9 +18,12 @@ of it is reached): a module used as a value rather than through an attribute (``
 constant prefix of the name, e.g. ``f"resdyn.plots.{m}"`` → all of ``resdyn.plots``; without a
 prefix, all of ``resdyn``). docs/design.md lists where this happens.
 
-Model families: the tables in :data:`FAMILY_TABLES` map a family name to its adapter. Given a
+Model families: the tables in :data:`FAMILY_TABLES` map a family name to its entry, which names
+its adapter class as a ``"resdyn.module:Class"`` string (resolved by :func:`pkgutil.resolve_name`).
+Such strings are followed like imports of that name wherever reached code holds one. Given a
 ``family``, only that family's entries of these tables count, so adding or editing one family's
-adapter changes no other family's code version.
+adapter changes no other family's code version. A module-level ``__getattr__`` (PEP 562) counts
+for every name the module does not define.
 
 Nothing is imported or executed; every file is parsed once per (mtime, size). A script or a
 module whose closure cannot be computed (syntax error, an import of a ``resdyn`` module or name
@@ -33,6 +36,7 @@ import ast
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,10 +45,13 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 #: (module, top-level dict) tables keyed by model family: only the job's family's entries count.
 FAMILY_TABLES = frozenset({
-    ("resdyn.infra.arch", "_ADAPTERS"),
-    ("resdyn.infra.families", "SUPPORTED_FAMILIES"),
+    ("resdyn.infra.families", "FAMILIES"),
     ("resdyn.infra.families", "REFUSED_FAMILIES"),
 })
+
+#: A string naming a symbol as ``"resdyn.module:Name"`` (what :func:`pkgutil.resolve_name` takes; the
+#: family table names each adapter so): the closure follows it like an import of that name.
+_NAMED_SYMBOL = re.compile(r"(resdyn(?:\.\w+)*):(\w+)")
 
 __all__ = ["CodeVersionError", "FAMILY_TABLES", "module_file", "imported_modules", "import_closure",
            "symbol_closure", "code_manifest", "script_code_version", "cached_code_version", "stored_manifest",
@@ -227,6 +234,7 @@ class _Refs:
     getattr_dynamic: set[str] = field(default_factory=set)  # getattr(NAME, computed name)
     own_module_whole: bool = False  # globals() / vars()
     dynamic_imports: set[str] = field(default_factory=set)  # constant prefixes of import_module names
+    named: set[tuple[str, str]] = field(default_factory=set)  # "resdyn.mod:Name" strings (pkgutil.resolve_name)
 
 
 class _RefVisitor(ast.NodeVisitor):
@@ -310,6 +318,10 @@ class _RefVisitor(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load) and not self._local(node.id):
             self.refs.chains.add((node.id,))
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and (m := _NAMED_SYMBOL.fullmatch(node.value)):
+            self.refs.named.add((m.group(1), m.group(2)))
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
@@ -536,6 +548,9 @@ class _Closure:
             for base in m.star:
                 if self.is_module(base):
                     self.whole_module(base, m.path)
+        elif "__getattr__" in m.defs:  # a module-level __getattr__ (PEP 562) makes the name
+            for i in m.defs["__getattr__"]:
+                self.add(m, i)
         else:
             raise CodeVersionError(f"{where}: {module} has no name {attr!r}")
 
@@ -586,6 +601,8 @@ class _Closure:
                     self.whole_module(b[0], mod.path)
             for chain in sorted(r.chains):
                 self.resolve(mod, local, chain)
+            for module, name in sorted(r.named):
+                self.symbol(module, name, mod.path)
             for name in sorted(r.getattr_dynamic):  # getattr(mod, computed): the module counts whole
                 self.resolve(mod, local, (name,))
             if r.own_module_whole and mod.name is not None:

@@ -38,22 +38,21 @@ class Family:
     summary: tuple[str, str, str, str] = ("", "", "", "")
 
 
-_ARCH = "resdyn.infra.arch"
 _BIDIRECTIONAL = ("use_bidirectional_attention", True, "bidirectional attention is not a causal decoder")
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family(("llama",), "LlamaDecoderLayer", f"{_ARCH}:LayerSublayers", {"LlamaRMSNorm": 0.0},
+    "llama": Family(("llama",), "LlamaDecoderLayer", "resdyn.infra.arch:LayerSublayers", {"LlamaRMSNorm": 0.0},
                     summary=("sequential, pre-norm", "RMSNorm", "RoPE, GQA", "gated")),
-    "mistral": Family(("mistral",), "MistralDecoderLayer", f"{_ARCH}:LayerSublayers", {"MistralRMSNorm": 0.0},
+    "mistral": Family(("mistral",), "MistralDecoderLayer", "resdyn.infra.arch:LayerSublayers", {"MistralRMSNorm": 0.0},
                       summary=("sequential, pre-norm", "RMSNorm", "RoPE, sliding window", "gated")),
-    "qwen2": Family(("qwen2",), "Qwen2DecoderLayer", f"{_ARCH}:LayerSublayers", {"Qwen2RMSNorm": 0.0},
+    "qwen2": Family(("qwen2",), "Qwen2DecoderLayer", "resdyn.infra.arch:LayerSublayers", {"Qwen2RMSNorm": 0.0},
                     summary=("sequential, pre-norm", "RMSNorm", "RoPE, q/k/v bias, sliding layers", "gated")),
-    "olmo2": Family(("olmo2",), "Olmo2DecoderLayer", f"{_ARCH}:_PostNormSublayers", {"Olmo2RMSNorm": 0.0},
+    "olmo2": Family(("olmo2",), "Olmo2DecoderLayer", "resdyn.infra.arch:_PostNormSublayers", {"Olmo2RMSNorm": 0.0},
                     summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm", "gated")),
-    "olmo3": Family(("olmo3",), "Olmo3DecoderLayer", f"{_ARCH}:_PostNormSublayers", {"Olmo3RMSNorm": 0.0},
+    "olmo3": Family(("olmo3",), "Olmo3DecoderLayer", "resdyn.infra.arch:_PostNormSublayers", {"Olmo3RMSNorm": 0.0},
                     summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm, sliding layers", "gated")),
     "gemma4": Family(
-        ("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer", f"{_ARCH}:_Gemma4Sublayers", {"Gemma4RMSNorm": 0.0},
+        ("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer", "resdyn.infra.arch:_Gemma4Sublayers", {"Gemma4RMSNorm": 0.0},
         refused_settings=(
             ("enable_moe_block", True, "the MoE block runs in parallel with the dense MLP from a router on m_L "
              "(gemma4 dense models only)"),
@@ -62,11 +61,11 @@ FAMILIES: dict[str, Family] = {
         summary=("sequential, sandwich norms", "RMSNorm", "per-head q/k/v norms, KV sharing, k = v layers",
                  "gated + per-layer inputs, layer scalar"),
     ),
-    "gpt2": Family(("gpt2",), "GPT2Block", f"{_ARCH}:_GPT2Sublayers", mlp_matrices=2,
+    "gpt2": Family(("gpt2",), "GPT2Block", "resdyn.infra.arch:_GPT2Sublayers", mlp_matrices=2,
                    refused_settings=(("add_cross_attention", True, "cross-attention is not a decoder-only model"),),
                    summary=("sequential, pre-norm", "LayerNorm (bias)", "learned positions, fused Conv1D q/k/v",
                             "plain (GELU)")),
-    "gpt_neox": Family(("gpt_neox",), "GPTNeoXLayer", f"{_ARCH}:_GPTNeoXSublayers", mlp_matrices=2,
+    "gpt_neox": Family(("gpt_neox",), "GPTNeoXLayer", "resdyn.infra.arch:_GPTNeoXSublayers", mlp_matrices=2,
                        parallel_key=("use_parallel_residual", True),
                        summary=("**parallel** (`use_parallel_residual: true`) or sequential", "LayerNorm (bias)",
                                 "partial rotary (`rotary_pct`), fused per-head q/k/v", "plain (GELU)")),
