@@ -168,12 +168,79 @@ def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
     return kwargs
 
 
-def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
+def module_device_map(model, blocks: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """``from_pretrained``'s ``device_map`` for a placement by blocks (the cost model's
+    :meth:`resdyn.infra.cost.Placement.device_map`: ``embed``, ``layers.{i}``, ``head`` -> index
+    into ``devices``), in ``model``'s module names (an empty model of the same config will do).
+
+    Each decoder layer goes where its block says; the final norm and the unembedding with the
+    head; every other module (embeddings, rotary tables, Gemma's per-layer inputs) with the
+    embedding — unless the unembedding is tied to the embedding, in which case the embedding
+    moves to the head's device (one tensor cannot live on two GPUs; the head's device holds the
+    job's working memory, so the readout stays there).
+    """
+    from resdyn.infra import arch
+
+    layers = arch.decoder_layers(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    head_modules = {id(model.get_output_embeddings()), id(arch.final_norm(model))}
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    tied = out_emb is not None and (out_emb.weight is in_emb.weight or bool(getattr(text_config, "tie_word_embeddings", False)))
+    embed = devices[blocks["head"] if tied else blocks["embed"]]
+    head = devices[blocks["head"]]
+    mapping: dict[str, str] = {}
+    for i in range(len(layers)):  # layers beyond num_hidden_layers (none in practice) with the last
+        mapping[f"{names[id(layers)]}.{i}"] = devices[blocks.get(f"layers.{i}", blocks["head"])]
+
+    def visit(module, prefix: str) -> None:
+        for name, child in module.named_children():
+            if child is layers:
+                continue
+            if any(m is layers for m in child.modules()):
+                visit(child, f"{prefix}{name}.")
+            else:
+                mapping[f"{prefix}{name}"] = head if id(child) in head_modules else embed
+
+    visit(model, "")
+    return mapping
+
+
+def placed_device_map(folder: Path, blocks: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """:func:`module_device_map` for the model in ``folder``, named from an empty (meta) copy."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), attn_implementation="eager")
+    return module_device_map(empty, blocks, devices)
+
+
+def placement_devices(target: torch.device, n: int) -> list[str]:
+    """The devices of a placement over ``n`` blocks' devices: cuda:0 … cuda:n−1 on a GPU (one
+    line if fewer are visible), ``cpu`` n times on the CPU (the same code path, for tests)."""
+    import torch
+
+    if target.type == "cpu":
+        return ["cpu"] * n
+    visible = torch.cuda.device_count()
+    if visible < n:
+        raise RuntimeError(f"the model is placed on {n} GPUs but this job sees {visible} "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); the rule's "
+                           "resources request them (resources gpu): run it through the workflow, or give it more GPUs")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+def load_model(record: dict, device: str = "auto", verify_hash: bool = True, placement: dict | None = None):
     """Load (model, tokenizer) from a checkpoint record, eval mode, eager attention.
 
     Eager attention makes every sublayer an explicit, differentiable PyTorch function.
     With ``verify_hash`` (the default) the folder is re-hashed and must match the record, so
     swapped weights stop the job instead of being analysed under the old record's name.
+    ``placement``: the cost model's block -> device index map of a model that does not fit one
+    GPU (:meth:`resdyn.infra.cost.Placement.device_map`); its layers are loaded onto as many GPUs
+    (accelerate's device map; resdyn's own forward moves the activations along,
+    :meth:`resdyn.infra.arch.LayerSublayers.placed`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -184,12 +251,17 @@ def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
             f"resolved (content hash mismatch with models/{record['model']}/{record['checkpoint']}/checkpoint.json) "
             "— rerun snakemake to redo the checkpoint record and everything made from it")
     target = pick_device(device)
+    kwargs = load_kwargs(folder, record.get("dtype", "float32"), target)
+    if placement and len(set(placement.values())) > 1:
+        kwargs["device_map"] = placed_device_map(folder, placement, placement_devices(target, max(placement.values()) + 1))
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **load_kwargs(folder, record.get("dtype", "float32"), target))
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
         raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
-    model.to(target).eval()  # a no-op when device_map already placed every weight
+    if "device_map" not in kwargs:
+        model.to(target)
+    model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer

@@ -66,11 +66,13 @@ rule causal:
     resources:
         mem_mb=cost("causal", "mem_mb"),
         runtime=cost("causal", "runtime"),
+        gpu=cost("causal", "gpu"),
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
         n_samples=config["causal"]["n_samples"],
         seed=config["causal"]["seed"],
+        placement=lambda w: rcost.placement_param(config, "causal", w),
         device=config["device"],
         code=code("causal"),
     script:
@@ -99,6 +101,7 @@ rule bootstrap:
     resources:
         mem_mb=cost("bootstrap", "mem_mb"),
         runtime=cost("bootstrap", "runtime"),
+        gpu=cost("bootstrap", "gpu"),
     params:
         n_resamples=config["bootstrap"]["n_resamples"],
         seed=config["bootstrap"]["seed"],
@@ -106,7 +109,7 @@ rule bootstrap:
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
-        device=config["device"],
+        device=rcost.linalg_device(config),
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"

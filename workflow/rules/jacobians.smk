@@ -17,6 +17,7 @@ rule jacobians:
     resources:
         mem_mb=cost("jacobians", "mem_mb"),
         runtime=cost("jacobians", "runtime"),
+        gpu=cost("jacobians", "gpu"),
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
@@ -44,9 +45,11 @@ rule activations:
     resources:
         mem_mb=cost("activations", "mem_mb"),
         runtime=cost("activations", "runtime"),
+        gpu=cost("activations", "gpu"),
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
+        placement=lambda w: rcost.placement_param(config, "activations", w),
         device=config["device"],
         code=code("activations"),
     script:

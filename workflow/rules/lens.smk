@@ -21,6 +21,7 @@ rule lens:
     resources:
         mem_mb=cost("lens", "mem_mb"),
         runtime=cost("lens", "runtime"),
+        gpu=cost("lens", "gpu"),
     params:
         options=lambda w: {
             k: v
@@ -37,6 +38,7 @@ rule lens:
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=config["lens"]["n_train_blocks"],
         checkpoint_every=config["lens"]["checkpoint_every"],
+        placement=lambda w: rcost.placement_param(config, "lens", w),
         device=config["device"],
         code=code("lens"),
     script:
@@ -71,7 +73,9 @@ rule lens_metrics:
     resources:
         mem_mb=cost("lens_metrics", "mem_mb"),
         runtime=cost("lens_metrics", "runtime"),
+        gpu=cost("lens_metrics", "gpu"),
     params:
+        placement=lambda w: rcost.placement_param(config, "lens_metrics", w),
         device=config["device"],
         code=code("lens_metrics"),
     script:

@@ -24,10 +24,11 @@ rule spectra:
     resources:
         mem_mb=cost("spectra", "mem_mb"),
         runtime=cost("spectra", "runtime"),
+        gpu=cost("spectra", "gpu"),
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        device=config["device"],
+        device=rcost.linalg_device(config),
         code=code("spectra"),
     script:
         "../scripts/spectra.py"
