@@ -219,3 +219,15 @@ def test_a_placement_on_more_gpus_than_visible_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(RuntimeError, match="placed on 2 GPUs but this job sees 1"):
         models.placement_devices(torch.device("cuda"), 2)
+
+
+def test_a_run_whose_job_fits_no_node_stops_before_any_job(paper_b, paper_hub_cache):
+    cost.check_fits(paper_b, "h100")  # spans, but fits
+    with pytest.raises(cost.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"):
+        cost.check_fits(paper_b, "a100-40")
+    cost.check_fits({**paper_b, "device": "cpu"}, "a100-40")  # a CPU run holds no GPU
+    env = {**__import__("os").environ, "HF_HUB_CACHE": str(paper_hub_cache), "HF_HUB_OFFLINE": "1",
+           "RESDYN_GPU_KIND": "a100-40", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/paper-b.yaml"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert res.returncode != 0 and "fits no 8 x a100-40" in res.stdout + res.stderr

@@ -989,6 +989,16 @@ def placement_param(config: dict, rule: str, wildcards: Mapping[str, str]) -> di
     return found.device_map() if found is not None and found.devices > 1 else None
 
 
+def check_fits(config: dict, kind: str | None = None) -> None:
+    """Before any job: every GPU job of the config fits the GPUs of one node of ``kind`` (default
+    :func:`gpu_kind`), or :class:`FitError` names the first that does not (``device: cpu``: no check)."""
+    if config.get("device", "auto") == "cpu":
+        return
+    for rule, w in unique_jobs(config):
+        if rule in (*GPU_RULES, *GPU_LINALG_RULES):
+            job_placement(config, rule, w, kind)
+
+
 def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: str | None = None) -> Placement | None:
     """Placement of a GPU job's model on GPU kind ``kind``: on the fewest GPUs of one node that hold
     it (1 for most jobs); None for a CPU job. Raises :class:`FitError` (one line: the job, its

@@ -118,22 +118,71 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+#: Variables that say this process was given GPUs: counts (SLURM) and device lists (SLURM, CUDA).
+GPU_COUNT_VARS = ("SLURM_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+GPU_LIST_VARS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
+#: How to get a CUDA torch (docs/slurm.md, "Installing on a GPU cluster").
+CUDA_TORCH_HINT = ("install a CUDA build: `make setup TORCH_BUILD=cuda` (pip: torch from "
+                   "https://download.pytorch.org/whl/cu128), or build the conda env on a GPU node or with "
+                   "CONDA_OVERRIDE_CUDA=12.8 (docs/slurm.md, \"Installing on a GPU cluster\")")
+
+
+def gpu_allocation() -> str | None:
+    """``NAME=value`` of the first variable saying this process was given GPUs (a SLURM job with
+    ``--gpus``/``--gres=gpu``, or CUDA_VISIBLE_DEVICES naming devices), else None. A count of 0, an
+    empty list, ``-1`` or ``NoDevFiles`` (GPUs hidden on purpose) give none."""
+    for name in GPU_COUNT_VARS:
+        value = os.environ.get(name, "").strip()
+        count = value.split(":")[-1]  # SLURM_GPUS may read "a100:2"
+        if count.isdigit() and int(count) > 0:
+            return f"{name}={value}"
+    for name in GPU_LIST_VARS:
+        value = os.environ.get(name, "").strip()
+        if value and value not in ("-1", "NoDevFiles", "none", "None"):
+            return f"{name}={value}"
+    return None
+
+
+def cuda_missing(why: str) -> str:
+    """One line: ``why``, what this torch is (a CPU-only build, or a CUDA build that sees no GPU)
+    and :data:`CUDA_TORCH_HINT`."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"{why} but no CUDA device is available: torch {torch.__version__} is a CPU-only build; {CUDA_TORCH_HINT}"
+    return (f"{why} but no CUDA device is available: torch {torch.__version__} (built for CUDA "
+            f"{torch.version.cuda}) sees no GPU: check "
+            f"`nvidia-smi` on the node (a driver older than CUDA {torch.version.cuda} cannot run it); {CUDA_TORCH_HINT}")
+
+
+def refuse_silent_cpu() -> None:
+    """Stop a job about to fall back to the CPU (``device: auto``) although it was given GPUs: a GPU
+    job on a CPU-only torch would crawl for days instead of failing."""
+    where = gpu_allocation()
+    if where:
+        raise RuntimeError(cuda_missing(f"config device: 'auto' in a job given GPUs ({where})"))
+
+
 def device_name(device: str) -> str:
     """The config ``device`` resolved to ``"cuda"`` or ``"cpu"``, without torch where it can be.
 
-    ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"``; ``cuda`` without a GPU is
+    ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"`` — unless the job was given
+    GPUs (:func:`refuse_silent_cpu`); ``cuda`` without a GPU is
     an error (torch itself is asked: a job told to use the GPU imports it anyway, and a GPU whose
     driver files are not among :data:`GPU_MARKERS` must not stop it); anything else (``cpu``,
     ``cuda:1``) is returned unchanged. For the numpy jobs whose device switch is
     :func:`resdyn.infra.linalg.on_cuda` (a string suffices there).
     """
     if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
+        if cuda_available():
+            return "cuda"
+        refuse_silent_cpu()
+        return "cpu"
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+            raise RuntimeError(cuda_missing("config device: 'cuda'") + "; or set device: auto / cpu")
     return device
 
 
@@ -144,7 +193,10 @@ def pick_device(device: str) -> torch.device:
     import torch
 
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        refuse_silent_cpu()
+        return torch.device("cpu")
     return torch.device(device_name(device))
 
 

@@ -8,6 +8,7 @@ from resdyn.beyond.scorecard import scaling_group
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
+rcost.check_fits(config)  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
 
 MODELS = list(config["models"])
 
