@@ -142,3 +142,20 @@ def set_threads(zoo_gpu: bool = False) -> dict[str, int]:
     out = {rule: cpus for rule in gpu_rules(zoo_gpu)}
     out.setdefault("zoo_train", 4)
     return out
+
+
+def check_workdir(path: str | Path) -> None:
+    """The working directory (``snakemake --directory DIR``: results, models, logs and benchmarks
+    go there) must take a file; else one ValueError line naming it. Tried by writing and removing
+    a temporary file: permission bits say nothing for root or on a read-only file system."""
+    import tempfile
+
+    try:
+        handle, name = tempfile.mkstemp(prefix=".resdyn-write-test-", dir=path)
+        os.close(handle)
+        os.unlink(name)
+    except OSError as err:
+        raise ValueError(f"working directory (snakemake --directory) {str(path)!r} is not writable "
+                         f"({err.strerror or err}): results/, models/, logs/ and benchmarks/ go there; choose a "
+                         "folder you can write, e.g. on scratch") from None
+

@@ -2,6 +2,7 @@
 from resdyn.infra import config as rc
 from resdyn.infra import cost as rcost
 from resdyn.infra.codeversion import script_code_version
+from resdyn.infra.site import check_workdir
 from resdyn.plots import catalogue as figs
 from resdyn.beyond.scorecard import scaling_group
 
@@ -9,6 +10,7 @@ from resdyn.beyond.scorecard import scaling_group
 rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
 rcost.check_fits(config)  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
+check_workdir(os.getcwd())  # `--directory DIR`: everything is written under DIR
 
 MODELS = list(config["models"])
 
