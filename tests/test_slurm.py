@@ -383,8 +383,11 @@ def write_test_profile(dest: Path, slurm: dict, logdir: Path) -> Path:
     dres["slurm_partition"] = repr(slurm["partition"])
     dres["mem_mb"] = cap_mem(dres["mem_mb"])
     for rule, res in prof["set-resources"].items():
+        gpu_job = "cpus_per_gpu" in res
         for key in ("gpu", "cpus_per_gpu", "gpu_model", "slurm_partition", "slurm_account"):
             res.pop(key, None)
+        if gpu_job:  # the rules ask the cost model for GPUs; the local cluster has none
+            res["gpu"] = 0
         if "mem_mb" in res:
             res["mem_mb"] = cap_mem(res["mem_mb"])
     # A rule left with nothing to set would become a bare `--set-resources` (a usage error).

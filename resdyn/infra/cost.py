@@ -228,7 +228,7 @@ def host_linalg(kind: str) -> bool:
 def linalg_device(config: dict, kind: str | None = None) -> str:
     """The ``device`` the spectra and bootstrap jobs get: ``cpu`` on a GPU kind whose FP64 is weak
     (:func:`host_linalg`), else the config's ``device``."""
-    return "cpu" if host_linalg(kind or gpu_kind()) else config.get("device", "auto")
+    return "cpu" if host_linalg(kind or config.get("gpu_kind") or gpu_kind()) else config.get("device", "auto")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -794,6 +794,17 @@ def uses_gpu(config: dict, rule: str, kind: str | None = None) -> bool:
     return rule in GPU_RULES or (rule in GPU_LINALG_RULES and not host_linalg(kind or gpu_kind()))
 
 
+def model_config_kind(config: dict, wildcards: Mapping[str, str], kind: str | None) -> tuple[dict, str | None]:
+    """The config as the job's model sees it (its overrides, :func:`resdyn.infra.config.model_config`)
+    and the GPU kind its GPU jobs run on: the model's ``gpu_kind`` before ``kind``."""
+    if "model" not in wildcards:
+        return config, kind
+    from resdyn.infra import config as rc
+
+    mc = rc.model_config(config, wildcards["model"])
+    return mc, mc.get("gpu_kind") or kind
+
+
 def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, kind: str | None = None) -> Cost:
     """Price of one job of ``rule`` with ``wildcards`` (``model``, ``ckpt``, ``block``) on GPU kind
     ``kind`` (default :func:`gpu_kind`; it decides only whether spectra/bootstrap are GPU jobs)."""
@@ -802,6 +813,7 @@ def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None
         return cost_light(config)
     if rule not in RULES:
         raise KeyError(f"rule {rule!r} has no cost function; priced rules: {RULES}")
+    config, kind = model_config_kind(config, w, kind)
     s = model_shape(config, w["model"])
     gpu = uses_gpu(config, rule, kind)
     if rule == "jacobians":
@@ -865,7 +877,7 @@ def resources(config: dict, rule: str, wildcards: Mapping[str, str] | None = Non
     ``device``: the GPU kind to price GPU jobs for (default :func:`gpu_kind`); CPU jobs always use
     the calibrated CPU rates.
     """
-    kind = device or gpu_kind()
+    kind = model_config_kind(config, wildcards or {}, device)[1] or gpu_kind()
     cost = job_cost(config, rule, wildcards, kind)
     threads = threads_for(config, rule, wildcards, kind)
     secs = seconds(cost, kind if cost.gpu else "cpu", threads)
@@ -1003,7 +1015,7 @@ def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: s
     """Placement of a GPU job's model on GPU kind ``kind``: on the fewest GPUs of one node that hold
     it (1 for most jobs); None for a CPU job. Raises :class:`FitError` (one line: the job, its
     device memory, the kind and what to do) when even ``max_per_node`` GPUs do not hold it."""
-    kind = kind or gpu_kind()
+    kind = model_config_kind(config, wildcards, kind)[1] or gpu_kind()
     cost = job_cost(config, rule, wildcards, kind)
     if not cost.gpu:
         return None

@@ -45,13 +45,14 @@ def job_table(config: dict, device: str = "h100") -> pd.DataFrame:
     TFLOP, host/device GB, disk GB, ``placement`` (multi-GPU jobs) or ``misfit`` (no node holds it)."""
     rows = []
     for rule, w in rcost.unique_jobs(config):
-        c = rcost.job_cost(config, rule, w, device)
-        threads = rcost.threads_for(config, rule, w, device)
-        kind = device if c.gpu else "cpu"
+        model_kind = rcost.model_config_kind(config, w, device)[1] or device  # a model's own gpu_kind first
+        c = rcost.job_cost(config, rule, w, model_kind)
+        threads = rcost.threads_for(config, rule, w, model_kind)
+        kind = model_kind if c.gpu else "cpu"
         gpus, where, misfit = int(c.gpu), "", ""
         if c.gpu:
             try:
-                placed = rcost.job_placement(config, rule, w, device)
+                placed = rcost.job_placement(config, rule, w, model_kind)
                 gpus, where = placed.devices, (placed.describe() if placed.devices > 1 else "")
             except rcost.FitError as err:
                 misfit = str(err)
@@ -125,6 +126,7 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
     lines.append(f"wall time with {gpus} GPU(s) and {cores} CPU cores: ≈ {t.wall_low_h:.1f} h "
                  f"(list-scheduling bounds {t.wall_low_h:.1f}–{t.wall_high_h:.1f} h)")
     lines += fit_lines(jobs, device)
+    lines += override_lines(config)
     lines.append("not priced (tables and figures from tables, run on the submit host in seconds): "
                  + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all"))
     return "\n".join(lines)
@@ -148,4 +150,16 @@ def fit_lines(jobs: pd.DataFrame, device: str) -> list[str]:
     if rcost.host_linalg(device):
         lines.append(f"FP64 on {device}: {g.fp64_tflops:g} TFLOP/s is slower than the {rcost.GPU_HOST_THREADS} host "
                      "cores for eigendecompositions: spectra and bootstrap run as CPU jobs (priced on the CPU)")
+    return lines
+
+
+def override_lines(config: dict) -> list[str]:
+    """One line per model with its own settings (``models.<name>.overrides``), as the plan priced it."""
+    lines = []
+    for name, m in config["models"].items():
+        over = m.get("overrides") or {}
+        items = [f"{sec}.{k}={v}" for sec, vals in over.items() if isinstance(vals, dict) for k, v in vals.items()]
+        items += [f"{k}={v}" for k, v in over.items() if not isinstance(v, dict)]
+        if items:
+            lines.append(f"model {name} overrides: {', '.join(items)}")
     return lines

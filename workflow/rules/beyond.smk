@@ -70,10 +70,10 @@ rule causal:
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
-        n_samples=config["causal"]["n_samples"],
+        n_samples=of_model("causal", "n_samples"),
         seed=config["causal"]["seed"],
         placement=lambda w: rcost.placement_param(config, "causal", w),
-        device=config["device"],
+        device=of_model("device"),
         code=code("causal"),
     script:
         "../scripts/causal.py"
@@ -109,7 +109,7 @@ rule bootstrap:
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
-        device=rcost.linalg_device(config),
+        device=lambda w: rcost.linalg_device(model_cfg(w)),
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"

@@ -9,7 +9,9 @@ from resdyn.beyond.scorecard import scaling_group
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
-rcost.check_fits(config)  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
+rcost.check_fits(
+    config
+)  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
 check_workdir(os.getcwd())  # `--directory DIR`: everything is written under DIR
 
 MODELS = list(config["models"])
@@ -49,6 +51,23 @@ def cost(rule, what):
 
     def value(wildcards, attempt):
         return rcost.resources(config, rule, dict(wildcards.items()), attempt)[what]
+
+    return value
+
+
+def model_cfg(w):
+    """The config as this job's model sees it: its overrides merged in (rc.model_config)."""
+    return rc.model_config(config, w.model)
+
+
+def of_model(*keys):
+    """A params callable: the model's value of a config key (its overrides first)."""
+
+    def value(w):
+        out = model_cfg(w)
+        for key in keys:
+            out = out[key]
+        return out
 
     return value
 

@@ -21,9 +21,9 @@ rule jacobians:
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
-        store_first_n=config["jacobian"]["store_first_n"],
+        store_first_n=of_model("jacobian", "store_first_n"),
         checkpoint_every=config["jacobian"]["checkpoint_every"],
-        device=config["device"],
+        device=of_model("device"),
         code=code("jacobians"),
     script:
         "../scripts/jacobians.py"
@@ -50,7 +50,7 @@ rule activations:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
         placement=lambda w: rcost.placement_param(config, "activations", w),
-        device=config["device"],
+        device=of_model("device"),
         code=code("activations"),
     script:
         "../scripts/activations.py"

@@ -25,7 +25,7 @@ rule lens:
     params:
         options=lambda w: {
             k: v
-            for k, v in config["lens"].items()
+            for k, v in model_cfg(w)["lens"].items()
             if k
             not in (
                 "checkpoints",
@@ -36,10 +36,10 @@ rule lens:
             )
         },
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
-        n_train=config["lens"]["n_train_blocks"],
-        checkpoint_every=config["lens"]["checkpoint_every"],
+        n_train=of_model("lens", "n_train_blocks"),
+        checkpoint_every=of_model("lens", "checkpoint_every"),
         placement=lambda w: rcost.placement_param(config, "lens", w),
-        device=config["device"],
+        device=of_model("device"),
         code=code("lens"),
     script:
         "../scripts/lens.py"
@@ -76,7 +76,7 @@ rule lens_metrics:
         gpu=cost("lens_metrics", "gpu"),
     params:
         placement=lambda w: rcost.placement_param(config, "lens_metrics", w),
-        device=config["device"],
+        device=of_model("device"),
         code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

@@ -28,7 +28,7 @@ rule spectra:
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        device=rcost.linalg_device(config),
+        device=lambda w: rcost.linalg_device(model_cfg(w)),
         code=code("spectra"),
     script:
         "../scripts/spectra.py"
