@@ -13,9 +13,11 @@ sys.path.insert(0, workflow.basedir)
 
 # A preset given with --configfile (configs/*.yaml) is a complete config and replaces the
 # embedded default instead of being merged into it (which would mix their model lists).
+# From the workflow's folder, so that `--directory DIR` (results, models, logs, benchmarks under
+# DIR) finds it too.
 if not workflow.overwrite_configfiles:
 
-    configfile: "config.yaml"
+    configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -13,7 +13,11 @@ against the CPU result (max |Δ|), their GEMM throughput as a fraction of the me
 matmul rate and the attention core's rate by difference; two bf16 lens training steps (2
 layers, V 128256, 4096 tokens); float64 4096² eigvals, eig with vectors + inverse (the
 perturbative bootstrap), svd and svdvals on the device, with the eigenvalues checked against
-the host's and the Henrici departure by subtraction against the host Schur form.
+the host's and the Henrici departure by subtraction against the host Schur form. With two or
+more GPUs visible, the two-GPU check: a small Llama loaded by layer across cuda:0 and cuda:1
+(resdyn.infra.models.load_model with a placement, the path of a model that does not fit one GPU)
+gives the single-GPU residual states, boundary states, lens states and causal continuation (max
+|Δ|; ``--dry`` runs the same code path with every device the CPU).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def model(d, d_ff, heads, kv, layers, vocab, dtype, dev):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dry", action="store_true", help="CPU fallback at d = 256 (checks the script)")
-    ap.add_argument("--kind", default="h100", choices=("h100", "h200"))
+    ap.add_argument("--kind", default="h100", choices=tuple(cost.GPU_KINDS), help="GPU kind of resdyn/data/gpus.yaml")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.dry
     dev = torch.device("cuda" if cuda else "cpu")
@@ -183,24 +187,72 @@ def main() -> int:
     _, nn_host, _ = linalg.eigen_henrici(a)
     row("Henrici: |Δ| device (subtraction) vs host Schur, ÷ ‖J‖_F", abs(nn_dev - nn_host) / fro, "")
 
+    # 5. two GPUs: a model placed by layer gives the single-device numbers
+    if not cuda or torch.cuda.device_count() >= 2:
+        two_gpu_check(row, "cuda" if cuda else "cpu")
+    else:
+        print("  two-GPU check skipped: one GPU visible", file=sys.stderr)
+
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
     print(f"\nGPU check on {name}, torch {torch.__version__}, assumed rates: {kind}; "
           f"{time.perf_counter() - t_all:.0f} s")
     widths = [max(len(r[i]) for r in rows + [("what", "measured", "unit", "assumed", "ratio")]) for i in range(5)]
     for r in [("what", "measured", "unit", "assumed", "ratio")] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
-    print("\n# Measured rates in resdyn.infra.cost's units (FLOP/s; B/s for stream). To use them, put them in"
-          "\n# resdyn/infra/cost.py as this GPU kind's Device rates, e.g.\n"
-          f'#   DEVICES["{kind}"] = Device("{kind}", "gpu", {{**_GPU_COMMON, **MEASURED_RATES, '
-          f'"kl64": MEASURED_RATES["stream"] / KL64_BYTES}}, "measured on {name}")'
-          "\n# and note the date and GPU in the comment above _GPU_COMMON." + (
-              "" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)"))
+    print("\n# Measured rates in resdyn.infra.cost's units (FLOP/s; B/s for stream). Each divided by the"
+          "\n# datasheet peak of resdyn/data/gpus.yaml is the efficiency resdyn/infra/cost.py assumes in"
+          "\n# GPU_EFFICIENCY (the table keeps hardware numbers only): update it there, with the date and GPU."
+          + ("" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)"))
+    if cuda:
+        g = cost.GPU_KINDS[kind]
+        peaks = {"fp32_tflops": g.fp32_tflops, "bf16_tflops": g.bf16_tflops, "fp64_tflops": g.fp64_tflops,
+                 "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops), "hbm_tb_s": g.hbm_tb_s}
+        for op, (col, eff) in cost.GPU_EFFICIENCY.items():
+            if op in measured:
+                print(f"#   {op}: measured efficiency {measured[op] / (peaks[col] * 1e12):.4g} (assumed {eff})")
     print("MEASURED_RATES = {")
     for op in ("gemm32", "gemm16", "gemm64", "jvp", "eig", "svd", "svdvals", "stream"):
         if op in measured:
             print(f'    "{op}": {measured[op]:.3g},')
     print("}")
     return 0
+
+
+def two_gpu_check(row, device: str) -> None:
+    """A 8-layer Llama (d 512) loaded whole on one device and placed by layer on two (embed and
+    layers 0-3 on the first, layers 4-7 and the head on the second: ``cuda:0``/``cuda:1``, or the CPU
+    twice with ``--dry``) through resdyn.infra.models.load_model: the states and the causal
+    continuation of both must agree (max |Δ|; bit-equal on the CPU, ~1e-6 across GPUs)."""
+    import tempfile
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from resdyn.beyond import causal
+    from resdyn.infra import arch, data, models
+    from resdyn.study_b import lens
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "m"
+        data.train_tokenizer(data.kjv_chapters()[:20], 300, Path(tmp) / "tok")
+        cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                          num_hidden_layers=8, vocab_size=300, max_position_embeddings=256)
+        torch.manual_seed(0)
+        LlamaForCausalLM(cfg).save_pretrained(folder)
+        data.load_tokenizer(Path(tmp) / "tok").save_pretrained(folder)
+        rec = models.resolve_checkpoint({"model": "m", "checkpoint": "local", "source": "local", "path": str(folder),
+                                         "dtype": "float32"})
+        one, _ = models.load_model(rec, device)
+        blocks = {"embed": 0, **{f"layers.{i}": int(i >= 4) for i in range(8)}, "head": 1}
+        two, _ = models.load_model(rec, device, placement=blocks)
+        where = sorted({str(p.device) for p in two.parameters()})
+        row(f"two GPUs: devices of the placed model ({', '.join(where)})", float(len(where)), "devices")
+        ids = torch.randint(0, 300, (4, 64), generator=torch.Generator().manual_seed(0))
+        for fn in (arch.residual_states, arch.boundary_states, lens.layer_major_states):
+            a, b = fn(one, ids), fn(two, ids)
+            row(f"two GPUs: max |Δ| {fn.__name__}", float((a - b.to(a.device)).abs().max()), "")
+        ca, cb = causal.Continuation(one, ids), causal.Continuation(two, ids)
+        final_a, final_b = ca.run(ca.stream(3) * 0.5, 3), cb.run(cb.stream(3) * 0.5, 3)
+        row("two GPUs: max |Δ| causal continuation from layer 3", float((final_a - final_b.to(final_a.device)).abs().max()), "")
 
 
 if __name__ == "__main__":

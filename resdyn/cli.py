@@ -74,6 +74,7 @@ def _plan(args: argparse.Namespace) -> int:
     from resdyn.infra import config as rc
     from resdyn.infra import cost, plan
 
+    cost.check_gpu_kind(args.gpu, "--gpu")
     try:
         cfg = rc.load_config(args.config)
         for name in cfg["models"]:  # the order every table's step 0 / final labels follow
@@ -183,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_verify)
     pl = sub.add_parser("plan", help="jobs, GPU/CPU-hours, memory, disk, critical path and wall time a config needs")
     pl.add_argument("config", help="a config YAML file (config.yaml or one of configs/*.yaml)")
-    pl.add_argument("--gpu", default="h100", choices=("h100", "h200"), help="GPU kind (default h100)")
+    pl.add_argument("--gpu", default="h100", metavar="KIND", help="GPU kind of resdyn/data/gpus.yaml (default h100)")
     pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
     pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
     pl.add_argument("--changes", action="store_true", help="only the jobs a rerun would run now (after `git pull` "

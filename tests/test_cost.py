@@ -367,8 +367,15 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
             assert threads.group(1) == f'cost("{rule}", "threads")', (rule, threads.group(1))
     assert priced <= set(blocks), priced - set(blocks)
     # GPU jobs' host cores: the profile's default cpus_per_gpu is the one the plan bills
-    profile = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
-    assert f'env("RESDYN_SLURM_CPUS_PER_GPU", "{cost.GPU_HOST_THREADS}")' in profile
+    from resdyn.infra import site
+
+    saved = os.environ.pop("RESDYN_SLURM_CPUS_PER_GPU", None)
+    try:
+        assert site.job_class_settings(gpu=True)["cpus_per_gpu"] == cost.GPU_HOST_THREADS
+    finally:
+        if saved is not None:
+            os.environ["RESDYN_SLURM_CPUS_PER_GPU"] = saved
+    assert "?site.set_resources(" in (REPO / "profiles" / "slurm" / "config.yaml").read_text()
 
 
 @pytest.mark.slow

@@ -305,3 +305,34 @@ def test_a_folder_with_broken_json_or_weights_gets_no_record(tmp_path):
         damage(bad / name)
         with pytest.raises(ValueError, match=message):
             models.resolve_checkpoint({**spec, "path": str(bad)})
+
+
+@pytest.mark.parametrize("var,value", [("SLURM_JOB_GPUS", "0"), ("SLURM_GPUS_ON_NODE", "2"), ("SLURM_GPUS", "a100:1"),
+                                       ("CUDA_VISIBLE_DEVICES", "0,1")])
+def test_a_job_given_gpus_never_falls_back_to_the_cpu_silently(monkeypatch, var, value):
+    """No silent CPU: `device: auto` in a job given GPUs whose torch has no CUDA stops at start
+    with one line on how to install a CUDA torch; hidden or absent GPUs are not an allocation."""
+    for name in (*models.GPU_COUNT_VARS, *models.GPU_LIST_VARS):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(models, "GPU_MARKERS", ("/nonexistent/nvidiactl",))
+    assert models.device_name("auto") == "cpu" and models.pick_device("auto").type == "cpu"
+    for hidden in ("", "-1", "NoDevFiles"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert models.device_name("auto") == "cpu"
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "0")
+    assert models.gpu_allocation() is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE")
+    monkeypatch.setenv(var, value)
+    assert models.gpu_allocation() == f"{var}={value}"
+    for resolve in (models.device_name, models.pick_device):
+        with pytest.raises(RuntimeError) as err:
+            resolve("auto")
+        msg = str(err.value)
+        assert "\n" not in msg and f"given GPUs ({var}={value})" in msg
+        assert "make setup TORCH_BUILD=cuda" in msg and "Installing on a GPU cluster" in msg
+        if torch.version.cuda is None:
+            assert f"torch {torch.__version__} is a CPU-only build" in msg
+    with pytest.raises(RuntimeError, match="config device: 'cuda' but no CUDA device is available: .*CONDA_OVERRIDE_CUDA"):
+        models.device_name("cuda")

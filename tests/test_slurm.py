@@ -127,24 +127,29 @@ TOY_SNAKEFILE = textwrap.dedent("""
         input: "zoo.txt"
         output: "jacobians.txt"
         threads: 1
+        resources: gpu=1
         shell: "echo ${{SLURM_JOB_ID:-none}} ${{SLURM_CPUS_PER_TASK:-none}} {threads} > {output}"
 
     rule activations:
         output: "activations.txt"
+        resources: gpu=1
         shell: "echo ${{SLURM_JOB_ID:-none}} > {output}"
 
     rule lens:
         output: "lens.txt"
+        resources: gpu=2
         shell: "echo ${{SLURM_JOB_ID:-none}} > {output}"
 
     rule lens_metrics:
         input: "lens.txt"
         output: "lens_metrics.txt"
+        resources: gpu=1
         shell: "echo ${{SLURM_JOB_ID:-none}} > {output}"
 
     rule spectra:
         input: "jacobians.txt"
         output: "spectra.txt"
+        resources: gpu=1
         script: "scripts/spectra.py"
 
     rule fails:
@@ -207,8 +212,10 @@ def test_profiles_are_valid_yaml_with_expected_keys():
     for rule, res in slurm["set-resources"].items():
         assert "cpus_per_task" not in res, rule
     for rule in (*GPU_RULES, *GPU_LINALG_RULES):
-        assert slurm["set-resources"][rule]["gpu"] == 1
+        # GPUs per job are the rules' (the cost model's: more than one for a model that does not fit)
+        assert "gpu" not in slurm["set-resources"][rule]
         assert slurm["set-resources"][rule]["cpus_per_gpu"] == slurm["set-threads"][rule]
+    assert slurm["slurm-requeue"] is True
     local = _load_profile(LOCAL_PROFILE, _env())
     assert local["keep-going"] is False and local["cores"] == "all"
     assert "executor" not in local
@@ -249,7 +256,7 @@ def test_slurm_profile_resources(tmp_path, site):
         if rule == "all":
             continue
         if rule in gpu_rules:
-            assert resources.get("gpu") == "1", (rule, resources)
+            assert resources.get("gpu") == ("2" if rule == "lens" else "1"), (rule, resources)
             assert resources.get("cpus_per_gpu") == cpus_per_gpu, (rule, resources)
             assert resources.get("slurm_partition") == site.get("RESDYN_SLURM_GPU_PARTITION"), (
                 rule,
@@ -376,8 +383,11 @@ def write_test_profile(dest: Path, slurm: dict, logdir: Path) -> Path:
     dres["slurm_partition"] = repr(slurm["partition"])
     dres["mem_mb"] = cap_mem(dres["mem_mb"])
     for rule, res in prof["set-resources"].items():
+        gpu_job = "cpus_per_gpu" in res
         for key in ("gpu", "cpus_per_gpu", "gpu_model", "slurm_partition", "slurm_account"):
             res.pop(key, None)
+        if gpu_job:  # the rules ask the cost model for GPUs; the local cluster has none
+            res["gpu"] = 0
         if "mem_mb" in res:
             res["mem_mb"] = cap_mem(res["mem_mb"])
     # A rule left with nothing to set would become a bare `--set-resources` (a usage error).
@@ -516,9 +526,9 @@ def test_every_model_loading_rule_of_the_workflow_is_a_gpu_rule():
     """Rules that load a model on config["device"] (and causal) get a GPU in profiles/slurm."""
     text = (SLURM_PROFILE / "config.yaml").read_text()
     rendered = yte.process_yaml(text, variables={})
-    for rule in (*GPU_RULES, "causal"):
-        assert rendered["set-resources"][rule]["gpu"] == 1, rule
-        assert rule in rendered["set-threads"], rule
     smk = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    for rule in (*GPU_RULES, "causal"):
+        assert rendered["set-resources"][rule]["cpus_per_gpu"] == rendered["set-threads"][rule], rule
+        assert f'gpu=cost("{rule}", "gpu")' in smk, rule  # GPUs per job: the cost model's
     loaders = set(re.findall(r"rule (\w+):\n(?:(?!\nrule ).)*?ckpt=ckpt_record", smk, flags=re.S))
     assert loaders == set(GPU_RULES) | {"causal"}, loaders

@@ -94,9 +94,10 @@ def _wrap_slurm(bin_dir: Path, logs: Path, cpus: int, mem_mb: int) -> Path:
 
 
 def _gpu_rules() -> set[str]:
-    """The rules profiles/slurm gives a GPU (zoo_train only on request: no zoo in a hub run)."""
+    """The rules profiles/slurm treats as GPU jobs (their GPU count is the cost model's; zoo_train
+    only on request: no zoo in a hub run)."""
     prof = _load_profile(SLURM_PROFILE, _env())
-    return {rule for rule, res in prof["set-resources"].items() if res.get("gpu")} - {"zoo_train"}
+    return {rule for rule, res in prof["set-resources"].items() if "cpus_per_gpu" in res} - {"zoo_train"}
 
 
 def _profile(dest: Path, slurm: dict, logdir: Path) -> Path:

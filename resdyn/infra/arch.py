@@ -186,7 +186,8 @@ def residual_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     finally:
         for h in handles:
             h.remove()
-    return torch.stack(captured, dim=1)
+    # a model placed across GPUs leaves each state on its layer's GPU: gathered where the ids are
+    return torch.stack([x.to(input_ids.device) for x in captured], dim=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,6 +273,7 @@ class SequenceContext:
     #: generic path: the (args, kwargs) HF passed each layer and each attention module, by layer
     layer_calls: dict | None = None
     attn_calls: dict | None = None
+    _views: dict = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -291,8 +293,22 @@ class SequenceContext:
                 cos, sin = rotary(dummy, self.position_ids, layer_type)
             else:
                 cos, sin = rotary(dummy, self.position_ids)
-            self._rope[key] = (cos, sin)
+            # a model placed across GPUs runs its rotary module on the first one
+            self._rope[key] = (cos.to(self.position_ids.device), sin.to(self.position_ids.device))
         return self._rope[key]
+
+    def on(self, device: torch.device) -> SequenceContext:
+        """This context for a layer on ``device`` (a model placed by layer across GPUs,
+        :func:`resdyn.infra.models.load_model`): position ids and per-layer inputs moved there
+        once and cached, with their own rotary tables; itself when already there."""
+        if self.position_ids.device == device:
+            return self
+        if device not in self._views:
+            per_layer = None if self.per_layer_inputs is None else self.per_layer_inputs.to(device)
+            self._views[device] = SequenceContext(self.family, self.stack, self.position_ids.to(device),
+                                                  self.embeddings, per_layer, layer_calls=self.layer_calls,
+                                                  attn_calls=self.attn_calls)
+        return self._views[device]
 
     def per_layer_input(self, layer: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Gemma 4's per-layer input of ``layer``, (B, T, p) in ``dtype``; None elsewhere."""
@@ -661,8 +677,22 @@ class LayerSublayers:
 
     # -- full sequence -----------------------------------------------------------------------
 
+    @property
+    def device(self) -> torch.device:
+        """Where the layer's weights are (one GPU of several when the model is placed by layer)."""
+        return next(self.layer.parameters()).device
+
+    def placed(self, h: torch.Tensor, ctx: SequenceContext, kv: KV | None = None) -> tuple:
+        """(h, ctx, kv) moved to this layer's device: the activations follow the layers across
+        GPUs; unchanged (no copy) on one device."""
+        dev = self.device
+        if h.device == dev:
+            return h, ctx, kv
+        return h.to(dev), ctx.on(dev), None if kv is None else tuple(x.to(dev) for x in kv)
+
     def kv(self, h: torch.Tensor, ctx: SequenceContext) -> KV:
         """Keys and values (B, T, Hkv, hd) this layer computes from its input h (B, T, d)."""
+        h, ctx, _ = self.placed(h, ctx)
         cos, sin = self.rope(ctx, h.dtype)
         return self.shape_kv(*self.project_kv(self._apply_norm("attn_pre", h)), cos, sin)
 
@@ -699,6 +729,7 @@ class LayerSublayers:
 
         Sequential: ``m = attn(h)``, ``h' = mlp(m)``. Parallel residual: m is the virtual state
         ``h + A`` (module docstring) and ``h' = (F + A) + h`` in HF's order of additions."""
+        h, ctx, kv = self.placed(h, ctx, kv)
         m = self.attn(h, ctx, kv)
         return m, self.mlp(m, ctx)
 
@@ -881,6 +912,7 @@ class _GPTNeoXSublayers(LayerSublayers):
     def layer_forward(self, h, ctx, kv=None):
         if not self.parallel:
             return super().layer_forward(h, ctx, kv)
+        h, ctx, kv = self.placed(h, ctx, kv)
         a = self.attn_update(h, ctx, kv)
         return h + a, self.mlp_branch(h) + a + h
 
@@ -980,7 +1012,7 @@ def forward_boundaries(adapters: list[LayerSublayers], ctx: SequenceContext, upt
             stored[adapter.index] = adapter.kv(h, ctx)
         m, h = adapter.layer_forward(h, ctx, kv=stored.get(adapter.kv_source))
         states += [m, h]
-    return torch.stack(states, dim=1)
+    return torch.stack([x.to(h.device) for x in states], dim=1)  # gathered with the last layer
 
 
 @torch.no_grad()

@@ -216,9 +216,10 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             out += problems
             if not problems:
                 out += _shape_errors(key, m, found)
-        if "max_position" in m and config["samples"]["length"] > m["max_position"]:
+        length = model_config(config, name)["samples"]["length"]
+        if "max_position" in m and length > m["max_position"]:
             out.append(
-                f"config key 'samples.length': {config['samples']['length']} exceeds "
+                f"config key 'samples.length': {length} exceeds "
                 f"{key}.max_position={m['max_position']} (the positions the model supports)"
             )
         ckpts = checkpoints(config, name)
@@ -264,11 +265,62 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
-    out += _lens_import_errors(config, base)
+    out += _override_errors(config)
+    if not any(e.startswith("config key 'models.") and ".overrides." in e for e in out):
+        out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
             out.append(f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}")
+    return out
+
+
+#: Sections a model may override (``models.<name>.overrides``), key by key over the global ones.
+OVERRIDE_SECTIONS = ("lens", "samples", "jacobian")
+
+
+def model_config(config: dict, model: str) -> dict:
+    """The config as ``model``'s jobs see it: its ``overrides`` merged key by key into the global
+    ``lens``, ``samples`` and ``jacobian`` sections, and its ``device`` and ``gpu_kind``; the config
+    itself for a model without overrides. The samples-derived counts stay within the model's
+    samples: ``jacobian.store_first_n`` and ``causal.n_samples`` are at most its ``samples.n``."""
+    over = config["models"][model].get("overrides")
+    if not over:
+        return config
+    out = dict(config)
+    for section in OVERRIDE_SECTIONS:
+        if section in over:
+            out[section] = {**config[section], **over[section]}
+    out.update({k: over[k] for k in ("device", "gpu_kind") if k in over})
+    n = out["samples"]["n"]
+    for section, key in (("jacobian", "store_first_n"), ("causal", "n_samples")):
+        if section in out and isinstance(out[section].get(key), int) and out[section][key] > n:
+            out[section] = {**out[section], key: n}
+    return out
+
+
+def _override_errors(config: dict) -> list[str]:
+    """Each model's overrides, merged into the global section, validated by that section's schema
+    (errors name ``models.<name>.overrides.<section>.<key>``); ``gpu_kind`` must be a GPU kind."""
+    schema = load_schema()
+    out = []
+    for name, m in config["models"].items():
+        over = m.get("overrides") or {}
+        for section in OVERRIDE_SECTIONS:
+            if section not in over:
+                continue
+            merged = copy.deepcopy({**config[section], **over[section]})
+            sub = {"$defs": schema["$defs"], **schema["properties"][section]}
+            prefix = f"config key 'models.{name}.overrides.{section}."
+            out += [e.replace("config key '", prefix, 1).replace(".<top level>'", "'")
+                    for e in _schema_errors(merged, sub)]
+        if "gpu_kind" in over:
+            from resdyn.infra import cost
+
+            try:
+                cost.check_gpu_kind(over["gpu_kind"], f"config key 'models.{name}.overrides.gpu_kind'")
+            except ValueError as err:
+                out.append(str(err))
     return out
 
 
@@ -437,16 +489,17 @@ def checkpoint_inputs(config: dict, model: str, ckpt: str) -> list[str]:
 
 
 def lens_checkpoints(config: dict, model: str) -> list[str]:
-    """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints)."""
+    """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints, per model)."""
     ckpts = checkpoints(config, model)
-    return ckpts if config["lens"]["checkpoints"] == "all" else ckpts[-1:]
+    return ckpts if model_config(config, model)["lens"]["checkpoints"] == "all" else ckpts[-1:]
 
 
 def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
     """Where the lens of ``model``/``ckpt`` is imported from (config ``lens.source: tuned_lens``):
     {path, repo, repo_type, revision} with ``{model}`` (config key), ``{ckpt}`` (checkpoint name)
-    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained."""
-    lens = config["lens"]
+    and ``{repo}`` (the model's hub id, '' for other sources) filled in; None when trained.
+    The model's own ``overrides.lens`` count (:func:`model_config`)."""
+    lens = model_config(config, model)["lens"]
     if lens.get("source", "train") != "tuned_lens":
         return None
     repo = config["models"][model].get("repo", "")
@@ -461,9 +514,9 @@ def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:
 def _lens_import_errors(config: dict, base: Path) -> list[str]:
     """A local tuned-lens folder (no lens.repo) must hold config.json and params.pt."""
     out: list[str] = []
-    if config["lens"].get("source", "train") != "tuned_lens":
-        return out
     for name in config["models"]:
+        if model_config(config, name)["lens"].get("source", "train") != "tuned_lens":
+            continue
         try:
             ckpts = lens_checkpoints(config, name)
         except ValueError:  # unorderable revisions: reported by the checks above
@@ -472,7 +525,7 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
             try:
                 spec = lens_import_spec(config, name, ckpt)
             except (KeyError, IndexError, ValueError) as err:
-                return [f"config key 'lens.path': {config['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
+                return [f"config key 'lens.path': {model_config(config, name)['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
                         f"substituted ({type(err).__name__}: {err})"]
             if spec is None or (spec["repo"] and not hub.hub_offline()):
                 continue  # online, a hub lens is fetched by the lens job
@@ -499,7 +552,7 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
 def layer_blocks(config: dict, model: str) -> list[str]:
     """Names of the Jacobian/activation job blocks, ``layers{first:03d}-{last:03d}``."""
     n = config["models"][model]["n_layers"]
-    per = config["jacobian"]["layers_per_job"] or n
+    per = model_config(config, model)["jacobian"]["layers_per_job"] or n
     return [f"layers{a:03d}-{min(a + per, n) - 1:03d}" for a in range(0, n, per)]
 
 

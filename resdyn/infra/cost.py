@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,35 +93,94 @@ CPU_CALIBRATION: dict[str, float] = {
     "kl64": 2.56e7,  # logit pairs/s of resdyn.beyond.causal.kl_and_flips (float64)
 }
 
-# H100/H200 class (SXM), documented assumptions, not measured in this project yet: fp32 GEMM
-# without TF32 (the Jacobians disable it) ~70 % of the 67 TFLOP/s peak; bf16 tensor-core GEMM
-# with fp32 accumulation ~60 % of 989 TFLOP/s dense; fp64 tensor-core GEMM ~70 % of 67;
-# forward-mode attention core (batched small matmuls + softmax) ~20 TFLOP/s; decompositions via
-# torch.linalg on cuda (cuSOLVER: Xgeev for eigvals since torch 2.10, gesvd/gesvdj for svd),
-# assumed ~3 s for a 4096² float64 eig (10 d³ / 3 s = 2.3e11) and ~4 s for an SVD with
-# vectors; HBM streaming at ~75 % of 3.35 (H100) / 4.8 (H200) TB/s. The real Schur form has no
-# torch routine: schur/schurv stay on the host CPU (rates of the CPU, 8 threads).
-_GPU_COMMON = {
-    "gemm32": 4.5e13,
-    "gemm16": 6.0e14,
-    "gemm64": 4.5e13,
-    "jvp": 2.0e13,
-    "eig": 2.3e11,
-    "svd": 3.8e11,
-    "svdvals": 1.2e11,
-    "gunzip": 1.5e8,  # host-side zlib, one thread
-    "calls": CPU_CALIBRATION["calls"],  # Python-level steps run on the host
-    "graph": CPU_CALIBRATION["graph"],  # Leiden runs on the host
+#: The GPU kinds: hardware numbers from vendor datasheets (package data, sources in the file).
+GPU_TABLE = Path(__file__).resolve().parents[1] / "data" / "gpus.yaml"
+
+
+@dataclass(frozen=True)
+class GPUKind:
+    """One row of :data:`GPU_TABLE` (columns documented there)."""
+
+    kind: str
+    name: str
+    memory_mib: int
+    bf16_tflops: float
+    fp32_tflops: float
+    fp64_tflops: float
+    fp64_tensor_tflops: float
+    hbm_tb_s: float
+    max_per_node: int
+    source: str
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device memory a job may plan for: total · :data:`GPU_USABLE_FRACTION` (the CUDA context,
+        cuBLAS/cuSOLVER workspaces and the caching allocator's fragmentation take the rest)."""
+        return self.memory_mib * MiB * GPU_USABLE_FRACTION
+
+
+#: Share of a GPU's memory the cost model fills (the rest: CUDA context ≈ 0.5 GB, library
+#: workspaces, allocator fragmentation).
+GPU_USABLE_FRACTION = 0.9
+
+#: How well resdyn's code uses a GPU, per op class: (datasheet column, fraction of its peak). Documented
+#: assumptions (the same for every kind; ``benchmarks/gpu_check.sh`` measures them on a lent GPU),
+#: chosen so that the H100 SXM gets the rates this model used before GPU kinds were data: fp32 GEMM
+#: without TF32 (the Jacobians disable it) ~67 % of peak; bf16 tensor-core GEMM with fp32
+#: accumulation ~60 % of the dense peak; fp64 GEMM ~67 % of the fp64 tensor-core peak (the vector
+#: peak where a GPU has none); the forward-mode attention core (batched small matmuls + softmax)
+#: ~30 % of fp32; decompositions by torch.linalg on cuda (cuSOLVER: Xgeev for eigvals since torch
+#: 2.10, gesvd/gesvdj for svd) scale with the fp64 vector peak: on an H100 ~3 s for a 4096² float64
+#: eig (10 d³ / 3 s = 2.3e11 = 0.68 % of 34 TFLOP/s) and ~4 s for an SVD with vectors; memory-bound
+#: streaming at ~75 % of the HBM bandwidth. The real Schur form has no torch routine: schur/schurv
+#: stay on the host CPU (:data:`HOST_OPS`).
+GPU_EFFICIENCY: dict[str, tuple[str, float]] = {
+    "gemm32": ("fp32_tflops", 0.67),
+    "gemm16": ("bf16_tflops", 0.6),
+    "gemm64": ("fp64_gemm_tflops", 0.67),
+    "jvp": ("fp32_tflops", 0.3),
+    "eig": ("fp64_tflops", 0.0068),
+    "svd": ("fp64_tflops", 0.0112),
+    "svdvals": ("fp64_tflops", 0.0035),
+    "stream": ("hbm_tb_s", 0.75),
 }
 #: bytes of memory traffic per logit pair of the float64 KL readout (``kl64``, module docstring):
 #: memory-bound on a GPU, so its rate there is the HBM streaming rate / this
 KL64_BYTES = 170.0
+
+
+def gpu_rates(g: GPUKind) -> dict[str, float]:
+    """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`; the
+    host-side classes (zlib, Python steps, Leiden) at the calibrated CPU rates."""
+    peaks = {"fp32_tflops": g.fp32_tflops, "bf16_tflops": g.bf16_tflops, "fp64_tflops": g.fp64_tflops,
+             "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops), "hbm_tb_s": g.hbm_tb_s}
+    rates = {op: peaks[col] * 1e12 * eff for op, (col, eff) in GPU_EFFICIENCY.items()}
+    rates["kl64"] = rates["stream"] / KL64_BYTES
+    rates.update({op: CPU_CALIBRATION[op] for op in ("gunzip", "calls", "graph", "schur", "schurv")})
+    return rates
+
+
+def load_gpu_kinds(path: Path = GPU_TABLE) -> dict[str, GPUKind]:
+    """The GPU table (:data:`GPU_TABLE`) as {kind: :class:`GPUKind`}; a row missing a column or
+    with one the table does not define is an error naming the file, kind and column."""
+    import yaml
+
+    table = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    names = [f for f in GPUKind.__dataclass_fields__ if f != "kind"]
+    out = {}
+    for kind, row in table.items():
+        if not isinstance(row, dict) or set(row) != set(names):
+            have = set(row) if isinstance(row, dict) else set()
+            raise ValueError(f"{path}: GPU kind {kind!r}: columns {sorted(have)}; expected exactly {names} "
+                             f"(missing {sorted(set(names) - have)}, unknown {sorted(have - set(names))})")
+        out[kind] = GPUKind(kind, **row)
+    return out
+
+
+GPU_KINDS: dict[str, GPUKind] = load_gpu_kinds()
 DEVICES: dict[str, Device] = {
     "cpu": Device("cpu", "cpu", CPU_CALIBRATION, "measured here, per thread (benchmarks/plan.py)"),
-    "h100": Device("h100", "gpu", {**_GPU_COMMON, "stream": 2.5e12, "kl64": 2.5e12 / KL64_BYTES},
-                   "assumed (H100 SXM class)"),
-    "h200": Device("h200", "gpu", {**_GPU_COMMON, "stream": 3.6e12, "kl64": 3.6e12 / KL64_BYTES},
-                   "assumed (H200 class)"),
+    **{k: Device(k, "gpu", gpu_rates(g), f"{g.name}; datasheet peaks × assumed efficiency") for k, g in GPU_KINDS.items()},
 }
 #: Ops a GPU job still runs on its host CPU (no torch routine on cuda).
 HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
@@ -148,11 +208,28 @@ TIME_SAFETY, TIME_PAD_MIN = 2.0, 5
 
 def gpu_kind() -> str:
     """GPU kind the cluster requests are priced for: ``RESDYN_GPU_KIND`` (default h100)."""
-    kind = os.environ.get("RESDYN_GPU_KIND") or "h100"
-    if kind not in DEVICES or DEVICES[kind].kind != "gpu":
-        allowed = [k for k, d in DEVICES.items() if d.kind == "gpu"]
-        raise ValueError(f"RESDYN_GPU_KIND={kind!r}: allowed {allowed}")
+    return check_gpu_kind(os.environ.get("RESDYN_GPU_KIND") or "h100", "RESDYN_GPU_KIND")
+
+
+def check_gpu_kind(kind: str, key: str) -> str:
+    """``kind`` if it is a row of the GPU table, else one ValueError line naming ``key`` and the kinds."""
+    if kind not in GPU_KINDS:
+        raise ValueError(f"{key}={kind!r}: not a GPU kind of {GPU_TABLE.name}; allowed: {', '.join(GPU_KINDS)}")
     return kind
+
+
+def host_linalg(kind: str) -> bool:
+    """Whether a GPU kind's FP64 is too weak for the decompositions: its eigvals rate is below
+    the host's with the :data:`GPU_HOST_THREADS` cores a GPU job gets (the L40S: FP64 = FP32/64).
+    Then spectra and bootstrap run as CPU jobs (:func:`uses_gpu`, :func:`linalg_device`)."""
+    host = CPU_CALIBRATION["eig"] * (1.0 + (GPU_HOST_THREADS - 1) * THREAD_EFFICIENCY["eig"])
+    return DEVICES[kind].rates["eig"] < host
+
+
+def linalg_device(config: dict, kind: str | None = None) -> str:
+    """The ``device`` the spectra and bootstrap jobs get: ``cpu`` on a GPU kind whose FP64 is weak
+    (:func:`host_linalg`), else the config's ``device``."""
+    return "cpu" if host_linalg(kind or config.get("gpu_kind") or gpu_kind()) else config.get("device", "auto")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -708,24 +785,42 @@ RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling",
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
 #: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
 LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
-                        "figure_lens", "figure_model", "figure_zoo", "figure_global", "all")
+                        "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
+                        "figure_lens_trajectory", "all")
 
 
-def uses_gpu(config: dict, rule: str) -> bool:
+def uses_gpu(config: dict, rule: str, kind: str | None = None) -> bool:
     """Whether a rule's job runs on a GPU: GPU rules and GPU-linalg rules when ``device`` asks
-    for CUDA (``auto`` counts as CUDA for planning: the cluster profile gives these rules a GPU)."""
-    return config.get("device", "auto") in ("cuda", "auto") and rule in (*GPU_RULES, *GPU_LINALG_RULES)
+    for CUDA (``auto`` counts as CUDA for planning: the cluster profile gives these rules a GPU),
+    the GPU-linalg rules only on a GPU kind with FP64 to use (:func:`host_linalg`; default kind
+    :func:`gpu_kind`)."""
+    if config.get("device", "auto") not in ("cuda", "auto"):
+        return False
+    return rule in GPU_RULES or (rule in GPU_LINALG_RULES and not host_linalg(kind or gpu_kind()))
 
 
-def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None) -> Cost:
-    """Price of one job of ``rule`` with ``wildcards`` (``model``, ``ckpt``, ``block``)."""
+def model_config_kind(config: dict, wildcards: Mapping[str, str], kind: str | None) -> tuple[dict, str | None]:
+    """The config as the job's model sees it (its overrides, :func:`resdyn.infra.config.model_config`)
+    and the GPU kind its GPU jobs run on: the model's ``gpu_kind`` before ``kind``."""
+    if "model" not in wildcards:
+        return config, kind
+    from resdyn.infra import config as rc
+
+    mc = rc.model_config(config, wildcards["model"])
+    return mc, mc.get("gpu_kind") or kind
+
+
+def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, kind: str | None = None) -> Cost:
+    """Price of one job of ``rule`` with ``wildcards`` (``model``, ``ckpt``, ``block``) on GPU kind
+    ``kind`` (default :func:`gpu_kind`; it decides only whether spectra/bootstrap are GPU jobs)."""
     w = dict(wildcards or {})
     if rule in LIGHT_RULES:
         return cost_light(config)
     if rule not in RULES:
         raise KeyError(f"rule {rule!r} has no cost function; priced rules: {RULES}")
+    config, kind = model_config_kind(config, w, kind)
     s = model_shape(config, w["model"])
-    gpu = uses_gpu(config, rule)
+    gpu = uses_gpu(config, rule, kind)
     if rule == "jacobians":
         from resdyn.infra import config as rc
 
@@ -765,14 +860,14 @@ def seconds(cost: Cost, device: str, threads: int = 1) -> float:
     return total
 
 
-def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = None) -> int:
+def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, kind: str | None = None) -> int:
     """Threads of a job: 1 when the whole job would take at most :data:`THREADS_ABOVE_S` on one
     CPU thread, else :data:`GPU_HOST_THREADS` (GPU jobs) or :data:`CPU_THREADS`.
 
     A job that short gains nothing from more threads wherever it runs, and a GPU-capable job
     (``device: auto``) that lands on a CPU would otherwise hold every core of a small machine
     (the zoo's spectra and bootstrap jobs ran one at a time on 2 cores)."""
-    cost = job_cost(config, rule, wildcards)
+    cost = job_cost(config, rule, wildcards, kind)
     if seconds(cost, "cpu", 1) <= THREADS_ABOVE_S:
         return 1
     return GPU_HOST_THREADS if cost.gpu else CPU_THREADS
@@ -781,25 +876,173 @@ def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = N
 def resources(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, attempt: int = 1,
               device: str | None = None) -> dict[str, int]:
     """Snakemake resources of one job: ``mem_mb`` (host), ``runtime`` (minutes), ``threads``,
-    ``disk_mb``, ``gpu`` (0/1), all from :func:`job_cost`; memory and runtime × ``attempt``.
+    ``disk_mb``, ``gpu`` (GPUs of one node: 0, 1, or more for a model that does not fit one,
+    :func:`job_placement`), all from :func:`job_cost`; memory and runtime × ``attempt``.
 
-    ``device``: the kind to price GPU jobs for (default :func:`gpu_kind`); CPU jobs always use
+    ``device``: the GPU kind to price GPU jobs for (default :func:`gpu_kind`); CPU jobs always use
     the calibrated CPU rates.
     """
-    cost = job_cost(config, rule, wildcards)
-    threads = threads_for(config, rule, wildcards)
-    kind = (device or gpu_kind()) if cost.gpu else "cpu"
-    if DEVICES[kind].kind == "cpu" and cost.gpu:
-        kind = "cpu"
-    secs = seconds(cost, kind, threads)
+    kind = model_config_kind(config, wildcards or {}, device)[1] or gpu_kind()
+    cost = job_cost(config, rule, wildcards, kind)
+    threads = threads_for(config, rule, wildcards, kind)
+    secs = seconds(cost, kind if cost.gpu else "cpu", threads)
     a = max(1, int(attempt))
     return {
         "mem_mb": int(math.ceil((cost.host_bytes * MEM_SAFETY / MiB + MEM_PAD_MB) * a)),
         "runtime": int(math.ceil((secs * TIME_SAFETY / 60.0 + TIME_PAD_MIN) * a)),
         "threads": threads,
         "disk_mb": int(math.ceil(cost.disk_bytes / MiB)) + 1,
-        "gpu": int(cost.gpu),
+        "gpu": job_placement(config, rule, wildcards or {}, kind).devices if cost.gpu else 0,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# jobs that do not fit one GPU: layers placed across the GPUs of one node
+
+
+class FitError(ValueError):
+    """A job that fits no GPU of a kind even on all the GPUs of one node."""
+
+
+def working_bytes(cost: Cost, s: Shape) -> float:
+    """Device bytes of a GPU job besides the weights (gathered states, logit chunks, translators and
+    their optimiser state, Jacobian work). On several GPUs they sit on the head's device: resdyn
+    gathers the states there and runs the readout there (:func:`resdyn.infra.arch.gather_device`);
+    the activations passing through the other devices fit their 1 − :data:`GPU_USABLE_FRACTION`."""
+    return max(0.0, cost.device_bytes - s.weight_bytes)
+
+
+def block_bytes(s: Shape) -> list[float]:
+    """Weight bytes of the blocks a model is placed by, in forward order: the embedding, each
+    decoder layer, the final norm and unembedding (the head)."""
+    embed = float(s.vocab * s.d * s.dtype_bytes)
+    return [embed, *([float(s.layer_params * s.dtype_bytes)] * s.n_layers), embed]
+
+
+def split_blocks(sizes: list[float], capacities: list[float]) -> list[int] | None:
+    """Device of each block: contiguous runs over the devices (in order, device i holding at most
+    ``capacities[i]`` bytes) that minimise the largest device's load — a balanced pipeline split
+    that leaves each device as much headroom as it can; None when no split fits. Bisection on the
+    largest load with the greedy check (a run is closed when the next block would exceed it)."""
+
+    def greedy(bound: float) -> list[int] | None:
+        out, dev, load = [], 0, 0.0
+        for size in sizes:
+            while load + size > min(bound, capacities[dev]):
+                dev, load = dev + 1, 0.0
+                if dev >= len(capacities):
+                    return None
+            out.append(dev)
+            load += size
+        return out
+
+    if greedy(max(capacities)) is None:
+        return None
+    lo, hi = sum(sizes) / len(capacities), max(capacities)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if greedy(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return greedy(hi)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's blocks go on ``devices`` GPUs: ``embed``, ``layers`` (one device index per
+    decoder layer), ``head``; ``loads``: weight + working bytes per device."""
+
+    devices: int
+    embed: int
+    layers: tuple[int, ...]
+    head: int
+    loads: tuple[float, ...]
+
+    def device_map(self) -> dict[str, int]:
+        """The blocks' devices, accelerate style: ``embed``, ``layers.{i}``, ``head`` -> device index
+        (:func:`resdyn.infra.models.device_map` turns it into the model's module names)."""
+        return {"embed": self.embed, **{f"layers.{i}": d for i, d in enumerate(self.layers)}, "head": self.head}
+
+    def describe(self) -> str:
+        """``cuda:0 embed + layers 0-31 (60.1 GB), cuda:1 layers 32-63 + head (58.3 GB)``."""
+        parts = []
+        for dev in range(self.devices):
+            idx = [i for i, d in enumerate(self.layers) if d == dev]
+            what = (["embed"] if self.embed == dev else []) + ([f"layers {idx[0]}-{idx[-1]}"] if idx else []) \
+                + (["head"] if self.head == dev else [])
+            parts.append(f"cuda:{dev} {' + '.join(what)} ({self.loads[dev] / GB:.1f} GB)")
+        return ", ".join(parts)
+
+
+def placement(s: Shape, devices: int, capacity: float, working: float = 0.0) -> Placement | None:
+    """The layer placement of a model on ``devices`` GPUs of ``capacity`` usable bytes each, with
+    ``working`` bytes (:func:`working_bytes`) on the last one, which holds the head; None when it
+    does not fit."""
+    sizes = block_bytes(s)
+    capacities = [capacity] * (devices - 1) + [capacity - working - sizes[-1]]
+    where = split_blocks(sizes[:-1], capacities) if capacities[-1] >= 0 else None
+    if where is None:
+        return None
+    where.append(devices - 1)
+    loads = [0.0] * (devices - 1) + [working]
+    for size, dev in zip(sizes, where):
+        loads[dev] += size
+    return Placement(devices, where[0], tuple(where[1:-1]), where[-1], tuple(loads))
+
+
+#: GPU rules whose model may be placed by layer across the GPUs of one node (their forward passes
+#: move the activations along: resdyn.infra.arch); the Jacobians run on one GPU (a block of layers
+#: per job, jacobian.layers_per_job), spectra and bootstrap hold no model.
+SPANNING_RULES = ("activations", "lens", "lens_metrics", "causal")
+
+
+def placement_param(config: dict, rule: str, wildcards: Mapping[str, str]) -> dict[str, int] | None:
+    """The rule param ``placement``: the block -> GPU map of a job that spans several GPUs of
+    :func:`gpu_kind`, None when it runs on one GPU or on the CPU (``device: cpu``)."""
+    if config.get("device", "auto") == "cpu":
+        return None
+    found = job_placement(config, rule, dict(wildcards.items()))
+    return found.device_map() if found is not None and found.devices > 1 else None
+
+
+def check_fits(config: dict, kind: str | None = None) -> None:
+    """Before any job: every GPU job of the config fits the GPUs of one node of ``kind`` (default
+    :func:`gpu_kind`), or :class:`FitError` names the first that does not (``device: cpu``: no check)."""
+    if config.get("device", "auto") == "cpu":
+        return
+    for rule, w in unique_jobs(config):
+        if rule in (*GPU_RULES, *GPU_LINALG_RULES):
+            job_placement(config, rule, w, kind)
+
+
+def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: str | None = None) -> Placement | None:
+    """Placement of a GPU job's model on GPU kind ``kind``: on the fewest GPUs of one node that hold
+    it (1 for most jobs); None for a CPU job. Raises :class:`FitError` (one line: the job, its
+    device memory, the kind and what to do) when even ``max_per_node`` GPUs do not hold it."""
+    kind = model_config_kind(config, wildcards, kind)[1] or gpu_kind()
+    cost = job_cost(config, rule, wildcards, kind)
+    if not cost.gpu:
+        return None
+    s, g = model_shape(config, wildcards["model"]), GPU_KINDS[kind]
+    work = working_bytes(cost, s)
+    if cost.device_bytes <= g.usable_bytes:
+        return Placement(1, 0, (0,) * s.n_layers, 0, (cost.device_bytes,))
+    for n in range(2, (g.max_per_node if rule in SPANNING_RULES else 1) + 1):
+        found = placement(s, n, g.usable_bytes, work)
+        if found is not None:
+            return found
+    if rule not in SPANNING_RULES:
+        raise FitError(f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
+                       f"> one {kind} ({g.usable_bytes / GB:.1f} GB usable) and {rule} runs on one GPU: "
+                       + ("lower jacobian.layers_per_job, or " if rule == "jacobians" else "")
+                       + "choose a GPU kind with more memory (RESDYN_GPU_KIND / --gpu)")
+    fits = [k for k, other in GPU_KINDS.items() if placement(s, other.max_per_node, other.usable_bytes, work)]
+    raise FitError(
+        f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
+        f"({work / GB:.1f} GB of it besides the weights, all on the head's GPU) fits no {g.max_per_node} x {kind} "
+        f"({g.usable_bytes / GB:.1f} GB usable each); GPU kinds that hold it: {', '.join(fits) or 'none'} "
+        "(RESDYN_GPU_KIND / --gpu), or lower what sets the working memory (samples.length, lens.tokens_per_step)")
 
 
 def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:

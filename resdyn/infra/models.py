@@ -118,22 +118,71 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+#: Variables that say this process was given GPUs: counts (SLURM) and device lists (SLURM, CUDA).
+GPU_COUNT_VARS = ("SLURM_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+GPU_LIST_VARS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
+#: How to get a CUDA torch (docs/slurm.md, "Installing on a GPU cluster").
+CUDA_TORCH_HINT = ("install a CUDA build: `make setup TORCH_BUILD=cuda` (pip: torch from "
+                   "https://download.pytorch.org/whl/cu128), or build the conda env on a GPU node or with "
+                   "CONDA_OVERRIDE_CUDA=12.8 (docs/slurm.md, \"Installing on a GPU cluster\")")
+
+
+def gpu_allocation() -> str | None:
+    """``NAME=value`` of the first variable saying this process was given GPUs (a SLURM job with
+    ``--gpus``/``--gres=gpu``, or CUDA_VISIBLE_DEVICES naming devices), else None. A count of 0, an
+    empty list, ``-1`` or ``NoDevFiles`` (GPUs hidden on purpose) give none."""
+    for name in GPU_COUNT_VARS:
+        value = os.environ.get(name, "").strip()
+        count = value.split(":")[-1]  # SLURM_GPUS may read "a100:2"
+        if count.isdigit() and int(count) > 0:
+            return f"{name}={value}"
+    for name in GPU_LIST_VARS:
+        value = os.environ.get(name, "").strip()
+        if value and value not in ("-1", "NoDevFiles", "none", "None"):
+            return f"{name}={value}"
+    return None
+
+
+def cuda_missing(why: str) -> str:
+    """One line: ``why``, what this torch is (a CPU-only build, or a CUDA build that sees no GPU)
+    and :data:`CUDA_TORCH_HINT`."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"{why} but no CUDA device is available: torch {torch.__version__} is a CPU-only build; {CUDA_TORCH_HINT}"
+    return (f"{why} but no CUDA device is available: torch {torch.__version__} (built for CUDA "
+            f"{torch.version.cuda}) sees no GPU: check "
+            f"`nvidia-smi` on the node (a driver older than CUDA {torch.version.cuda} cannot run it); {CUDA_TORCH_HINT}")
+
+
+def refuse_silent_cpu() -> None:
+    """Stop a job about to fall back to the CPU (``device: auto``) although it was given GPUs: a GPU
+    job on a CPU-only torch would crawl for days instead of failing."""
+    where = gpu_allocation()
+    if where:
+        raise RuntimeError(cuda_missing(f"config device: 'auto' in a job given GPUs ({where})"))
+
+
 def device_name(device: str) -> str:
     """The config ``device`` resolved to ``"cuda"`` or ``"cpu"``, without torch where it can be.
 
-    ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"``; ``cuda`` without a GPU is
+    ``auto`` → ``"cuda"`` when :func:`cuda_available`, else ``"cpu"`` — unless the job was given
+    GPUs (:func:`refuse_silent_cpu`); ``cuda`` without a GPU is
     an error (torch itself is asked: a job told to use the GPU imports it anyway, and a GPU whose
     driver files are not among :data:`GPU_MARKERS` must not stop it); anything else (``cpu``,
     ``cuda:1``) is returned unchanged. For the numpy jobs whose device switch is
     :func:`resdyn.infra.linalg.on_cuda` (a string suffices there).
     """
     if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
+        if cuda_available():
+            return "cuda"
+        refuse_silent_cpu()
+        return "cpu"
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("config device: 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+            raise RuntimeError(cuda_missing("config device: 'cuda'") + "; or set device: auto / cpu")
     return device
 
 
@@ -144,7 +193,10 @@ def pick_device(device: str) -> torch.device:
     import torch
 
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        refuse_silent_cpu()
+        return torch.device("cpu")
     return torch.device(device_name(device))
 
 
@@ -168,12 +220,79 @@ def load_kwargs(folder: Path, dtype: str, device: torch.device) -> dict:
     return kwargs
 
 
-def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
+def module_device_map(model, blocks: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """``from_pretrained``'s ``device_map`` for a placement by blocks (the cost model's
+    :meth:`resdyn.infra.cost.Placement.device_map`: ``embed``, ``layers.{i}``, ``head`` -> index
+    into ``devices``), in ``model``'s module names (an empty model of the same config will do).
+
+    Each decoder layer goes where its block says; the final norm and the unembedding with the
+    head; every other module (embeddings, rotary tables, Gemma's per-layer inputs) with the
+    embedding — unless the unembedding is tied to the embedding, in which case the embedding
+    moves to the head's device (one tensor cannot live on two GPUs; the head's device holds the
+    job's working memory, so the readout stays there).
+    """
+    from resdyn.infra import arch
+
+    layers = arch.decoder_layers(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    head_modules = {id(model.get_output_embeddings()), id(arch.final_norm(model))}
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    tied = out_emb is not None and (out_emb.weight is in_emb.weight or bool(getattr(text_config, "tie_word_embeddings", False)))
+    embed = devices[blocks["head"] if tied else blocks["embed"]]
+    head = devices[blocks["head"]]
+    mapping: dict[str, str] = {}
+    for i in range(len(layers)):  # layers beyond num_hidden_layers (none in practice) with the last
+        mapping[f"{names[id(layers)]}.{i}"] = devices[blocks.get(f"layers.{i}", blocks["head"])]
+
+    def visit(module, prefix: str) -> None:
+        for name, child in module.named_children():
+            if child is layers:
+                continue
+            if any(m is layers for m in child.modules()):
+                visit(child, f"{prefix}{name}.")
+            else:
+                mapping[f"{prefix}{name}"] = head if id(child) in head_modules else embed
+
+    visit(model, "")
+    return mapping
+
+
+def placed_device_map(folder: Path, blocks: dict[str, int], devices: list[str]) -> dict[str, str]:
+    """:func:`module_device_map` for the model in ``folder``, named from an empty (meta) copy."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), attn_implementation="eager")
+    return module_device_map(empty, blocks, devices)
+
+
+def placement_devices(target: torch.device, n: int) -> list[str]:
+    """The devices of a placement over ``n`` blocks' devices: cuda:0 … cuda:n−1 on a GPU (one
+    line if fewer are visible), ``cpu`` n times on the CPU (the same code path, for tests)."""
+    import torch
+
+    if target.type == "cpu":
+        return ["cpu"] * n
+    visible = torch.cuda.device_count()
+    if visible < n:
+        raise RuntimeError(f"the model is placed on {n} GPUs but this job sees {visible} "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); the rule's "
+                           "resources request them (resources gpu): run it through the workflow, or give it more GPUs")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+def load_model(record: dict, device: str = "auto", verify_hash: bool = True, placement: dict | None = None):
     """Load (model, tokenizer) from a checkpoint record, eval mode, eager attention.
 
     Eager attention makes every sublayer an explicit, differentiable PyTorch function.
     With ``verify_hash`` (the default) the folder is re-hashed and must match the record, so
     swapped weights stop the job instead of being analysed under the old record's name.
+    ``placement``: the cost model's block -> device index map of a model that does not fit one
+    GPU (:meth:`resdyn.infra.cost.Placement.device_map`); its layers are loaded onto as many GPUs
+    (accelerate's device map; resdyn's own forward moves the activations along,
+    :meth:`resdyn.infra.arch.LayerSublayers.placed`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -184,12 +303,17 @@ def load_model(record: dict, device: str = "auto", verify_hash: bool = True):
             f"resolved (content hash mismatch with models/{record['model']}/{record['checkpoint']}/checkpoint.json) "
             "— rerun snakemake to redo the checkpoint record and everything made from it")
     target = pick_device(device)
+    kwargs = load_kwargs(folder, record.get("dtype", "float32"), target)
+    if placement and len(set(placement.values())) > 1:
+        kwargs["device_map"] = placed_device_map(folder, placement, placement_devices(target, max(placement.values()) + 1))
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **load_kwargs(folder, record.get("dtype", "float32"), target))
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:
         raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
-    model.to(target).eval()  # a no-op when device_map already placed every weight
+    if "device_map" not in kwargs:
+        model.to(target)
+    model.eval()
     if record.get("family") == "generic":  # config family: generic (resdyn.infra.generic)
         from resdyn.infra import arch
 

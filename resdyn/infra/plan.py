@@ -3,7 +3,9 @@
 Every number comes from :mod:`resdyn.infra.cost` — the same prices the rules' SLURM resources are made
 of — summed over the jobs of the config's DAG (:func:`resdyn.infra.cost.unique_jobs`).
 
-* GPU-hours: Σ predicted seconds of the GPU jobs on the chosen GPU kind.
+* GPU-hours: Σ predicted seconds × GPUs of the GPU jobs on the chosen GPU kind (a job whose
+  model does not fit one GPU spans several of one node, :func:`resdyn.infra.cost.job_placement`;
+  one that fits no node of the kind is marked and counted on one GPU).
 * CPU-hours: Σ threads × predicted seconds of the CPU jobs (core-hours, what an allocation
   bills), plus the host cores a GPU job holds (``GPU_HOST_THREADS``) counted separately as
   ``host_cpu_hours``.
@@ -39,14 +41,25 @@ class Totals:
 
 
 def job_row(config: dict, rule: str, w: dict, device: str = "h100") -> dict:
-    """The priced row of one job: rule, wildcards, gpu, threads, seconds, TFLOP, host/device GB, disk GB."""
-    c = rcost.job_cost(config, rule, w)
-    threads = rcost.threads_for(config, rule, w)
-    kind = device if c.gpu else "cpu"
+    """The priced row of one job: rule, wildcards, gpu, gpus (of one node; 0 for CPU jobs), threads,
+    seconds, TFLOP, host/device GB, disk GB, ``placement`` (multi-GPU jobs) or ``misfit`` (no node
+    holds it). ``device`` is the GPU kind; a model's own ``gpu_kind`` override comes first."""
+    model_kind = rcost.model_config_kind(config, w, device)[1] or device
+    c = rcost.job_cost(config, rule, w, model_kind)
+    threads = rcost.threads_for(config, rule, w, model_kind)
+    kind = model_kind if c.gpu else "cpu"
+    gpus, where, misfit = int(c.gpu), "", ""
+    if c.gpu:
+        try:
+            placed = rcost.job_placement(config, rule, w, model_kind)
+            gpus, where = placed.devices, (placed.describe() if placed.devices > 1 else "")
+        except rcost.FitError as err:
+            misfit = str(err)
     return {
         "rule": rule, "model": w.get("model", ""), "ckpt": w.get("ckpt", ""), "block": w.get("block", ""),
-        "gpu": c.gpu, "threads": threads, "seconds": rcost.seconds(c, kind, threads), "tflop": c.flops / 1e12,
-        "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9, "disk_gb": c.disk_bytes / 1e9,
+        "gpu": c.gpu, "gpus": gpus, "threads": threads, "seconds": rcost.seconds(c, kind, threads),
+        "tflop": c.flops / 1e12, "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9,
+        "disk_gb": c.disk_bytes / 1e9, "placement": where, "misfit": misfit,
     }
 
 
@@ -58,11 +71,12 @@ def job_table(config: dict, device: str = "h100") -> pd.DataFrame:
 def rule_table(jobs: pd.DataFrame) -> pd.DataFrame:
     """Per rule: jobs, TFLOP, GPU-hours, CPU-hours, longest job (h), peak host/device GB per job, disk."""
     j = jobs.assign(
-        gpu_hours=lambda t: t.seconds.where(t.gpu, 0.0) / 3600,
+        gpu_hours=lambda t: (t.seconds * t.gpus).where(t.gpu, 0.0) / 3600,
         cpu_hours=lambda t: (t.seconds * t.threads).where(~t.gpu, 0.0) / 3600,
     )
     out = j.groupby("rule", sort=False).agg(
-        jobs=("rule", "size"), threads=("threads", "max"), tflop=("tflop", "sum"), gpu_hours=("gpu_hours", "sum"),
+        jobs=("rule", "size"), gpus=("gpus", "max"), threads=("threads", "max"), tflop=("tflop", "sum"),
+        gpu_hours=("gpu_hours", "sum"),
         cpu_hours=("cpu_hours", "sum"), max_job_h=("seconds", lambda s: s.max() / 3600),
         host_gb=("host_gb", "max"), device_gb=("device_gb", "max"), disk_gb=("disk_gb", "sum"),
     )
@@ -86,7 +100,7 @@ def critical_path_hours(jobs: pd.DataFrame) -> float:
 
 
 def totals(jobs: pd.DataFrame, gpus: int, cores: int, device: str) -> Totals:
-    gpu_h = float(jobs.seconds.where(jobs.gpu, 0.0).sum() / 3600)
+    gpu_h = float((jobs.seconds * jobs.gpus).where(jobs.gpu, 0.0).sum() / 3600)
     cpu_h = float((jobs.seconds * jobs.threads).where(~jobs.gpu, 0.0).sum() / 3600)
     host_h = float((jobs.seconds * jobs.threads).where(jobs.gpu, 0.0).sum() / 3600)
     crit = critical_path_hours(jobs)
@@ -120,6 +134,41 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
 
         lines.append(f"generic path (no adapter; forward mode through HF's modules, self-checked at load): "
                      f"{', '.join(generic)} - Jacobians priced {GENERIC_SLOWDOWN:g}x the hand-written engines")
+    lines += fit_lines(jobs, device)
+    lines += override_lines(config)
     lines.append("not priced (tables and figures from tables, run on the submit host in seconds): "
                  + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all"))
     return "\n".join(lines)
+
+
+def fit_lines(jobs: pd.DataFrame, device: str) -> list[str]:
+    """What the plan says about GPU memory on ``device``: every job that spans several GPUs (with
+    its placement) or fits no node of the kind, and where FP64 decompositions run."""
+    g = rcost.GPU_KINDS[device]
+    usable = f"{g.usable_bytes / 1e9:.1f} GB usable of {g.memory_mib / 1024:.0f} GiB"
+    lines = []
+    multi, misfit = jobs[jobs.gpus > 1], jobs[jobs.misfit != ""]
+    if multi.empty and misfit.empty:
+        lines.append(f"GPU memory: every GPU job fits one {device} ({usable})")
+    for _, j in multi.iterrows():
+        lines.append(f"SPANS {j.gpus} GPUs: {j.rule} {j.model}/{j.ckpt}{'/' + j.block if j.block else ''} needs "
+                     f"{j.device_gb:.1f} GB > one {device} ({usable}); the rule requests gpu={j.gpus} of one node "
+                     f"and loads the model by layer: {j.placement}")
+    for _, j in misfit.iterrows():
+        lines.append(f"DOES NOT FIT: {j.misfit}")
+    if rcost.host_linalg(device):
+        lines.append(f"FP64 on {device}: {g.fp64_tflops:g} TFLOP/s is slower than the {rcost.GPU_HOST_THREADS} host "
+                     "cores for eigendecompositions: spectra and bootstrap run as CPU jobs (priced on the CPU)")
+    return lines
+
+
+def override_lines(config: dict) -> list[str]:
+    """One line per model with its own settings (``models.<name>.overrides``), as the plan priced it."""
+    lines = []
+    for name, m in config["models"].items():
+        over = m.get("overrides") or {}
+        items = [f"{sec}.{k}={v}" for sec, vals in over.items() if isinstance(vals, dict) for k, v in vals.items()]
+        items += [f"{k}={v}" for k, v in over.items() if not isinstance(v, dict)]
+        if items:
+            lines.append(f"model {name} overrides: {', '.join(items)}")
+    return lines

@@ -66,12 +66,14 @@ rule causal:
     resources:
         mem_mb=cost("causal", "mem_mb"),
         runtime=cost("causal", "runtime"),
+        gpu=cost("causal", "gpu"),
     params:
         k_fraction=config["causal"]["k_fraction"],
         n_random=config["causal"]["n_random"],
-        n_samples=config["causal"]["n_samples"],
+        n_samples=of_model("causal", "n_samples"),
         seed=config["causal"]["seed"],
-        device=setting(config["device"]),
+        placement=setting(lambda w: rcost.placement_param(config, "causal", w)),
+        device=setting(of_model("device")),
         code=code("causal", family=model_family),
     script:
         "../scripts/causal.py"
@@ -99,6 +101,7 @@ rule bootstrap:
     resources:
         mem_mb=cost("bootstrap", "mem_mb"),
         runtime=cost("bootstrap", "runtime"),
+        gpu=cost("bootstrap", "gpu"),
     params:
         n_resamples=config["bootstrap"]["n_resamples"],
         seed=config["bootstrap"]["seed"],
@@ -106,7 +109,7 @@ rule bootstrap:
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
-        device=setting(config["device"]),
+        device=setting(lambda w: rcost.linalg_device(model_cfg(w))),
         code=code("bootstrap"),
     script:
         "../scripts/bootstrap.py"

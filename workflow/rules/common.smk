@@ -3,6 +3,7 @@ from resdyn.infra import config as rc
 from resdyn.infra import cost as rcost
 from resdyn.infra import io as rio
 from resdyn.infra.codeversion import cached_code_version
+from resdyn.infra.site import check_workdir
 from resdyn.plots import catalogue as figs
 from resdyn.beyond.scorecard import scaling_group
 from resdyn.artifacts import ClaimsTable
@@ -10,6 +11,10 @@ from resdyn.artifacts import ClaimsTable
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
+rcost.check_fits(
+    config
+)  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
+check_workdir(os.getcwd())  # `--directory DIR`: everything is written under DIR
 
 MODELS = list(config["models"])
 
@@ -55,6 +60,23 @@ def cost(rule, what):
     return value
 
 
+def model_cfg(w):
+    """The config as this job's model sees it: its overrides merged in (rc.model_config)."""
+    return rc.model_config(config, w.model)
+
+
+def of_model(*keys):
+    """A params callable: the model's value of a config key (its overrides first)."""
+
+    def value(w):
+        out = model_cfg(w)
+        for key in keys:
+            out = out[key]
+        return out
+
+    return value
+
+
 def ckpts(model):
     return rc.checkpoints(config, model)
 
@@ -89,9 +111,13 @@ def model_family(w):
 
 
 def setting(value):
-    """A param that changes no number (device, checkpoint spacing; docs/reruns.md): Snakemake
+    """A param that changes no number (device, GPU placement, checkpoint spacing; docs/reruns.md): Snakemake
     does not count params computed from resources as a rerun trigger. Scripts and provenance
     see it as any param."""
+    if callable(
+        value
+    ):  # a function of the wildcards (e.g. of_model): evaluated per job
+        return lambda wildcards, resources: value(wildcards)
     return lambda wildcards, resources: value
 
 

@@ -61,9 +61,9 @@ rule samples:
         mem_mb=cost("samples", "mem_mb"),
         runtime=cost("samples", "runtime"),
     params:
-        n=config["samples"]["n"],
-        length=config["samples"]["length"],
-        seed=config["samples"]["seed"],
+        n=of_model("samples", "n"),
+        length=of_model("samples", "length"),
+        seed=of_model("samples", "seed"),
         dataset=dataset_of,
         code=code("samples"),
     script:
@@ -87,10 +87,10 @@ rule lens_tokens:
         mem_mb=cost("lens_tokens", "mem_mb"),
         runtime=cost("lens_tokens", "runtime"),
     params:
-        n=lambda w: config["lens"]["n_train_blocks"]
-        + config["lens"]["n_heldout_blocks"],
-        length=config["samples"]["length"],
-        seed=config["lens"]["seed"],
+        n=lambda w: model_cfg(w)["lens"]["n_train_blocks"]
+        + model_cfg(w)["lens"]["n_heldout_blocks"],
+        length=of_model("samples", "length"),
+        seed=of_model("lens", "seed"),
         dataset=dataset_of,
         code=code("samples"),
     script:

@@ -17,12 +17,13 @@ rule jacobians:
     resources:
         mem_mb=cost("jacobians", "mem_mb"),
         runtime=cost("jacobians", "runtime"),
+        gpu=cost("jacobians", "gpu"),
     params:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
-        store_first_n=config["jacobian"]["store_first_n"],
+        store_first_n=of_model("jacobian", "store_first_n"),
         checkpoint_every=setting(config["jacobian"]["checkpoint_every"]),
-        device=setting(config["device"]),
+        device=setting(of_model("device")),
         code=code("jacobians", family=model_family),
     script:
         "../scripts/jacobians.py"
@@ -44,10 +45,12 @@ rule activations:
     resources:
         mem_mb=cost("activations", "mem_mb"),
         runtime=cost("activations", "runtime"),
+        gpu=cost("activations", "gpu"),
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
-        device=setting(config["device"]),
+        placement=setting(lambda w: rcost.placement_param(config, "activations", w)),
+        device=setting(of_model("device")),
         code=code("activations", family=model_family),
     script:
         "../scripts/activations.py"

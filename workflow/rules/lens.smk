@@ -21,10 +21,11 @@ rule lens:
     resources:
         mem_mb=cost("lens", "mem_mb"),
         runtime=cost("lens", "runtime"),
+        gpu=cost("lens", "gpu"),
     params:
         options=lambda w: {
             k: v
-            for k, v in config["lens"].items()
+            for k, v in model_cfg(w)["lens"].items()
             if k
             not in (
                 "checkpoints",
@@ -35,9 +36,10 @@ rule lens:
             )
         },
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
-        n_train=config["lens"]["n_train_blocks"],
-        checkpoint_every=setting(config["lens"]["checkpoint_every"]),
-        device=setting(config["device"]),
+        n_train=of_model("lens", "n_train_blocks"),
+        checkpoint_every=setting(of_model("lens", "checkpoint_every")),
+        placement=setting(lambda w: rcost.placement_param(config, "lens", w)),
+        device=setting(of_model("device")),
         code=code("lens"),
     script:
         "../scripts/lens.py"
@@ -71,8 +73,10 @@ rule lens_metrics:
     resources:
         mem_mb=cost("lens_metrics", "mem_mb"),
         runtime=cost("lens_metrics", "runtime"),
+        gpu=cost("lens_metrics", "gpu"),
     params:
-        device=setting(config["device"]),
+        placement=setting(lambda w: rcost.placement_param(config, "lens_metrics", w)),
+        device=setting(of_model("device")),
         code=code("lens_metrics"),
     script:
         "../scripts/lens_metrics.py"

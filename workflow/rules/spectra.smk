@@ -24,10 +24,11 @@ rule spectra:
     resources:
         mem_mb=cost("spectra", "mem_mb"),
         runtime=cost("spectra", "runtime"),
+        gpu=cost("spectra", "gpu"),
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
-        device=setting(config["device"]),
+        device=setting(lambda w: rcost.linalg_device(model_cfg(w))),
         code=code("spectra"),
     script:
         "../scripts/spectra.py"

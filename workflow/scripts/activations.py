@@ -7,7 +7,7 @@ from resdyn.study_a import activations
 with provenance.step(snakemake) as step:
     p = snakemake.params
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
-    model, _ = models.load_model(record, p.device)
+    model, _ = models.load_model(record, p.device, placement=p.placement)
     ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)
     activations.stream_activation_files(
         model, ids, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,

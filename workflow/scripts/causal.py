@@ -7,7 +7,7 @@ from resdyn.study_b import lens, phases, readout
 
 with provenance.step(snakemake) as step:
     p = snakemake.params
-    model, _ = models.load_model(artifacts.CheckpointRecord.read(snakemake.input.ckpt), p.device)
+    model, _ = models.load_model(artifacts.CheckpointRecord.read(snakemake.input.ckpt), p.device, placement=p.placement)
     fitted = lens.Lens.load(snakemake.input.lens, model)
     ids, _, _ = artifacts.Samples.read(snakemake.input.samples)
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)

@@ -9,7 +9,7 @@ from resdyn.study_b import lens, lens_import
 with provenance.step(snakemake) as step:
     p = snakemake.params
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
-    model, _ = models.load_model(record, p.device)
+    model, _ = models.load_model(record, p.device, placement=p.placement)
     meta = dict(model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
                 model_hash=record["content_hash"])
     out = Path(snakemake.output[0])

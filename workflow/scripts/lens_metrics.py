@@ -6,7 +6,7 @@ from resdyn.study_b import lens
 
 with provenance.step(snakemake) as step:
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
-    model, _ = models.load_model(record, snakemake.params.device)
+    model, _ = models.load_model(record, snakemake.params.device, placement=snakemake.params.placement)
     fitted = lens.Lens.load(snakemake.input.lens, model)
     ids, _, _ = artifacts.Samples.read(snakemake.input.samples)
     artifacts.LensMetrics.write(lens.lens_metrics(model, fitted, lens.token_batches(ids, 16)), snakemake.output[0])
