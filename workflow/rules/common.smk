@@ -94,7 +94,7 @@ def all_targets():
             targets += [f"results/{m}/{c}/{t}" for t in lens_tables]
         if m in ZOO:
             targets.append(f"models/{m}/training.tsv")
-    if rc.runs(config, "B"):
+    if rc.runs(config, "B") and config["scaling"]["groups"]:  # no groups: nothing to fit
         targets.append("results/scaling/phase_widths.tsv")
     targets += figure_targets()
     return targets
