@@ -117,6 +117,9 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
         problems = _semantic_errors(config, Path(base_dir))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    for m in config["models"].values():  # zoo models (hf/local took their config.json's dtype)
+        if m["dtype"] == "auto":
+            m["dtype"] = "float32"
     if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
         config["jacobian"]["store_first_n"] = config["samples"]["n"]
     if config["causal"]["n_samples"] is None:
@@ -296,6 +299,9 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
         m.setdefault(k, value)
     if "n_layers" not in m:
         out.append(f"config key '{key}': config.json of {where} has no num_hidden_layers; set n_layers")
+    if m.get("dtype") == "auto":  # the final checkpoint's stored dtype
+        cfg = configs[-1][1]
+        m["dtype"] = hub.checkpoint_dtype(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
     return out
 
 

@@ -126,6 +126,20 @@ def read_config_json(path: str | Path) -> dict:
     return cfg
 
 
+def checkpoint_dtype(cfg: dict) -> str:
+    """The dtype a checkpoint is stored in: ``torch_dtype`` (``dtype`` in newer transformers) of
+    its config.json, or of the ``text_config`` of a multimodal wrapper; float32 (what
+    ``from_pretrained`` loads without one) when it names none of float32/float16/bfloat16."""
+    from resdyn.infra.models import DTYPES
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    for source in (cfg, text):
+        for field in ("torch_dtype", "dtype"):
+            if source.get(field) in DTYPES:
+                return source[field]
+    return "float32"
+
+
 def family_of(model_type: str | None, outer_type: str | None = None) -> str:
     """The resdyn family of an HF ``model_type`` (see :data:`resdyn.infra.families.SUPPORTED_FAMILIES`).
 
