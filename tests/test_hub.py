@@ -152,11 +152,11 @@ def _stops(cfg: dict, *words: str) -> str:
 
 def test_wrong_order_is_refused_naming_the_revisions(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
     _stops(cfg, "models.olmo3.revisions", "not in training order", str(OLMO3))
     # the example: `main` written first would have made step 0 the "final" checkpoint
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
     _stops(cfg, "models.olmo3.revisions", "['main', 'stage1-step0'] is not in training order",
            "it is ['stage1-step0', 'main']")
 
@@ -169,7 +169,7 @@ def test_unorderable_revisions_are_refused(offline):
 
 def test_missing_revision_names_the_download_command(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
     _stops(cfg, "models.olmo3.revisions", "'resdyn-ci/Olmo-3-mini'", "'stage1-step5'",
            "`hf download resdyn-ci/Olmo-3-mini --revision stage1-step5`")
 

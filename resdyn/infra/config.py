@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from resdyn.infra import hub
+from resdyn.infra import hub, revisions
 
 # Package data, so that an installed (non-editable) resdyn validates configs too.
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
@@ -111,7 +111,12 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
         for name, model in config["models"].items():
             if model["source"] == "train":
                 model.setdefault("train", {})
-        problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
+            if model["source"] == "hf":  # training steps -> branch names, before anything reads them
+                try:
+                    revisions.resolve_model(name, model)
+                except hub.HubError as err:
+                    problems.append(f"config key 'models.{name}.revisions': {err}")
+        problems = problems or _schema_errors(config, schema)  # second pass fills defaults under $ref
     if not problems:
         _inherit_seed(config)
         problems = _semantic_errors(config, Path(base_dir))

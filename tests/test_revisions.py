@@ -1,0 +1,168 @@
+"""Revisions by training step: `resdyn revisions`, `steps:` lists resolved to branch names (cache
+offline, hub refs online), bad steps stopping with one line, and the presets' names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+import hubcache
+from resdyn import cli
+from resdyn.infra import config as rc
+from resdyn.infra import hub, revisions
+
+ROOT = Path(__file__).resolve().parent.parent
+OLMO, PYTHIA = "org/olmo-style", "org/pythia-style"
+
+
+@pytest.fixture(scope="module")
+def user_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("user-hf")
+    hubcache.build_user(home)
+    return home
+
+
+@pytest.fixture
+def offline(user_home, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(user_home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return user_home
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("stage1-step471000-tokens1976B", ("stage1-step471000-tokens1976B", 1, 471000, "1976B")),
+    ("stage2-ingredient1-step1000-tokens5B", ("stage2-ingredient1-step1000-tokens5B", 2, 1000, "5B")),
+    ("step143000", ("step143000", 0, 143000, None)),
+    ("main", ("main", None, None, None)),
+])
+def test_revision_parse(name, expected):
+    r = revisions.Revision.parse(name)
+    assert (r.name, r.stage, r.step, r.tokens) == expected
+    assert revisions.Revision.parse("v1.0") is None
+
+
+def test_revisions_lists_cached_branches_in_training_order(offline, capsys):
+    assert cli.main(["revisions", PYTHIA]) == 0
+    out, err = capsys.readouterr()
+    rows = [ln.split("\t") for ln in out.splitlines()]
+    assert rows[0] == ["step", "tokens", "name"]
+    # alphabetical would put step143000 before step8000: the order is by step, main last
+    assert [r[2] for r in rows[1:]] == ["step0", "step1000", "step8000", "step143000", "main"]
+    assert [r[0] for r in rows[1:]] == ["0", "1000", "8000", "143000", ""]
+    assert "4 training revisions of org/pythia-style, from the cache" in err
+    assert cli.main(["revisions", OLMO]) == 0
+    rows = [ln.split("\t") for ln in capsys.readouterr()[0].splitlines()[1:]]
+    assert rows == [["0", "0B", "stage1-step0-tokens0B"], ["1000", "5B", "stage1-step1000-tokens5B"],
+                    ["1000", "5B", "stage2-ingredient1-step1000-tokens5B"], ["", "", "main"]]
+
+
+def test_revisions_every_and_steps(offline, capsys):
+    assert cli.main(["revisions", PYTHIA, "--every", "2000"]) == 0
+    assert [ln.split("\t")[2] for ln in capsys.readouterr()[0].splitlines()[1:]] == ["step0", "step8000", "main"]
+    assert cli.main(["revisions", PYTHIA, "--steps", "0", "143000", "final"]) == 0
+    assert capsys.readouterr()[0].splitlines() == ["0\tstep0", "143000\tstep143000", "final\tmain"]
+
+
+@pytest.mark.parametrize("args, words", [
+    ([OLMO, "--steps", "1000"], ["step 1000 is ambiguous", "stage1-step1000-tokens5B",
+                                 "stage2-ingredient1-step1000-tokens5B"]),
+    ([PYTHIA, "--steps", "5000"], ["step 5000 has no branch", "nearest", "step1000", "step8000"]),
+    ([PYTHIA, "--steps", "five"], ["step 'five'"]),
+    (["org/unknown"], ["'org/unknown'", "no branches known", "HF_HUB_OFFLINE=1"]),
+])
+def test_bad_steps_give_one_line(offline, capsys, args, words):
+    assert cli.main(["revisions", *args]) == 2
+    err = capsys.readouterr()[1].strip()
+    assert len(err.splitlines()) == 1 and err.startswith("resdyn revisions: error:"), err
+    assert all(w in err for w in words), err
+
+
+def test_online_branches_come_from_the_hub_refs(offline, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    names = ["main", "stage1-step2000-tokens9B", "stage1-step0-tokens0B"]
+    calls = []
+
+    def list_repo_refs(self, repo, repo_type="model"):
+        calls.append((repo, repo_type))
+        return SimpleNamespace(branches=[SimpleNamespace(name=n) for n in names], tags=[])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", list_repo_refs)
+    assert revisions.branches("allenai/x") == (sorted(names), "the hub")
+    assert calls == [("allenai/x", "model")]
+
+    def unreachable(self, repo, repo_type="model"):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", unreachable)
+    names_cached, where = revisions.branches(PYTHIA)  # falls back to the cache
+    assert "step8000" in names_cached and where.startswith("the cache")
+    with pytest.raises(hub.HubError, match="ConnectionError: no network"):
+        revisions.branches("org/unknown")
+
+
+def _config(**olmo) -> dict:
+    return {
+        "datasets": {"wiki": {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
+                              "split": "test"}},
+        "models": {"olmo": {"source": "hf", "repo": OLMO, "dataset": "wiki", **olmo},
+                   "pythia": {"source": "hf", "repo": PYTHIA, "dataset": "wiki", "steps": [0, 8000, "final"]}},
+        "samples": {"n": 4, "length": 16},
+    }
+
+
+def test_config_steps_resolve_to_branch_names(offline):
+    cfg = rc.validate_config(_config(revisions=[0, "stage2-ingredient1-step1000-tokens5B", "final"]))
+    assert cfg["models"]["pythia"]["revisions"] == ["step0", "step8000", "main"] and "steps" not in cfg["models"]["pythia"]
+    assert rc.checkpoints(cfg, "pythia") == ["step0", "step8000", "main"]
+    assert rc.checkpoints(cfg, "olmo") == ["stage1-step0-tokens0B", "stage2-ingredient1-step1000-tokens5B", "main"]
+    spec = rc.checkpoint_spec(cfg, "olmo", "stage1-step0-tokens0B")
+    assert spec["revision"] == "stage1-step0-tokens0B" and spec["dtype"] == "float32"  # config.json's dtype
+    assert rc.validate_config(cfg) == cfg  # validating again changes nothing
+
+
+@pytest.mark.parametrize("olmo, words", [
+    ({"steps": [0, 1000]}, ["models.olmo.revisions", "'olmo'", "step 1000 is ambiguous",
+                            "stage1-step1000-tokens5B", "stage2-ingredient1-step1000-tokens5B"]),
+    ({"steps": [0, 3]}, ["models.olmo.revisions", "step 3 has no branch", "nearest"]),
+    ({"steps": [0], "revisions": ["main"]}, ["models.olmo.revisions", "not both"]),
+    ({"steps": [1000, 0]}, ["models.olmo.revisions", "ambiguous"]),
+    ({"revisions": [1000, "main"], "repo": "org/final-only"}, ["no training revisions", "branches: main"]),
+])
+def test_bad_steps_stop_validation_with_one_line(offline, tmp_path, monkeypatch, olmo, words):
+    if olmo.get("repo") == "org/final-only":
+        hubcache.write_config_only(Path(offline) / "hub", "org/final-only", "main", {"model_type": "llama"})
+    with pytest.raises(rc.ConfigError) as err:
+        rc.validate_config(_config(**olmo))
+    lines = str(err.value).splitlines()[1:]
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+
+
+# --- the presets' revision names follow the hub's naming rules --------------------------------------
+
+#: how each organisation names its training branches on the hub (main: the final model)
+NAMING_RULES = {
+    "allenai/": re.compile(r"stage\d+(-[a-z]+\d+)?-step\d+-tokens\d+B|main"),  # OLMo 2 / OLMo 3
+    "EleutherAI/pythia-": re.compile(r"step\d+|main"),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) + ["config.yaml"])
+def test_preset_revisions_follow_the_hub_naming_rules(preset):
+    path = ROOT / ("config.yaml" if preset == "config.yaml" else f"configs/{preset}")
+    for key, m in yaml.safe_load(path.read_text())["models"].items():
+        if m.get("source") != "hf" or m["repo"].startswith("resdyn-ci/"):  # the CI's own stand-ins
+            continue
+        for rev in m.get("revisions", []):
+            if isinstance(rev, int):
+                continue  # a training step: resolved from the refs
+            rule = next((r for org, r in NAMING_RULES.items() if m["repo"].startswith(org)), re.compile("main"))
+            assert rule.fullmatch(rev), f"{preset}: {key} revision {rev!r} is not a branch name of {m['repo']}"
+        assert all(isinstance(s, int) or s == "final" for s in (m.get("steps") if isinstance(m.get("steps"), list) else []))
