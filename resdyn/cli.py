@@ -103,6 +103,7 @@ exit codes:
 examples:
   resdyn plan configs/paper-a.yaml
   resdyn revisions allenai/Olmo-3-1025-7B --every 100000
+  resdyn fetch configs/paper-a.yaml --run
   resdyn provenance results/figures/llama/step0/funnel.png
   resdyn verify results"""
 
@@ -146,9 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
     pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
     pl.set_defaults(func=_plan)
-    from resdyn.infra import revisions
+    from resdyn.infra import fetch, revisions
 
     revisions.add_command(sub)
+    fetch.add_command(sub)
     for name, action in sub.choices.items():  # every subcommand's help carries the exit codes too
         action.epilog = EPILOG.split("\n\nexamples:")[0]
         action.formatter_class = argparse.RawDescriptionHelpFormatter

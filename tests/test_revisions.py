@@ -166,3 +166,82 @@ def test_preset_revisions_follow_the_hub_naming_rules(preset):
             rule = next((r for org, r in NAMING_RULES.items() if m["repo"].startswith(org)), re.compile("main"))
             assert rule.fullmatch(rev), f"{preset}: {key} revision {rev!r} is not a branch name of {m['repo']}"
         assert all(isinstance(s, int) or s == "final" for s in (m.get("steps") if isinstance(m.get("steps"), list) else []))
+
+
+# --- resdyn fetch CONFIG --------------------------------------------------------------------------
+
+INCLUDE = ("--include config.json --include 'tokenizer*' --include 'vocab*' --include merges.txt "
+           "--include special_tokens_map.json --include '*.model'")
+
+
+def _fetch(capsys, cfg: dict, tmp_path, *extra) -> tuple[int, list[str], str]:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rc_ = cli.main(["fetch", str(path), *extra])
+    out, err = capsys.readouterr()
+    return rc_, out.splitlines(), err
+
+
+def test_fetch_prints_exactly_the_missing_downloads(offline, capsys, tmp_path):
+    cfg = _config(revisions=[0, "main"])
+    code, lines, _ = _fetch(capsys, cfg, tmp_path)
+    assert code == 0
+    assert [ln for ln in lines if not ln.startswith("#")] == []  # everything is cached
+    assert "# cached already: model pythia @ step8000 (org/pythia-style@step8000)" in lines
+    assert "# cached already: dataset wiki (resdyn-ci/wikitext-mini)" in lines
+    cfg["models"]["absent"] = {"source": "hf", "repo": "org/absent", "revisions": ["main"], "dataset": "wiki"}
+    cfg["datasets"]["wt2"] = {"source": "hf", "name": "Salesforce/wikitext", "config": "wikitext-2-raw-v1"}
+    cfg["lens"] = {"source": "tuned_lens", "repo": "org/lenses", "path": "lens/{repo}"}
+    code, lines, _ = _fetch(capsys, cfg, tmp_path)
+    assert code == 0
+    assert [ln for ln in lines if not ln.startswith("#")] == [
+        f"hf download org/absent --revision main {INCLUDE} --include '*.safetensors' --include '*.safetensors.index.json'",
+        "hf download Salesforce/wikitext --repo-type dataset --include 'wikitext-2-raw-v1/*' --include README.md",
+        "hf download org/lenses --repo-type space --include lens/org/absent/config.json --include lens/org/absent/params.pt "
+        "--include lens/org/olmo-style/config.json --include lens/org/olmo-style/params.pt "
+        "--include lens/org/pythia-style/config.json --include lens/org/pythia-style/params.pt",
+    ]
+    assert lines[-1].startswith("# 3 download(s), size unknown")
+
+
+def test_fetch_sizes_online_and_bin_only_revisions(offline, capsys, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    trees = {
+        ("org/new", "step0"): {"config.json": 700, "pytorch_model.bin": 5_000, "tokenizer.json": 300,
+                               "README.md": 99, "flax_model.msgpack": 7_000},
+        ("org/new", "main"): {"config.json": 700, "model-00001-of-00002.safetensors": 2_000_000,
+                              "model-00002-of-00002.safetensors": 1_000_000, "model.safetensors.index.json": 50,
+                              "pytorch_model.bin": 3_000_000, "tokenizer.json": 300},
+    }
+
+    def list_repo_tree(self, repo, revision=None, repo_type="model", recursive=False):
+        return [SimpleNamespace(path=p, size=n) for p, n in trees[(repo, revision)].items()]
+
+    def list_repo_refs(self, repo, repo_type="model"):
+        return SimpleNamespace(branches=[SimpleNamespace(name=n) for n in ("main", "step0")])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", list_repo_tree)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", list_repo_refs)
+    cfg = _config(revisions=[0, "main"])
+    cfg["models"] = {"new": {"source": "hf", "repo": "org/new", "steps": [0, "final"], "dataset": "wiki"}}
+    code, lines, _ = _fetch(capsys, cfg, tmp_path)
+    assert code == 0
+    assert lines[lines.index("# model new @ step0: 6.0 KB") + 1] == (
+        f"hf download org/new --revision step0 {INCLUDE} --include '*.bin' --include '*.bin.index.json'")
+    assert lines[lines.index("# model new @ main: 3.0 MB") + 1].endswith("--include '*.safetensors.index.json'")
+    assert lines[-1].startswith("# 2 download(s), 3.0 MB;")
+
+
+def test_fetch_run_and_an_unresolvable_model(offline, capsys, tmp_path, monkeypatch):
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: ran.append(args) or SimpleNamespace(returncode=0))
+    cfg = _config(steps=[0, 3])  # step 3 has no branch: the rest is still fetched, the exit code says 1
+    cfg["models"]["absent"] = {"source": "hf", "repo": "org/absent", "revisions": ["main"], "dataset": "wiki"}
+    code, lines, err = _fetch(capsys, cfg, tmp_path, "--run")
+    assert code == 1 and ran == [["hf", "download", "org/absent", "--revision", "main", *[
+        a.strip("'") for a in INCLUDE.split()], "--include", "*.safetensors", "--include", "*.safetensors.index.json"]]
+    assert "resdyn fetch: error: model olmo: model 'olmo' (org/olmo-style): step 3 has no branch" in err

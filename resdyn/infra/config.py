@@ -103,6 +103,34 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
 
     Returns the same (now completed) dict. Raises :class:`ConfigError` listing every problem.
     """
+    problems = _schema_problems(config)
+    if not problems:
+        _inherit_seed(config)
+        problems = _semantic_errors(config, Path(base_dir))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    for m in config["models"].values():  # zoo models (hf/local took their config.json's dtype)
+        if m["dtype"] == "auto" and m["source"] == "train":
+            m["dtype"] = "float32"
+    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
+        config["jacobian"]["store_first_n"] = config["samples"]["n"]
+    if config["causal"]["n_samples"] is None:
+        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
+    _sort_keys(config)
+    return config
+
+
+def validate_schema(config: dict) -> dict:
+    """Schema checks, defaults and training steps resolved to branch names, without the checks
+    that read the hub cache or local files (``resdyn fetch`` runs before anything is cached)."""
+    problems = _schema_problems(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return config
+
+
+def _schema_problems(config: dict) -> list[str]:
+    """Schema errors (defaults filled in place); hub models' training steps resolved to branches."""
     if not isinstance(config, dict):
         raise ConfigError(f"config must be a mapping, got {type(config).__name__}")
     schema = load_schema()
@@ -117,20 +145,7 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
                 except hub.HubError as err:
                     problems.append(f"config key 'models.{name}.revisions': {err}")
         problems = problems or _schema_errors(config, schema)  # second pass fills defaults under $ref
-    if not problems:
-        _inherit_seed(config)
-        problems = _semantic_errors(config, Path(base_dir))
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    for m in config["models"].values():  # zoo models (hf/local took their config.json's dtype)
-        if m["dtype"] == "auto":
-            m["dtype"] = "float32"
-    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
-        config["jacobian"]["store_first_n"] = config["samples"]["n"]
-    if config["causal"]["n_samples"] is None:
-        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
-    _sort_keys(config)
-    return config
+    return problems
 
 
 def _inherit_seed(config: dict) -> None:
