@@ -349,3 +349,17 @@ def build_user(hf_home: Path) -> Path:
     for repo in USER_MODELS:
         write_model(hub_cache, repo, tok, USER_MODELS)
     return hub_cache
+
+
+def to_blob_layout(snapshot: Path) -> Path:
+    """Store a snapshot's files the way ``hf download`` does: each in ``blobs/``, linked from the
+    snapshot; weight files (LFS) named by their SHA-256, the others by their git blob SHA-1."""
+    blobs = Path(snapshot).parent.parent / "blobs"
+    blobs.mkdir(exist_ok=True)
+    for path in sorted(p for p in Path(snapshot).rglob("*") if p.is_file() and not p.is_symlink()):
+        data = path.read_bytes()
+        lfs = path.suffix in (".safetensors", ".bin", ".pt")
+        name = (hashlib.sha256(data) if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data)).hexdigest()
+        path.replace(blobs / name)
+        path.symlink_to(Path("../" * (len(path.relative_to(snapshot).parts) + 1)) / "blobs" / name)
+    return Path(snapshot)
