@@ -245,3 +245,55 @@ def test_fetch_run_and_an_unresolvable_model(offline, capsys, tmp_path, monkeypa
     assert code == 1 and ran == [["hf", "download", "org/absent", "--revision", "main", *[
         a.strip("'") for a in INCLUDE.split()], "--include", "*.safetensors", "--include", "*.safetensors.index.json"]]
     assert "resdyn fetch: error: model olmo: model 'olmo' (org/olmo-style): step 3 has no branch" in err
+
+
+# --- hub ids: presets and docs agree with one table (docs/hub.md) ---------------------------------
+
+_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+
+def _id_table() -> set[str]:
+    text = (ROOT / "docs" / "hub.md").read_text().split("## Hub ids of the presets and docs", 1)[1].split("\n## ", 1)[0]
+    return {i for row in text.splitlines() if row.startswith("| `") for i in re.findall(rf"`({_ID})`", row.split("|")[1])}
+
+
+def _preset_ids() -> dict[str, str]:
+    out = {}
+    for path in [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]:
+        cfg = yaml.safe_load(path.read_text())
+        ids = [m["repo"] for m in cfg["models"].values() if m.get("source") == "hf"]
+        ids += [d["name"] for d in cfg["datasets"].values() if d.get("source") == "hf" and "name" in d]
+        ids += [cfg["lens"]["repo"]] if cfg.get("lens", {}).get("repo") else []
+        out.update({i: path.name for i in ids if not i.startswith("resdyn-ci/")})  # the CI's stand-ins
+    return out
+
+
+def _doc_ids() -> dict[str, str]:
+    """Ids in `hf download` commands and in `repo:` / `name:` keys of the docs, README and config comments."""
+    out = {}
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "config.yaml",
+             *sorted((ROOT / "configs").glob("*.yaml"))]
+    for path in files:
+        for line in path.read_text().splitlines():
+            for m in re.finditer(rf"hf download(?: --repo-type \w+)? ({_ID})|\b(?:repo|name): ({_ID})", line):
+                ident = m[1] or m[2]
+                if not ident.startswith(("resdyn-ci/", "org/")):
+                    out[ident] = path.name
+    return out
+
+
+def test_hub_ids_in_presets_and_docs_are_in_one_table():
+    table = _id_table()
+    assert "Salesforce/wikitext" in table and "allenai/Olmo-3-1025-7B" in table
+    for ident, where in {**_preset_ids(), **_doc_ids()}.items():
+        assert ident in table, f"{where}: hub id {ident!r} is not in docs/hub.md 'Hub ids of the presets and docs'"
+    assert set(_preset_ids()) <= table and table <= set(_preset_ids()) | set(_doc_ids())  # no stale row
+
+
+def test_wikitext_is_the_salesforce_id_with_its_config_everywhere():
+    for path in [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]:
+        text = path.read_text()
+        assert not re.search(r"name: wikitext\b", text), f"{path.name}: WikiText is Salesforce/wikitext on the hub"
+        for ds in (yaml.safe_load(text)["datasets"] or {}).values():
+            if ds.get("name") == "Salesforce/wikitext":
+                assert ds["config"] == "wikitext-2-raw-v1", path.name
