@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 # The CPU build of torch, installed before the project so that pip never resolves torch to the
-# multi-GB CUDA wheels. GPU users: see README "Installing on a GPU cluster".
+# multi-GB CUDA wheels. GPU users: see docs/slurm.md "Installing on a GPU cluster".
 TORCH_SPEC ?= torch==2.13.0
 # Where the CPU build comes from. If pip, as configured, already resolves TORCH_SPEC to a CPU wheel
 # (a "+cpu" version: this machine's pip config serves one from disk), nothing is added. Otherwise
@@ -70,7 +70,7 @@ install-slurm-profile:
 	@if [ -e "$(SNAKEMAKE_PROFILE_DIR)/slurm" ] && [ ! -L "$(SNAKEMAKE_PROFILE_DIR)/slurm" ]; then \
 	  echo "$(SNAKEMAKE_PROFILE_DIR)/slurm exists and is not a link: move it away first" >&2; exit 1; fi
 	ln -sfn "$(CURDIR)/profiles/slurm" "$(SNAKEMAKE_PROFILE_DIR)/slurm"
-	@echo "installed: snakemake --profile slurm  (site settings: see README.md, Running on SLURM)"
+	@echo "installed: snakemake --profile slurm  (site settings: see docs/slurm.md, "Site settings")"
 
 clean:
 	rm -rf results logs .snakemake report.html benchmarks/out
