@@ -345,7 +345,8 @@ def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
         return [
             f"config key '{key}': dataset {ds['name']!r} (config {ds.get('config')!r}, revision "
             f"{ds.get('revision') or 'main'!r}) is not in the Hugging Face cache and downloads are off; "
-            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}`"
+            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}` "
+            "(`resdyn fetch CONFIG` prints every download the config needs)"
         ]
     return []
 

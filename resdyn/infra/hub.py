@@ -91,7 +91,7 @@ def hub_config_json(repo: str, revision: str) -> tuple[dict, Path]:
             raise HubError(
                 f"hub model {repo!r} at revision {revision!r} is not in the Hugging Face cache "
                 f"(HF_HUB_OFFLINE=1, cache {hub_cache_dir()}); fetch it on a machine with internet: "
-                f"`{download_command(repo, revision)}`"
+                f"`{download_command(repo, revision)}` (`resdyn fetch CONFIG` prints every download the config needs)"
             )
         try:
             path = Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=hub_cache_dir()))
