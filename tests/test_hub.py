@@ -245,7 +245,7 @@ def test_samples_longer_than_the_model_positions_are_refused(offline):
 @pytest.mark.slow
 def test_bad_hub_input_stops_snakemake_before_any_job(offline, tmp_path):
     bad = _mini()
-    bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
+    bad["models"]["olmo3"].pop("steps"); bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
            "HF_HOME": str(offline), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
