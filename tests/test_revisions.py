@@ -297,3 +297,24 @@ def test_wikitext_is_the_salesforce_id_with_its_config_everywhere():
         for ds in (yaml.safe_load(text)["datasets"] or {}).values():
             if ds.get("name") == "Salesforce/wikitext":
                 assert ds["config"] == "wikitext-2-raw-v1", path.name
+
+
+def test_steps_in_the_cache_resolve_without_the_network(offline, monkeypatch):
+    """Every Snakemake start validates (each cluster job too): steps the cache resolves never ask
+    the hub; a step it cannot resolve does (online)."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    asked = []
+
+    def list_repo_refs(self, repo, repo_type="model"):
+        asked.append(repo)
+        return SimpleNamespace(branches=[SimpleNamespace(name=n) for n in ("main", "step0", "step8000", "step9000")])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", list_repo_refs)
+    entry = {"source": "hf", "repo": PYTHIA, "steps": [0, 8000, "final"]}
+    revisions.resolve_model("p", entry)
+    assert entry["revisions"] == ["step0", "step8000", "main"] and asked == []
+    entry = {"source": "hf", "repo": PYTHIA, "steps": [0, 9000]}  # step 9000 is not downloaded yet
+    revisions.resolve_model("p", entry)
+    assert entry["revisions"] == ["step0", "step9000"] and asked == [PYTHIA]

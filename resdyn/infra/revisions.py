@@ -131,6 +131,14 @@ def resolve_model(model: str, entry: dict) -> None:
     wanted = entry["revisions"]
     if all(isinstance(r, str) and r != FINAL for r in wanted):
         return  # branch names only: nothing to look up
+    cached = cached_branches(entry["repo"])
+    if cached:  # every Snakemake start (also of each cluster job) validates: no network once fetched
+        try:
+            entry["revisions"] = resolve(model, entry["repo"], wanted, cached, "the cache")
+            return
+        except hub.HubError:
+            if hub.hub_offline():
+                raise
     names, where = branches(entry["repo"])
     entry["revisions"] = resolve(model, entry["repo"], wanted, names, where)
 
