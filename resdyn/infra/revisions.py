@@ -2,9 +2,9 @@
 branch names (``resdyn revisions``, and ``steps:`` / numeric ``revisions:`` in a model entry).
 
 Branch names follow the training run's convention: OLMo ``stage1-step471000-tokens1976B``
-(stage, step, tokens seen), Pythia ``step143000``; ``main`` is the final model. The names come
-from the hub (``HfApi.list_repo_refs``) when it is reachable, else from the local cache's
-``refs/`` folder, which knows only the revisions already downloaded.
+(stage, step, tokens seen), Pythia ``step143000``; ``main`` is the final model. A config's
+steps resolve from the local cache's ``refs/`` (the revisions already downloaded) when it has
+them all, else from the hub (``HfApi.list_repo_refs``); ``resdyn revisions`` asks the hub first.
 """
 
 from __future__ import annotations
