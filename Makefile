@@ -92,7 +92,7 @@ install-slurm-profile:
 	@if [ -e "$(SNAKEMAKE_PROFILE_DIR)/slurm" ] && [ ! -L "$(SNAKEMAKE_PROFILE_DIR)/slurm" ]; then \
 	  echo "$(SNAKEMAKE_PROFILE_DIR)/slurm exists and is not a link: move it away first" >&2; exit 1; fi
 	ln -sfn "$(CURDIR)/profiles/slurm" "$(SNAKEMAKE_PROFILE_DIR)/slurm"
-	@echo "installed: snakemake --profile slurm  (site settings: see README.md, Running on SLURM)"
+	@echo "installed: snakemake --profile slurm  (site settings: see docs/slurm.md, "Site settings")"
 
 clean:
 	rm -rf results logs .snakemake report.html benchmarks/out

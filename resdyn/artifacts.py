@@ -512,10 +512,13 @@ class BridgeTable(TsvArtifact):
     (``layer``, ``k``, ``d`` int, ``transport``, ``random_mean``, ``random_sd``, ``random_p``
     float, ``n_random`` int, ``chance`` float), then the Jacobian profiles (extra float columns
     such as ``complex_frac_attn``, ``henrici_mlp``, ``cum_erank``), ``rss``, ``rss_k`` and
-    ``phase``; a row whose numbers are empty (the last layer) says why in ``reason``.
+    ``phase``; a row whose numbers are empty (the last layer) says why in ``reason``. For
+    parallel-residual models the attn/mlp profile columns are NaN (one operator per layer:
+    ``complex_frac_layer``, ``henrici_layer``).
     """
 
     relpath = _CKPT + "bridge.tsv"
+    allow_nan = ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp")
     columns = _cols("layer:int k:int d:int transport:float random_mean:float random_sd:float random_p:float "
                     "n_random:int chance:float rss:float rss_k:int phase:int")
     extra_columns = True

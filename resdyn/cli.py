@@ -143,6 +143,8 @@ exit codes:
 examples:
   resdyn plan configs/paper-a.yaml
   resdyn plan configs/paper-a.yaml --changes
+  resdyn revisions allenai/Olmo-3-1025-7B --every 100000
+  resdyn fetch configs/paper-a.yaml --run
   resdyn provenance results/figures/llama/step0/funnel.png
   resdyn verify results
   resdyn collect results -o tables/
@@ -205,6 +207,10 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: per metric, listed in the output)")
     cm.add_argument("--atol", type=float, default=None, help="absolute tolerance for every float column")
     cm.set_defaults(func=_compare)
+    from resdyn.infra import fetch, revisions
+
+    revisions.add_command(sub)
+    fetch.add_command(sub)
     for name, action in sub.choices.items():  # every subcommand's help carries the exit codes too
         action.epilog = EPILOG.split("\n\nexamples:")[0]
         action.formatter_class = argparse.RawDescriptionHelpFormatter

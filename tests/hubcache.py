@@ -239,6 +239,19 @@ PAPER_STANDINS: dict[str, dict] = {
 }
 
 
+def olmo_branch(step: int, stage: int = 1, tokens_per_step: int = 4_194_304) -> str:
+    """An OLMo-style branch name, ``stage1-step471000-tokens1976B`` (tokens seen, rounded up to
+    billions; the stand-in's batch of 4M tokens)."""
+    return f"stage{stage}-step{step}-tokens{-(-step * tokens_per_step // 10**9)}B"
+
+
+def standin_revisions(model: dict) -> list[str]:
+    """Branch names a stand-in of a preset's hub model needs: its revisions, or for training steps
+    (``steps: [0, 471000, final]`` or integer revisions) OLMo-style branches and ``main``."""
+    wanted = model["steps"] if isinstance(model.get("steps"), list) else model["revisions"]
+    return ["main" if s == "final" else s if isinstance(s, str) else olmo_branch(s) for s in wanted]
+
+
 def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
     """Stand-in snapshots (config.json + empty weights) of every hub model and dataset of the
     given preset files, at their revisions."""
@@ -250,7 +263,7 @@ def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
         for m in cfg["models"].values():
             if m["source"] != "hf":
                 continue
-            for rev in m["revisions"]:
+            for rev in standin_revisions(m):
                 snap = write_config_only(hub_cache, m["repo"], rev, PAPER_STANDINS[m["repo"]])
                 save_file({}, str(snap / "model.safetensors"))
         for ds in cfg["datasets"].values():
@@ -360,3 +373,42 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # never build a cache in a folder named --help
         sys.exit("usage: python tests/hubcache.py HF_HOME  (writes the paper-mini models and dataset there)")
     print(build(Path(sys.argv[1])))
+
+
+# --- a user's own hub models (tests/test_revisions.py, tests/test_user_configs.py) ------------------
+
+#: OLMo-style branches (stage, step, tokens; a stage-2 branch at a stage-1 step, so step 1000 is
+#: ambiguous) and Pythia-style ones (their alphabetical order is not their training order)
+USER_MODELS: dict[str, tuple] = {
+    "org/olmo-style": (_llama31, 8, ["stage1-step0-tokens0B", "stage1-step1000-tokens5B",
+                                     "stage2-ingredient1-step1000-tokens5B", "main"]),
+    "org/pythia-style": (_gpt_neox, 8, ["step0", "step1000", "step143000", "step8000", "main"]),
+}
+
+
+def build_user(hf_home: Path) -> Path:
+    """:data:`USER_MODELS` and the dataset under ``hf_home/hub``; returns the hub cache."""
+    from resdyn.infra import data
+
+    hub_cache = Path(hf_home) / "hub"
+    docs = documents()
+    write_dataset(hub_cache, docs)
+    tok = Path(hf_home) / "tokenizer"
+    data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
+    for repo in USER_MODELS:
+        write_model(hub_cache, repo, tok, USER_MODELS)
+    return hub_cache
+
+
+def to_blob_layout(snapshot: Path) -> Path:
+    """Store a snapshot's files the way ``hf download`` does: each in ``blobs/``, linked from the
+    snapshot; weight files (LFS) named by their SHA-256, the others by their git blob SHA-1."""
+    blobs = Path(snapshot).parent.parent / "blobs"
+    blobs.mkdir(exist_ok=True)
+    for path in sorted(p for p in Path(snapshot).rglob("*") if p.is_file() and not p.is_symlink()):
+        data = path.read_bytes()
+        lfs = path.suffix in (".safetensors", ".bin", ".pt")
+        name = (hashlib.sha256(data) if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data)).hexdigest()
+        path.replace(blobs / name)
+        path.symlink_to(Path("../" * (len(path.relative_to(snapshot).parts) + 1)) / "blobs" / name)
+    return Path(snapshot)

@@ -206,6 +206,32 @@ def test_bridge_tables_end_to_end():
     assert list(align.columns) == bridge.ALIGNMENT_COLUMNS
 
 
+def test_bridge_tables_of_a_parallel_residual_model_write(tmp_path):
+    """Pythia-style layers (one operator I + J_attn + J_mlp per layer): the attn/mlp profiles are
+    NaN, the layer profiles are aligned instead, and both tables pass their writers."""
+    from resdyn import artifacts
+
+    n, d, k = 5, 6, 2
+    rng = np.random.default_rng(1)
+    jac = {(L, "layer"): np.eye(d) + 0.3 * rng.standard_normal((d, d)) for L in range(n)}
+    translators = [np.eye(d) + 0.5 * rng.standard_normal((d, d)) for _ in range(n)]
+    spectra, _ = spectral.spectra_table(jac)
+    bottle = spectral.bottleneck_table(jac)
+    rss = readout.rss_profile(translators, [2, 3])
+    profile, k_phase = phases.profile_at(rss, 0.5)
+    cuts = phases.cutpoints(profile, method="none").at_k(k_phase, 0.5).to_json()
+    table, align = bridge.bridge_tables(jac, translators, spectra, bottle, rss, cuts, k=k, n_random=7, seed=3)
+    assert table["complex_frac_attn"].isna().all() and table["henrici_layer"].notna().all()
+    assert set(align["profile"]) == {"complex_frac_layer", "henrici_layer", "cum_erank", "transport"}
+    assert align["delta"].notna().all()
+    for L in range(n - 1):
+        assert table["transport"].iloc[L] == pytest.approx(bridge.transport_ratio(
+            jac[(L, "layer")], readout.readout_subspace(translators[L], k), readout.readout_subspace(translators[L + 1], k)),
+            rel=1e-12)
+    artifacts.BridgeTable.write(table, tmp_path / "bridge.tsv")
+    artifacts.BridgeAlignment.write(align, tmp_path / "bridge_alignment.tsv")
+
+
 def test_bridge_tables_refuses_mismatched_inputs():
     jac, translators = _synthetic_model(4, 6)
     spectra, _ = spectral.spectra_table(jac)

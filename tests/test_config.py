@@ -40,6 +40,36 @@ def test_defaults_are_filled():
     assert rc.checkpoints(cfg, "m") == ["step0", "step300", "step600"]
 
 
+#: What config.yaml sets beyond the schema's defaults: only what the embedded zoo needs (each
+#: line is marked "zoo" there); everything else a user leaves out gets the documented value.
+ZOO_OVERRIDES = {("threads",), ("lens", "lr"), ("lens", "tokens_per_step"), ("lens", "readout_dtype"),
+                 ("scaling", "groups")}
+
+
+def test_schema_defaults_are_the_documented_defaults():
+    raw = rc.read_yaml(ROOT / "config.yaml")
+    full = rc.validate_config(copy.deepcopy(raw))
+    bare = rc.validate_config({"datasets": copy.deepcopy(raw["datasets"]), "models": copy.deepcopy(raw["models"])})
+    differ = set()
+    for key in set(full) - {"datasets", "models"}:
+        if isinstance(full[key], dict):
+            differ |= {(key, k) for k in full[key] if full[key][k] != bare[key].get(k)}
+        elif full[key] != bare[key]:
+            differ.add((key,))
+    assert differ == ZOO_OVERRIDES
+    text = (ROOT / "config.yaml").read_text()
+    for key in ZOO_OVERRIDES:
+        assert any(ln.strip().startswith(f"{key[-1]}:") and "zoo" in ln for ln in text.splitlines()), key
+    assert full["models"] == bare["models"]  # zoo models: dtype auto = float32
+    assert {m["dtype"] for m in full["models"].values()} == {"float32"}
+
+
+def test_schema_declares_each_key_once():
+    lines = [ln for ln in rc.SCHEMA_PATH.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    rc.read_yaml(rc.SCHEMA_PATH)  # the strict loader refuses a key written twice in one mapping
+    assert sum(ln.strip().startswith("readout_dtype:") for ln in lines) == 1
+
+
 def _bad(mutate):
     cfg = copy.deepcopy(_load("configs/smoke.yaml"))
     mutate(cfg)

@@ -152,11 +152,11 @@ def _stops(cfg: dict, *words: str) -> str:
 
 def test_wrong_order_is_refused_naming_the_revisions(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
     _stops(cfg, "models.olmo3.revisions", "not in training order", str(OLMO3))
     # the example: `main` written first would have made step 0 the "final" checkpoint
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
     _stops(cfg, "models.olmo3.revisions", "['main', 'stage1-step0'] is not in training order",
            "it is ['stage1-step0', 'main']")
 
@@ -169,7 +169,7 @@ def test_unorderable_revisions_are_refused(offline):
 
 def test_missing_revision_names_the_download_command(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
+    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
     _stops(cfg, "models.olmo3.revisions", "'resdyn-ci/Olmo-3-mini'", "'stage1-step5'",
            "`hf download resdyn-ci/Olmo-3-mini --revision stage1-step5`")
 
@@ -245,7 +245,7 @@ def test_samples_longer_than_the_model_positions_are_refused(offline):
 @pytest.mark.slow
 def test_bad_hub_input_stops_snakemake_before_any_job(offline, tmp_path):
     bad = _mini()
-    bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
+    bad["models"]["olmo3"].pop("steps"); bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
            "HF_HOME": str(offline), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
@@ -415,3 +415,34 @@ def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
                                 "split": "test"})
     assert calls[0] == hubcache.DATASET and Path(calls[1]).parent.name == "snapshots"
     assert docs == hubcache.documents()[: len(hubcache.documents()) // 4]
+
+
+# --- dtype auto: the checkpoint's own dtype --------------------------------------------------------
+
+
+@pytest.mark.parametrize("stored, expected", [({"torch_dtype": "bfloat16"}, "bfloat16"), ({"dtype": "float16"}, "float16"),
+                                              ({"text_config": {"torch_dtype": "bfloat16"}}, "bfloat16"),
+                                              ({}, "float32"), ({"torch_dtype": "int8"}, "float32")])
+def test_dtype_auto_is_the_checkpoint_dtype(offline, tmp_path, monkeypatch, stored, expected):
+    from safetensors.torch import save_file
+
+    cache = tmp_path / "hub"
+    shape = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 32, "num_attention_heads": 4}
+    if "text_config" in stored:  # a multimodal wrapper keeps the decoder (and its dtype) in text_config
+        shape = {"model_type": "gemma4", "text_config": {**shape, "model_type": "gemma4_text", **stored["text_config"]}}
+    else:
+        shape.update(stored)
+    snap = hubcache.write_config_only(cache, "org/m", "main", shape)
+    save_file({}, str(snap / "model.safetensors"))
+    hubcache.add_snapshot(cache, hubcache.DATASET, "main", "dataset")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    cfg = _mini()
+    cfg["models"] = {"m": {"source": "hf", "repo": "org/m", "revisions": ["main"], "dataset": "wikitext"}}
+    cfg["scaling"] = {}
+    out = rc.validate_config(cfg)
+    assert out["models"]["m"]["dtype"] == expected
+    assert rc.checkpoint_spec(out, "m", "main")["dtype"] == expected
+    cfg2 = _mini()  # written out, the dtype is kept whatever the checkpoint stores
+    cfg2["models"] = {"m": {"source": "hf", "repo": "org/m", "revisions": ["main"], "dataset": "wikitext", "dtype": "float32"}}
+    cfg2["scaling"] = {}
+    assert rc.validate_config(cfg2)["models"]["m"]["dtype"] == "float32"

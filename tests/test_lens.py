@@ -470,6 +470,18 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
     assert torch.equal(back.logits(h, 1), llama_lens.logits(h, 1))
 
 
+def test_lens_shorter_than_the_convergence_window_saves_and_loads(llama, train_data, heldout_data, tmp_path):
+    """Fewer evals than patience + 1: rel_change is NaN (no window yet); config.json stores it as
+    null (JSON has no NaN) and load gives NaN back — the lens job must not die on it."""
+    short = L.train_lens(llama, train_data, heldout_batches=heldout_data, **{**FAST, "steps": 2, "eval_every": 1,
+                                                                             "patience": 3})
+    assert short.convergence["rel_change"].isna().all() and not short.convergence["converged"].any()
+    short.save(tmp_path / "lens")
+    assert all(r["rel_change"] is None for r in json.loads((tmp_path / "lens" / "config.json").read_text())["convergence"])
+    back = L.Lens.load(tmp_path / "lens", llama)
+    pd.testing.assert_frame_equal(back.convergence, short.convergence, check_dtype=False, check_exact=True)
+
+
 # --- resume ----------------------------------------------------------------------------------------
 
 RESUME = dict(steps=60, eval_every=10, patience=5, tol=1e-4, optimizer="adam", lr=3e-3, warmup_steps=5, tokens_per_step=100, progress=False)

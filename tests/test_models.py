@@ -98,6 +98,37 @@ def test_hub_source_resolves_from_a_local_cache(tmp_path, tok_dir, monkeypatch):
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
+def test_weights_hash_from_cache_blob_names(tmp_path, tok_dir, monkeypatch):
+    """In the HF cache layout the record's content hash comes from the blob names (weights not
+    read, but the smallest one), and equals the full re-hash (the oracle: io.sha256_tree)."""
+    import hubcache
+
+    cache = tmp_path / "hub"
+    snap = hubcache.add_snapshot(cache, "org/tiny", "main")
+    _save_tiny(transformers.LlamaConfig, snap, tok_dir)
+    from safetensors.torch import save_file
+
+    save_file({"extra": torch.arange(4.0)}, str(snap / "adapter.safetensors"))  # a second, smaller LFS file
+    full = io.sha256_tree(snap, models.WEIGHT_PATTERNS)
+    hubcache.to_blob_layout(snap)
+    assert (snap / "model.safetensors").is_symlink() and models.cache_blob_sha256(snap / "config.json") is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    read = []
+    sha256_file = io.sha256_file
+    monkeypatch.setattr(io, "sha256_file", lambda p, *a: read.append(p.name) or sha256_file(p, *a))
+    spec = {"model": "m", "checkpoint": "main", "source": "hf", "repo": "org/tiny", "revision": "main", "dtype": "float32"}
+    rec = models.resolve_checkpoint(spec)
+    assert rec["content_hash"] == full
+    weights_read = [n for n in read if n.endswith(".safetensors")]
+    assert weights_read == ["adapter.safetensors"]  # the sample: the smallest blob, verified in full
+    # a blob whose bytes no longer match its name stops the record with one line naming it
+    blob = (snap / "adapter.safetensors").resolve()
+    blob.write_bytes(blob.read_bytes()[:-1] + b"!")
+    with pytest.raises(RuntimeError, match=r"adapter.safetensors: its cache blob is named sha256 .* fetch it again"):
+        models.resolve_checkpoint(spec)
+
+
 def test_pick_device():
     assert models.pick_device("cpu").type == "cpu"
     assert models.pick_device("auto").type in ("cpu", "cuda")

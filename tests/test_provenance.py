@@ -140,3 +140,19 @@ def test_chain_ends_in_source_records(chain):
     steps = provenance.chain(c)
     assert [p for p, _ in steps] == [str(c), str(b), str(a), str(src)]
     assert steps[-1][1] == {"rule": None, "source": True, "sha256": hashlib.sha256(b"hello\n").hexdigest()}
+
+
+def test_source_files_and_logs_are_not_artifacts(chain, tmp_path):
+    """`resdyn verify .` audits results/ and models/ only; a source file or a log named on the
+    command line is "not an artifact" — never advice to delete it."""
+    src, a, b, c = chain
+    Path("README.md").write_text("# a workflow\n")
+    (tmp_path / "logs" / "extra.log").write_text("x\n")
+    assert provenance.audit(["."]) == (3, [])
+    for path in (src, Path("README.md"), Path("logs"), tmp_path / "logs" / "make_a.log"):
+        checked, lines = provenance.audit([path])
+        assert checked == 0 and len(lines) == 1 and lines[0].startswith(f"not an artifact: {path}:"), lines
+        assert "delete" not in lines[0]
+    a.with_name("stray.tsv").write_text("x\n")  # a file under results/ without a sidecar is still found
+    assert provenance.audit(["."])[1] == [provenance.problem(
+        "missing sidecar", Path("results/stray.tsv"), "no provenance sidecar stray.tsv.prov.json")]

@@ -458,8 +458,10 @@ def bridge_tables(
     order = TRANSPORT_COLUMNS + [c for c in prof.columns if c != "layer"] + ["rss", "rss_k", "phase", "reason"]
     table = table[order]
 
-    profiles = {c: table[c].to_numpy(dtype=np.float64) for c in
-                ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp", "cum_erank")}
+    # parallel-residual models have one operator per layer: its profiles replace the (NaN) halves'
+    halves = (("complex_frac_layer", "henrici_layer") if "complex_frac_layer" in table else
+              ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp"))
+    profiles = {c: table[c].to_numpy(dtype=np.float64) for c in (*halves, "cum_erank")}
     profiles["transport"] = transport["transport"].to_numpy(dtype=np.float64)
     alignment = alignment_table(profiles, b1, b2, bool(phases.get("b1_found", True)), bool(phases.get("b2_found", True)))
     return table, alignment

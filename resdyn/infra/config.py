@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from resdyn.infra import hub
+from resdyn.infra import hub, revisions
 
 # Package data, so that an installed (non-editable) resdyn validates configs too.
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
@@ -109,6 +109,34 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
 
     Returns the same (now completed) dict. Raises :class:`ConfigError` listing every problem.
     """
+    problems = _schema_problems(config)
+    if not problems:
+        _inherit_seed(config)
+        problems = _semantic_errors(config, Path(base_dir))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    for m in config["models"].values():  # zoo models (hf/local took their config.json's dtype)
+        if m["dtype"] == "auto" and m["source"] == "train":
+            m["dtype"] = "float32"
+    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
+        config["jacobian"]["store_first_n"] = config["samples"]["n"]
+    if config["causal"]["n_samples"] is None:
+        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
+    _sort_keys(config)
+    return config
+
+
+def validate_schema(config: dict) -> dict:
+    """Schema checks, defaults and training steps resolved to branch names, without the checks
+    that read the hub cache or local files (``resdyn fetch`` runs before anything is cached)."""
+    problems = _schema_problems(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return config
+
+
+def _schema_problems(config: dict) -> list[str]:
+    """Schema errors (defaults filled in place); hub models' training steps resolved to branches."""
     if not isinstance(config, dict):
         raise ConfigError(f"config must be a mapping, got {type(config).__name__}")
     schema = load_schema()
@@ -117,18 +145,13 @@ def validate_config(config: dict, base_dir: str | Path = ".") -> dict:
         for name, model in config["models"].items():
             if model["source"] == "train":
                 model.setdefault("train", {})
-        problems = _schema_errors(config, schema)  # second pass fills defaults under $ref
-    if not problems:
-        _inherit_seed(config)
-        problems = _semantic_errors(config, Path(base_dir))
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    if config["jacobian"]["store_first_n"] is None:  # default: keep every sample (the bootstrap's)
-        config["jacobian"]["store_first_n"] = config["samples"]["n"]
-    if config["causal"]["n_samples"] is None:
-        config["causal"]["n_samples"] = min(16, config["samples"]["n"])
-    _sort_keys(config)
-    return config
+            if model["source"] == "hf":  # training steps -> branch names, before anything reads them
+                try:
+                    revisions.resolve_model(name, model)
+                except hub.HubError as err:
+                    problems.append(f"config key 'models.{name}.revisions': {err}")
+        problems = problems or _schema_errors(config, schema)  # second pass fills defaults under $ref
+    return problems
 
 
 def _inherit_seed(config: dict) -> None:
@@ -355,6 +378,9 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
         m.setdefault(k, value)
     if "n_layers" not in m:
         out.append(f"config key '{key}': config.json of {where} has no num_hidden_layers; set n_layers")
+    if m.get("dtype") == "auto":  # the final checkpoint's stored dtype
+        cfg = configs[-1][1]
+        m["dtype"] = hub.checkpoint_dtype(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg))
     return out
 
 
@@ -378,7 +404,8 @@ def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
         return [
             f"config key '{key}': dataset {ds['name']!r} (config {ds.get('config')!r}, revision "
             f"{ds.get('revision') or 'main'!r}) is not in the Hugging Face cache and downloads are off; "
-            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}`"
+            f"fetch it with `{hub.download_command(ds['name'], ds.get('revision'), 'dataset')}` "
+            "(`resdyn fetch CONFIG` prints every download the config needs)"
         ]
     return []
 

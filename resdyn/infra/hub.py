@@ -91,7 +91,7 @@ def hub_config_json(repo: str, revision: str) -> tuple[dict, Path]:
             raise HubError(
                 f"hub model {repo!r} at revision {revision!r} is not in the Hugging Face cache "
                 f"(HF_HUB_OFFLINE=1, cache {hub_cache_dir()}); fetch it on a machine with internet: "
-                f"`{download_command(repo, revision)}`"
+                f"`{download_command(repo, revision)}` (`resdyn fetch CONFIG` prints every download the config needs)"
             )
         try:
             path = Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=hub_cache_dir()))
@@ -124,6 +124,20 @@ def read_config_json(path: str | Path) -> dict:
     if not isinstance(cfg, dict):
         raise HubError(f"{path}: config.json is not a JSON object")
     return cfg
+
+
+def checkpoint_dtype(cfg: dict) -> str:
+    """The dtype a checkpoint is stored in: ``torch_dtype`` (``dtype`` in newer transformers) of
+    its config.json, or of the ``text_config`` of a multimodal wrapper; float32 (what
+    ``from_pretrained`` loads without one) when it names none of float32/float16/bfloat16."""
+    from resdyn.infra.models import DTYPES
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    for source in (cfg, text):
+        for field in ("torch_dtype", "dtype"):
+            if source.get(field) in DTYPES:
+                return source[field]
+    return "float32"
 
 
 def family_of(model_type: str | None, outer_type: str | None = None, settings: dict | None = None,

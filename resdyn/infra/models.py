@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,38 @@ def _hub_snapshot(repo: str, revision: str) -> Path:
         ) from err
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def cache_blob_sha256(path: Path) -> str | None:
+    """The SHA-256 of a file in the HF cache, read from its name: a snapshot file is a link to
+    ``blobs/<name>``, and an LFS file's blob (weights) is named by the SHA-256 of its content
+    (small git files by their 40-hex git hash: None, as for a file outside the cache)."""
+    if not path.is_symlink():
+        return None
+    blob = path.resolve()
+    return blob.name if blob.parent.name == "blobs" and _SHA256_HEX.fullmatch(blob.name) else None
+
+
+def weights_manifest(folder: Path, patterns: tuple[str, ...], verify: int = 1) -> dict[str, str]:
+    """:func:`resdyn.infra.io.manifest` of ``folder``, without reading the weights where the HF
+    cache names them: an LFS file's SHA-256 is its blob's name (:func:`cache_blob_sha256`), so
+    resolving an 8B checkpoint reads kilobytes, not 16 GB. The ``verify`` smallest such files are
+    hashed in full and must match their names (a corrupt or hand-edited cache stops here; the
+    compute job re-hashes everything, :func:`load_model`)."""
+    named = {}
+    for path in sorted({p for pat in patterns for p in folder.rglob(pat) if p.is_file()}):
+        rel = path.relative_to(folder)
+        if not any(part.startswith(".") for part in rel.parts):
+            named[rel.as_posix()] = (path, cache_blob_sha256(path))
+    for rel, (path, digest) in sorted(((r, v) for r, v in named.items() if v[1]), key=lambda kv: kv[1][0].stat().st_size)[:verify]:
+        actual = io.sha256_file(path)
+        if actual != digest:
+            raise RuntimeError(f"{path}: its cache blob is named sha256 {digest[:16]}… but holds {actual[:16]}… "
+                               "(a corrupt or edited download): delete the repository from the HF cache and fetch it again")
+    return {rel: digest or io.sha256_file(path) for rel, (path, digest) in named.items()}
+
+
 def resolve_checkpoint(spec: dict) -> dict:
     """A provenance record for one checkpoint: folder, hub id and revision, content hash."""
     source = spec["source"]
@@ -99,7 +132,7 @@ def resolve_checkpoint(spec: dict) -> dict:
         "folder": str(folder.resolve()),
         "resolved_commit": commit,
         "weight_files": weights,
-        "content_hash": io.sha256_tree(folder, WEIGHT_PATTERNS),
+        "content_hash": io.tree_digest(weights_manifest(folder, WEIGHT_PATTERNS)),  # = io.sha256_tree
         # the tokenizer decides which tokens every sample holds: recorded beside the weights
         "tokenizer_hash": io.sha256_tree(folder, TOKENIZER_PATTERNS),
     }

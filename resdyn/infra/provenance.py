@@ -296,6 +296,7 @@ WHAT_TO_DO = {
     "sidecar without artifact": "rerun snakemake to rebuild the artifact, or delete the sidecar",
     "unreadable sidecar": "delete the artifact and its sidecar and rerun snakemake",
     "no output hash": "made by an older resdyn: rebuild it (snakemake --forcerun RULE) to audit it",
+    "not an artifact": "nothing to verify: name results/ or models/ (the default) or files in them",
 }
 
 
@@ -370,12 +371,29 @@ def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
+#: Top-level folders of the workflow directory whose files rules write; logs/ and benchmarks/
+#: are written by rules too but are records, not artifacts, and everything else is source.
+ARTIFACT_ROOTS = ("results", "models")
+
+
+def is_artifact_path(path: str | Path) -> bool:
+    """Whether ``path`` lies under one of :data:`ARTIFACT_ROOTS` of the working directory
+    (the workflow's folder, where Snakemake and ``resdyn verify`` run)."""
+    try:
+        rel = Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:  # outside the workflow's folder
+        return False
+    return bool(rel.parts) and rel.parts[0] in ARTIFACT_ROOTS
+
+
 def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
     """Audit every artifact under ``roots``: returns (artifacts checked, problem lines).
 
     Checks each sidecar's artifact and inputs (:meth:`Auditor.verify`), sidecars whose artifact
     is gone, and files that no sidecar covers (neither their own nor a folder output's above them).
-    Hidden files (a running job's staging, Snakemake's timestamps) are not artifacts.
+    Hidden files (a running job's staging, Snakemake's timestamps) are not artifacts, and neither
+    is anything outside :data:`ARTIFACT_ROOTS` (source files, logs): a root holding no artifact
+    path is reported as "not an artifact", and files outside them are never called orphans.
     """
     auditor = Auditor()
     problems: list[str] = []
@@ -383,6 +401,11 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
     covered: set[Path] = set()
     referenced: set[str] = set()
     for root in map(Path, roots):
+        inside = [Path.cwd() / r for r in ARTIFACT_ROOTS if (Path.cwd() / r).resolve().is_relative_to(root.resolve())]
+        if root.exists() and not is_artifact_path(root) and not any(r.exists() for r in inside):
+            problems.append(problem("not an artifact", root, "not an artifact of this pipeline (rules write "
+                                    f"only under {' and '.join(f'{r}/' for r in ARTIFACT_ROOTS)})"))
+            continue
         if root.is_file():
             sidecars = [io.prov_path(root)]
         else:
@@ -407,7 +430,7 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
             continue
         orphans: set[Path] = set()
         for f in root.rglob("*"):
-            if not f.is_file() or f.name.endswith(".prov.json") or _hidden(f, root):
+            if not f.is_file() or f.name.endswith(".prov.json") or _hidden(f, root) or not is_artifact_path(f):
                 continue
             chain_up = [f, *[a for a in f.parents if a == root or root in a.parents]]
             if any(a in covered for a in chain_up):

@@ -169,7 +169,10 @@ def studies_on(config: dict) -> set[str]:
 
 
 def enabled(config: dict, spec: FigureSpec) -> bool:
-    """Whether every study ``spec`` draws on runs."""
+    """Whether every study ``spec`` draws on runs (and, for the scaling figures, a
+    ``scaling.groups`` entry exists: with none, the scaling tables are not scheduled)."""
+    if spec.scope == "global" and not (config.get("scaling") or {}).get("groups"):
+        return False
     return spec.studies <= studies_on(config)
 
 

@@ -893,7 +893,8 @@ class Lens:
             "training": self.options,
             "steps_trained": self.meta.get("steps_trained"),
             "stop_reason": self.meta.get("stop_reason"),
-            "convergence": self.convergence.to_dict(orient="records"),
+            # NaN (too few evals for the convergence window) as JSON null; load reads it back as NaN
+            "convergence": self.convergence.astype(object).where(self.convergence.notna(), None).to_dict(orient="records"),
         }
 
     def save(self, directory: str | Path) -> Path:
@@ -924,7 +925,7 @@ class Lens:
             )
         files = LensFolder.read(directory)
         convergence = pd.DataFrame(cfg.get("convergence") or [], columns=CONVERGENCE_COLUMNS)
-        # null (NaN when saved: no held-out batches) back to NaN
+        # null (NaN when saved: no held-out batches, or fewer evals than the window) back to NaN
         convergence[["final_heldout_kl", "rel_change"]] = convergence[["final_heldout_kl", "rel_change"]].astype(float)
         meta = {k: cfg.get(k) for k in ("model_id", "model_revision", "model_hash", "steps_trained", "stop_reason")}
         return cls(model, torch.from_numpy(files.weight.copy()), torch.from_numpy(files.bias.copy()),

@@ -144,7 +144,8 @@ def all_targets():
             targets += [f"results/{m}/{c}/{t}" for t in lens_tables]
         if m in ZOO:
             targets.append(f"models/{m}/training.tsv")
-    if rc.runs(config, "B"):
+    # no scaling groups: no depth series to fit, so neither the table nor its figure
+    if rc.runs(config, "B") and config["scaling"]["groups"]:
         targets.append("results/scaling/phase_widths.tsv")
     targets.append("results/paper_comparison.tsv")
     targets += figure_targets()
