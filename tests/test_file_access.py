@@ -32,6 +32,9 @@ ALLOWED = frozenset({
     "artifacts", "cli", "infra.io", "infra.provenance", "infra.config", "infra.codeversion", "infra.joblog",
     "infra.models", "infra.hub", "infra.data", "infra.zoo", "study_b.lens_import",  # the loaders
     "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
+    "infra.fetch", "infra.revisions",  # read the HF cache's layout (refs, snapshots), like infra.hub
+    "infra.site", "infra.cost",  # site settings (a constraint YAML, the workdir write probe); the GPU table
+    "results",  # the results-out layer: reads every table through its artifact class, writes parquet
 })
 #: Modules that still read or write files; each entry says what remains. Remove an entry when done.
 EXCEPTIONS: dict[str, str] = {}
