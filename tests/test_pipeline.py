@@ -481,7 +481,7 @@ def test_study_switch_selects_the_dag(studies, tmp_path):
     expected_final = (A_FIGURES if a else set()) | (B_FIGURES if b else set()) | ({"bridge"} if a and b else set())
     assert figures.get("step30", set()) == expected_final
     assert figures.get("step0", set()) == (A_FIGURES if a else set())  # lens figures: final checkpoint only
-    assert figures[None] == {"training"} | ({"checkpoints", "significant"} if a else set())
+    assert figures[None] == {"training"} | ({"checkpoints", "significant", "partitions"} if a else set())
     if studies != ["A", "B"]:
         wanted = "results/figures/tiny_llama/step30/" + ("rss.png" if studies == ["A"] else "funnel.png")
         proc = snakemake(work, "-n", wanted, config=cfg, check=False)

@@ -118,7 +118,6 @@ rule bootstrap:
 rule scorecard:
     input:
         unpack(scorecard_inputs),
-        claims=CLAIMS_TSV,
     output:
         report(
             "results/{model}/scorecard.tsv",
@@ -138,6 +137,7 @@ rule scorecard:
         complex_tol=config["bootstrap"]["complex_tol"],
         level=config["bootstrap"]["ci"],
         studies=sorted(config["studies"]),
+        claims=CLAIMS_SHA256,
         code=code("scorecard"),
     script:
         "../scripts/scorecard.py"
@@ -166,6 +166,7 @@ rule paper_comparison:
         groups=config["scaling"]["groups"],
         studies=sorted(config["studies"]),
         complex_tol=config["bootstrap"]["complex_tol"],
+        claims=CLAIMS_SHA256,
         code=code("paper_comparison"),
     script:
         "../scripts/paper_comparison.py"

@@ -32,7 +32,7 @@ with provenance.step(snakemake) as step:
     ) for m in p.models]
     widths = inp.get("phase_widths")
     table = paper.paper_comparison(
-        artifacts.ClaimsTable.load(inp.claims), models, p.studies,
+        artifacts.ClaimsTable.load(), models, p.studies,
         None if widths is None else artifacts.ScalingFits.read(widths), p.groups,
     )
     artifacts.PaperComparison.write(table, snakemake.output[0])

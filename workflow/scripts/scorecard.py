@@ -24,6 +24,6 @@ with provenance.step(snakemake) as step:
         read(artifacts.LensMetrics, "lens_metrics"), read(artifacts.ScalingFits, "phase_widths"), p.group,
         {c: artifacts.BootstrapTable.read(f) for c, f in zip(p.ckpts, inp.get("bootstrap", []))},
         {c: artifacts.BootstrapReplicates.read(f) for c, f in zip(p.ckpts, inp.get("replicates", []))},
-        complex_tol=p.complex_tol, level=p.level, studies=p.studies, claims=artifacts.ClaimsTable.load(inp.claims),
+        complex_tol=p.complex_tol, level=p.level, studies=p.studies, claims=artifacts.ClaimsTable.load(),
     )
     artifacts.ScorecardTable.write(table, snakemake.output[0])
