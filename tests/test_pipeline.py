@@ -352,7 +352,8 @@ NO_RERUN_EDITS = [
      "\"resdyn.infra.adapters.newfam:NewSublayers\"),"),
 ]
 
-FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global"}
+FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
+                "figure_lens_trajectory"}
 
 
 def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tmp_path):
