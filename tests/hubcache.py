@@ -343,6 +343,12 @@ def build_pythia(hf_home: Path) -> Path:
 
 def build_reach(hf_home: Path) -> Path:
     """The tiny Qwen3 and Gemma 3 models of configs/reach-mini.yaml and the dataset."""
+    return build(hf_home, REACH_MODELS)
+
+
+def build(hf_home: Path, models: dict | None = None) -> Path:
+    """Every model of ``models`` (default: the paper-mini :data:`MODELS`) and the dataset under
+    ``hf_home/hub``, with one tokenizer trained on the dataset; returns the hub cache."""
     from resdyn.infra import data
 
     hub_cache = Path(hf_home) / "hub"
@@ -350,22 +356,8 @@ def build_reach(hf_home: Path) -> Path:
     write_dataset(hub_cache, docs)
     tok = Path(hf_home) / "tokenizer"
     data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
-    for repo in REACH_MODELS:
-        write_model(hub_cache, repo, tok, REACH_MODELS)
-    return hub_cache
-
-
-def build(hf_home: Path) -> Path:
-    """Every paper-mini model and the dataset under ``hf_home/hub``; returns the hub cache."""
-    from resdyn.infra import data
-
-    hub_cache = Path(hf_home) / "hub"
-    docs = documents()
-    write_dataset(hub_cache, docs)
-    tok = Path(hf_home) / "tokenizer"
-    data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
-    for repo in MODELS:
-        write_model(hub_cache, repo, tok)
+    for repo in MODELS if models is None else models:
+        write_model(hub_cache, repo, tok, models)
     return hub_cache
 
 
@@ -388,16 +380,7 @@ USER_MODELS: dict[str, tuple] = {
 
 def build_user(hf_home: Path) -> Path:
     """:data:`USER_MODELS` and the dataset under ``hf_home/hub``; returns the hub cache."""
-    from resdyn.infra import data
-
-    hub_cache = Path(hf_home) / "hub"
-    docs = documents()
-    write_dataset(hub_cache, docs)
-    tok = Path(hf_home) / "tokenizer"
-    data.train_tokenizer(docs, TOKENIZER_VOCAB, tok)
-    for repo in USER_MODELS:
-        write_model(hub_cache, repo, tok, USER_MODELS)
-    return hub_cache
+    return build(hf_home, USER_MODELS)
 
 
 def to_blob_layout(snapshot: Path) -> Path:
