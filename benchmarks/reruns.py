@@ -44,6 +44,7 @@ NEW_FAMILY = [  # (file, None, text): a new file
 ]
 #: (label, [(file, old, new)], config change or None)
 EDITS = [
+    ("none (the checked-out code on the run's records)", [], None),
     ("comment in resdyn/artifacts.py", [(ARTIFACTS, "class SpectraTable(", "# a comment\nclass SpectraTable(")], None),
     ("docstring of attn_jacobian reworded", [(JACOBIAN, "other positions frozen.", "every other position fixed.")], None),
     ("new unused helper in resdyn/study_a/jacobian.py",
@@ -59,6 +60,9 @@ EDITS = [
      lambda c: (c["jacobian"].update(checkpoint_every=c["jacobian"]["checkpoint_every"] + 1),
                 c["lens"].update(checkpoint_every=c["lens"]["checkpoint_every"] + 1))),
     ("device changed", [], lambda c: c.update(device="cpu" if c["device"] != "cpu" else "auto")),
+    ("zoo checkpoint added (llama8 train.checkpoints + step 400)", [],
+     lambda c: c["models"].update(llama8={**c["models"]["llama8"], "train": {  # a new dict: YAML anchors share
+         **c["models"]["llama8"]["train"], "checkpoints": [0, 200, 400, 600]}})),
     ("body of attn_jacobian edited", [(JACOBIAN, "    x = h[t].detach().clone()", "    x = h[t].detach().clone() * 1")],
      None),
 ]

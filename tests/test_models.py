@@ -1,6 +1,7 @@
 """Checkpoint resolution and loading: local HF folders of each family, hub errors offline, zoo."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,6 +128,63 @@ def test_weights_hash_from_cache_blob_names(tmp_path, tok_dir, monkeypatch):
     blob.write_bytes(blob.read_bytes()[:-1] + b"!")
     with pytest.raises(RuntimeError, match=r"adapter.safetensors: its cache blob is named sha256 .* fetch it again"):
         models.resolve_checkpoint(spec)
+
+
+def test_tokenizer_copy_matches_every_checkpoint_record(tmp_path, tok_dir, monkeypatch):
+    """resolve_tokenizer's copy: real files (blob links followed), the hash every checkpoint record
+    of the repo holds, a tokenizer that encodes as the source does; the rerun identity is the repo
+    (hub) or the tokenizer files' hash (local: a weight edit leaves it, a tokenizer edit moves it);
+    a folder without tokenizer files stops with its name and leaves nothing behind."""
+    import hubcache
+
+    cache = tmp_path / "hub"
+    for rev in ("step0", "step10"):
+        snap = hubcache.add_snapshot(cache, "org/tiny", rev)
+        _save_tiny(transformers.LlamaConfig, snap, tok_dir)
+        hubcache.to_blob_layout(snap)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    specs = [{"model": "m", "checkpoint": r, "source": "hf", "repo": "org/tiny", "revision": r, "dtype": "float32"}
+             for r in ("step0", "step10")]
+    digest = models.copy_tokenizer(specs[0], tmp_path / "run" / "tokenizer")
+    copied = tmp_path / "run" / "tokenizer"
+    assert {models.resolve_checkpoint(s)["tokenizer_hash"] for s in specs} == {digest}
+    assert digest == io.sha256_tree(copied, models.TOKENIZER_PATTERNS)
+    assert not any(p.is_symlink() for p in copied.rglob("*")) and (copied / "config.json").is_file()
+    text = "In the beginning God created the heaven and the earth."
+    assert data.load_tokenizer(copied).encode(text) == data.load_tokenizer(tok_dir).encode(text)
+    assert models.tokenizer_identity(specs[1]) == {"repo": "org/tiny"}
+
+    local = tmp_path / "local"
+    _save_tiny(transformers.LlamaConfig, local, tok_dir)
+    spec = {"model": "m", "checkpoint": "local", "source": "local", "dtype": "float32", "path": str(local)}
+    before = models.tokenizer_identity(spec)
+    assert before == {"tokenizer_hash": io.sha256_tree(local, models.TOKENIZER_PATTERNS)}
+    (local / "model.safetensors").write_bytes((local / "model.safetensors").read_bytes() + b" ")
+    assert models.tokenizer_identity(spec) == before
+    cfg = local / "tokenizer_config.json"
+    cfg.write_text(cfg.read_text().replace("{", '{"model_max_length": 7, ', 1))
+    assert models.tokenizer_identity(spec) != before
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    (tmp_path / "run2").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"bare \(checkpoint local\) holds no tokenizer files"):
+        models.copy_tokenizer({**spec, "path": str(bare)}, tmp_path / "run2" / "tokenizer")
+    import shutil
+
+    copyfile = shutil.copyfile
+
+    def disk_full(src, dst, *a, **k):
+        if Path(src).name == "tokenizer_config.json":
+            raise OSError(28, "No space left on device")
+        return copyfile(src, dst, *a, **k)
+
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        models.copy_tokenizer(spec, tmp_path / "run2" / "tokenizer")
+    assert list((tmp_path / "run2").iterdir()) == []  # neither the folder nor its staging copy
 
 
 def test_pick_device():

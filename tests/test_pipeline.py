@@ -407,7 +407,8 @@ def test_settings_rerun_nothing(smoke):
 def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     """Issue 27: a local model whose checkpoints are folders (the zoo's weights), run up to its
     spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
-    tokenizer, not on which checkpoint comes first); reordering the others plans nothing."""
+    tokenizer, not on which checkpoint comes first); reordering them, or removing the one the
+    tokenizer was copied from, plans nothing."""
     from resdyn.infra import changes
 
     work = edited_copy(smoke, tmp_path / "wf")
@@ -432,6 +433,10 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
         ("jacobians", "first"), ("jacobians", "first"), ("resolve_checkpoint", "first"), ("spectra", "first")]
     reordered = {"step30": before["step30"], "step0": before["step0"]}
     out = snakemake(work, "-n", *targets(reordered), config=with_config(work, "reordered", local(reordered))).stdout
+    assert "Nothing to be done" in out, out[-3000:]
+    # step0 is where the tokenizer was copied from: without it, still nothing to redo
+    removed = {"step30": before["step30"]}
+    out = snakemake(work, "-n", *targets(removed), config=with_config(work, "removed", local(removed))).stdout
     assert "Nothing to be done" in out, out[-3000:]
 
 

@@ -766,7 +766,7 @@ def cost_zoo_train(config: dict, model: str, s: Shape) -> Cost:
 
 def cost_light(config: dict) -> Cost:
     """Rules that only read, tokenize, sample or resolve (corpus, tokenizer, samples,
-    lens_tokens, resolve_checkpoint): a minute and a gigabyte cover them at every scale here."""
+    lens_tokens, resolve_checkpoint, resolve_tokenizer): a minute and a gigabyte cover them at every scale here."""
     c = Cost(fixed_s=60.0)
     c.host_bytes = BASE_HOST_BYTES + 1.0 * GB
     return c
@@ -779,7 +779,7 @@ def cost_light(config: dict) -> Cost:
 GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics", "causal")
 #: Rules whose decompositions move to the GPU when ``device`` is cuda (torch.linalg on cuda).
 GPU_LINALG_RULES = ("spectra", "bootstrap")
-LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint")
+LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint", "resolve_tokenizer")
 RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling", "bridge", "rss",
          "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
@@ -1059,6 +1059,8 @@ def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:
             yield "zoo_train", {"model": model}
         for c in ckpts:
             yield "resolve_checkpoint", {"model": model, "ckpt": c}
+        if m["source"] != "train":
+            yield "resolve_tokenizer", {"model": model}
         yield "samples", {"model": model}
         if "B" in studies:
             yield "lens_tokens", {"model": model}
@@ -1097,9 +1099,10 @@ def unique_jobs(config: dict) -> list[tuple[str, dict[str, str]]]:
 DEPENDS: dict[str, tuple[str, ...]] = {
     "zoo_train": ("tokenizer", "corpus"),
     "tokenizer": ("corpus",),
-    "samples": ("corpus", "resolve_checkpoint", "tokenizer"),
-    "lens_tokens": ("corpus", "resolve_checkpoint", "tokenizer"),
+    "samples": ("corpus", "resolve_tokenizer", "tokenizer"),
+    "lens_tokens": ("corpus", "resolve_tokenizer", "tokenizer"),
     "resolve_checkpoint": ("zoo_train",),
+    "resolve_tokenizer": (),
     "jacobians": ("resolve_checkpoint", "samples"),
     "activations": ("resolve_checkpoint", "samples"),
     "spectra": ("jacobians",),

@@ -138,6 +138,54 @@ def resolve_checkpoint(spec: dict) -> dict:
     }
 
 
+def tokenizer_folder(spec: dict) -> Path:
+    """The folder holding checkpoint ``spec``'s tokenizer: its hub snapshot or its local folder."""
+    return _hub_snapshot(spec["repo"], spec["revision"]) if spec["source"] == "hf" else Path(spec["path"])
+
+
+def copy_tokenizer(spec: dict, dest: Path) -> str:
+    """Copy checkpoint ``spec``'s tokenizer files into the new folder ``dest``; return their hash.
+
+    Copied: the :data:`TOKENIZER_PATTERNS` files (sub-folders kept) and ``config.json``, which
+    ``AutoTokenizer`` reads when ``tokenizer_config.json`` names no class. The hash is
+    :func:`resdyn.infra.io.sha256_tree` over :data:`TOKENIZER_PATTERNS`, the ``tokenizer_hash`` of
+    the checkpoint's record. Written beside ``dest`` and renamed into place: a failed copy leaves
+    nothing.
+    """
+    import shutil
+    import tempfile
+
+    folder = tokenizer_folder(spec)
+    names = sorted(io.manifest(folder, TOKENIZER_PATTERNS))
+    if not names:
+        raise FileNotFoundError(f"model {spec['model']}: {folder} (checkpoint {spec['checkpoint']}) holds no "
+                                f"tokenizer files ({', '.join(TOKENIZER_PATTERNS)})")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for rel in [*names, *(["config.json"] if (folder / "config.json").is_file() else [])]:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / rel, staging / rel)  # follows the hub cache's blob links
+        digest = io.sha256_tree(staging, TOKENIZER_PATTERNS)
+        os.replace(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return digest
+
+
+def tokenizer_identity(spec: dict) -> dict:
+    """What decides a model's tokenizer, for the rerun trigger of ``resolve_tokenizer``: the hub
+    repository (all revisions of a repository share a tokenizer; each checkpoint record holds its
+    own ``tokenizer_hash``), or a local folder's tokenizer hash (read when the DAG is built: the
+    files are small). Not the revision or the folder: removing a checkpoint reruns no samples."""
+    if spec["source"] == "hf":
+        return {"repo": spec["repo"]}
+    folder = Path(spec["path"])
+    return {"tokenizer_hash": io.sha256_tree(folder, TOKENIZER_PATTERNS) if folder.is_dir() else None}
+
+
 def cuda_available() -> bool:
     """``torch.cuda.is_available()``, answered without importing torch where no GPU driver exists.
 

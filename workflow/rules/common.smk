@@ -2,6 +2,7 @@
 from resdyn.infra import config as rc
 from resdyn.infra import cost as rcost
 from resdyn.infra import io as rio
+from resdyn.infra import models as rmodels
 from resdyn.infra.codeversion import cached_code_version
 from resdyn.infra.site import check_workdir
 from resdyn.plots import catalogue as figs
@@ -20,12 +21,13 @@ MODELS = list(config["models"])
 
 
 # Light steps (tables from tables, figures) run on the submit host instead of as cluster jobs,
-# which would cost more in scheduling than they compute. corpus and resolve_checkpoint fetch
+# which would cost more in scheduling than they compute. corpus, resolve_checkpoint and resolve_tokenizer fetch
 # from the hub when it is reachable: on clusters only the submit (login) host has internet.
 localrules:
     all,
     corpus,
     resolve_checkpoint,
+    resolve_tokenizer,
     phases,
     scaling,
     checkpoints,
@@ -153,20 +155,17 @@ def all_targets():
 
 
 def tokenizer_input(w):
-    """Zoo models use the dataset's trained tokenizer; others a checkpoint's (all checkpoints of a
-    model share it; each record holds its tokenizer_hash). Samples already made keep the record
-    they were made from while it is configured, so adding or reordering revisions reruns no
-    samples (docs/reruns.md); else the first checkpoint's."""
+    """Zoo models use the dataset's trained tokenizer; others the copy resolve_tokenizer makes of
+    their first checkpoint's (all checkpoints of a model share it), whose path names no revision:
+    adding, removing or reordering revisions reruns no samples (docs/reruns.md)."""
     if config["models"][w.model]["source"] == "train":
         return f"results/data/{dataset_of(w)}/tokenizer"
-    records = [f"models/{w.model}/{c}/checkpoint.json" for c in ckpts(w.model)]
-    for made in (f"results/{w.model}/samples.h5", f"results/{w.model}/lens_tokens.h5"):
-        side = rio.prov_path(made)
-        used = set(rio.read_json(side).get("inputs", {})) if side.is_file() else set()
-        for r in records:
-            if r in used:
-                return r
-    return records[0]
+    return f"models/{w.model}/tokenizer"
+
+
+def first_ckpt_spec(w):
+    """Checkpoint spec of the model's first configured checkpoint (where its tokenizer is read)."""
+    return rc.checkpoint_spec(config, w.model, ckpts(w.model)[0])
 
 
 def jacobian_blocks(w):

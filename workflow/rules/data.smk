@@ -44,6 +44,27 @@ rule tokenizer:
         "../scripts/tokenizer.py"
 
 
+rule resolve_tokenizer:
+    output:
+        directory("models/{model}/tokenizer"),
+    log:
+        "logs/resolve_tokenizer/{model}.log",
+    benchmark:
+        "benchmarks/out/resolve_tokenizer/{model}.tsv"
+    priority: 1
+    conda:
+        "../../envs/resdyn.yaml"
+    resources:
+        mem_mb=cost("resolve_tokenizer", "mem_mb"),
+        runtime=cost("resolve_tokenizer", "runtime"),
+    params:
+        identity=lambda w: rmodels.tokenizer_identity(first_ckpt_spec(w)),
+        spec=setting(first_ckpt_spec),
+        code=code("resolve_tokenizer"),
+    script:
+        "../scripts/resolve_tokenizer.py"
+
+
 rule samples:
     input:
         heldout=lambda w: f"results/data/{dataset_of(w)}/heldout.jsonl",
