@@ -1,17 +1,22 @@
 """A config of one's own never dies: the configs a user writes from the README (one hub model; two
 models of different families; no scaling groups; a group with one model; study A only; study B
 only) plan a DAG whose every job has its inputs, and (slow) run to the end, on tiny hub-cache
-models with OLMo-style and Pythia-style branch names (tests/hubcache.py USER_MODELS)."""
+models with OLMo-style and Pythia-style branch names (tests/hubcache.py USER_MODELS' repos and
+branches). The models behind those names are the tiny Qwen3 and Gemma 3 stand-ins of
+configs/reach-mini.yaml, so that the one full run is also the families of issue #28 through the
+whole DAG (the test formerly in tests/test_reach.py)."""
 
 from __future__ import annotations
 
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 import yaml
 
@@ -34,6 +39,12 @@ _TINY = {  # small enough that a whole run is minutes on 2 cores
 OLMO = {"source": "hf", "repo": "org/olmo-style", "steps": [0, "final"], "dataset": "wiki"}
 PYTHIA = {"source": "hf", "repo": "org/pythia-style", "revisions": ["main"], "dataset": "wiki"}
 
+#: the cache's models: USER_MODELS' repositories and branch names, with the tiny Qwen3 (OLMo-style
+#: branches) and Gemma 3 (Pythia-style) of hubcache.REACH_MODELS behind them
+MODELS = {"org/olmo-style": (hubcache._qwen3, 4, hubcache.USER_MODELS["org/olmo-style"][2]),
+          "org/pythia-style": (hubcache._gemma3, 4, hubcache.USER_MODELS["org/pythia-style"][2])}
+FAMILIES = {"olmo": "qwen3", "pythia": "gemma3"}  # config key -> the family its config.json names
+
 #: name -> (config beyond _TINY, rule -> jobs expected in the plan (0: not scheduled))
 CONFIGS = {
     "one_hub_model": ({"models": {"olmo": OLMO}}, {"jacobians": 2, "lens": 1, "scaling": 0, "bridge": 1}),
@@ -51,7 +62,7 @@ CONFIGS = {
 @pytest.fixture(scope="module")
 def user_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("user-hf")
-    hubcache.build_user(home)
+    hubcache.build(home, MODELS)
     return home
 
 
@@ -86,16 +97,51 @@ def test_user_config_plans_every_job_with_its_inputs(user_home, tmp_path, name):
         assert ("olmo/stage1-step0-tokens0B/" in proc.stdout) == ("A" in extra.get("studies", ["A", "B"]))
 
 
-@pytest.mark.parametrize("name", ["two_families_no_groups", "group_of_one"])
-def test_user_config_runs_to_the_end(user_home, tmp_path, name):
-    """The case that died 4 s in (two hub models, both studies, no groups), and a scaling group of
-    one model (its fit says why it is empty). Study A only and B only are their halves."""
-    proc = _run(tmp_path / name, user_home, name, "--cores", "2")
+@pytest.fixture(scope="module")
+def two_families_run(user_home, tmp_path_factory) -> Path:
+    """two_families_no_groups run to the end once; the tests below read it or a copy of it."""
+    work = tmp_path_factory.mktemp("user-run") / "two_families_no_groups"
+    proc = _run(work, user_home, "two_families_no_groups", "--cores", "2")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    work = tmp_path / name
-    if name == "group_of_one":
-        fits = (work / "results/scaling/phase_widths.tsv").read_text().splitlines()
-        assert all("too_few_depths" in row for row in fits[1:]), fits
-    else:
+    return work
+
+
+@pytest.mark.parametrize("name", ["two_families_no_groups", "group_of_one"])
+def test_user_config_runs_to_the_end(user_home, two_families_run, tmp_path, name):
+    """The case that died 4 s in (two hub models, both studies, no groups), and a scaling group of
+    one model (its fit says why it is empty). Study A only and B only are their halves.
+
+    The group of one runs in a copy of the finished two-family run (results, models and
+    Snakemake's records, mtimes kept): the jobs it shares with that run are done, so it plans the
+    scaling job and what a scaling group adds, and its own config's jobs run to the end."""
+    if name == "two_families_no_groups":
+        work = two_families_run
         assert not (work / "results/scaling").exists()
         assert (work / "results/pythia/main/bridge.tsv").is_file() and (work / "results/olmo/scorecard.tsv").is_file()
+        return
+    work = tmp_path / name
+    shutil.copytree(two_families_run, work, symlinks=True)
+    dry = _run(work, user_home, name, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    jobs = _planned(dry.stdout)
+    model_jobs = {"resolve_checkpoint", "samples", "lens_tokens", "jacobians", "activations", "lens", "lens_metrics",
+                  "causal", "rss", "resolution", "phases", "phase_metrics"}  # done in the two-family run
+    assert jobs.get("scaling") == 1 and not model_jobs & set(jobs), jobs
+    proc = _run(work, user_home, name, "--cores", "2")
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    fits = (work / "results/scaling/phase_widths.tsv").read_text().splitlines()
+    assert all("too_few_depths" in row for row in fits[1:]), fits
+
+
+def test_qwen3_and_gemma3_minis_run_the_whole_dag(two_families_run):
+    """The tiny Qwen3 and Gemma 3 stand-ins (configs/reach-mini.yaml's models) end to end, offline:
+    the two-family user run above (OLMo-style branch names resolved for the Qwen3 stand-in)."""
+    work = two_families_run
+    for model, family in FAMILIES.items():
+        blocks = sorted((work / "results" / model / "main" / "jacobians").rglob("layer*.h5"))
+        assert len(blocks) == 4, blocks
+        for block in blocks:
+            with h5py.File(block) as f:
+                assert f.attrs["family"] == family
+        assert (work / "results" / model / "main" / "phases.json").is_file()
+    assert (work / "results/olmo/stage1-step0-tokens0B/jacobians").is_dir()  # step 0 -> its OLMo-style branch
