@@ -124,8 +124,8 @@ def test_user_config_runs_to_the_end(user_home, two_families_run, tmp_path, name
     dry = _run(work, user_home, name, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     jobs = _planned(dry.stdout)
-    model_jobs = {"resolve_checkpoint", "samples", "lens_tokens", "jacobians", "activations", "lens", "lens_metrics",
-                  "causal", "rss", "resolution", "phases", "phase_metrics"}  # done in the two-family run
+    model_jobs = {"resolve_checkpoint", "resolve_tokenizer", "samples", "lens_tokens", "jacobians", "activations",
+                  "lens", "lens_metrics", "causal", "rss", "resolution", "phases", "phase_metrics"}  # done already
     assert jobs.get("scaling") == 1 and not model_jobs & set(jobs), jobs
     proc = _run(work, user_home, name, "--cores", "2")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
