@@ -104,7 +104,7 @@ def _gemma4_e4b(n_layers: int):
     return Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None)
 
 
-#: configs/reach-mini.yaml: the families of issue #28 through the whole DAG (tests/test_reach.py)
+#: configs/reach-mini.yaml: the families of issue #28 (run whole by tests/test_user_configs.py)
 REACH_MODELS: dict[str, tuple] = {
     "resdyn-ci/Qwen3-mini": (_qwen3, 4, ["main"]),
     "resdyn-ci/gemma-3-mini": (_gemma3, 4, ["main"]),
