@@ -50,17 +50,3 @@ def mini_hf_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("mini-hf")
     hubcache.build(home)
     return home
-
-
-#: Test files by their whole-file time in CI (seconds of one xdist worker, the slowest first:
-#: user configs ~460, pipeline ~450, tamper ~300, SLURM mini ~280, pythia ~150, SLURM ~110).
-#: ``make test`` hands whole files to two workers in collection order (``--dist loadfile``), so
-#: starting with the longest files keeps one worker from running them alone at the end.
-SLOWEST_FILES = ("test_user_configs.py", "test_pipeline.py", "test_tamper.py", "test_slurm_mini.py",
-                 "test_pythia.py", "test_slurm.py", "test_requeue.py", "test_jacobian.py", "test_lens.py")
-
-
-def pytest_collection_modifyitems(items):
-    """Longest files first (stable: the order within a file and of the other files is kept)."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
