@@ -440,6 +440,22 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     assert "Nothing to be done" in out, out[-3000:]
 
 
+def test_a_fresh_checkout_reruns_nothing_with_the_profiles(smoke, tmp_path):
+    """Every script newer than the outputs, as after a fresh clone or a checkout: Snakemake's own
+    "code" trigger reruns every job (it compares script mtimes with the outputs); the profiles
+    leave it out, since the code param already holds each script's normalised code."""
+    work = edited_copy(smoke, tmp_path / "wf")
+    later = max(p.stat().st_mtime for p in (work / "results").rglob("*")) + 60
+    for script in (work / "workflow" / "scripts").glob("*.py"):
+        os.utime(script, (later, later))
+    assert "Code has changed since last execution" in snakemake(work, "-n").stdout
+    out = snakemake(work, "-n", "--profile", "profiles/local").stdout
+    assert "Nothing to be done" in out, out[-3000:]
+    for profile in ("local", "slurm"):
+        cfg = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
+        assert cfg["rerun-triggers"] == ["mtime", "params", "input", "software-env"], profile
+
+
 def test_plan_changes_names_the_symbol_and_the_cost(smoke, tmp_path):
     """`resdyn plan --changes` after an edit: the rule, the changed symbol, and hours."""
     work = edited_copy(smoke, tmp_path / "wf")
