@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resdyn.infra import codeversion as cv
+from resdyn.provenance import codeversion as cv
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_RULES = ("jacobians", "activations", "causal")  # code(..., family=model_family) in the rules

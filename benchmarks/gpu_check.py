@@ -3,9 +3,9 @@
     python benchmarks/gpu_check.py            # on a CUDA machine: Llama-3.1-8B-shaped layer, ≤ 8 min
     python benchmarks/gpu_check.py --dry      # CPU fallback at d = 256: checks the script itself
 
-Prints one table — measured value, what resdyn.infra.cost assumes for the GPU kind, their ratio — and
-then ``MEASURED_RATES``, the measured throughputs in resdyn.infra.cost's op classes and units, with
-the line that puts them into resdyn/infra/cost.py's ``DEVICES``.
+Prints one table — measured value, what resdyn.cluster.cost assumes for the GPU kind, their ratio — and
+then ``MEASURED_RATES``, the measured throughputs in resdyn.cluster.cost's op classes and units, with
+the line that puts them into resdyn/cluster/cost.py's ``DEVICES``.
 
 Contents (≤ 8 min on one H100/H200): fp32/bf16/fp64 matmul and HBM copy rates; the structured
 Jacobians of one Llama-3.1-8B-shaped layer (d 4096, d_ff 14336, 32/8 heads, T 128) on CUDA
@@ -15,7 +15,7 @@ layers, V 128256, 4096 tokens); float64 4096² eigvals, eig with vectors + inver
 perturbative bootstrap), svd and svdvals on the device, with the eigenvalues checked against
 the host's and the Henrici departure by subtraction against the host Schur form. With two or
 more GPUs visible, the two-GPU check: a small Llama loaded by layer across cuda:0 and cuda:1
-(resdyn.infra.models.load_model with a placement, the path of a model that does not fit one GPU)
+(resdyn.lm.models.load_model with a placement, the path of a model that does not fit one GPU)
 gives the single-GPU residual states, boundary states, lens states and causal continuation (max
 |Δ|; ``--dry`` runs the same code path with every device the CPU).
 """
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from resdyn.infra import cost  # noqa: E402
+#@@SPLIT resdyn.cluster.cost cost  # noqa: E402
 
 
 def sync(dev):
@@ -66,14 +66,14 @@ def model(d, d_ff, heads, kv, layers, vocab, dtype, dev):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dry", action="store_true", help="CPU fallback at d = 256 (checks the script)")
-    ap.add_argument("--kind", default="h100", choices=tuple(cost.GPU_KINDS), help="GPU kind of resdyn/data/gpus.yaml")
+    ap.add_argument("--kind", default="h100", choices=tuple(gpu_kinds.GPU_KINDS), help="GPU kind of resdyn/data/gpus.yaml")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.dry
     dev = torch.device("cuda" if cuda else "cpu")
     d, d_ff, heads, kv, vocab, T = (4096, 14336, 32, 8, 128256, 128) if cuda else (256, 896, 2, 1, 4096, 32)
-    rates = cost.DEVICES[args.kind].rates if cuda else cost.CPU_CALIBRATION
+    rates = gpu_kinds.DEVICES[args.kind].rates if cuda else gpu_kinds.CPU_CALIBRATION
     rows = []
-    measured: dict[str, float] = {}  # op class -> measured rate, in resdyn.infra.cost's units
+    measured: dict[str, float] = {}  # op class -> measured rate, in resdyn.cluster.cost's units
     t_all = time.perf_counter()
 
     def row(what, value, unit, assumed=None):
@@ -153,7 +153,7 @@ def main() -> int:
     # 4. float64 decompositions on the device: eigvals (spectra, bootstrap exact), eig WITH
     # vectors + inverse (bootstrap perturbative: priced as 25 d³ at the eig rate + 8 d³ gemm64),
     # svd, svdvals — against the assumed rates, and the eigenvalues against the host's
-    from resdyn.infra import linalg
+    from resdyn.numerics import linalg
 
     rng = np.random.default_rng(0)
     a = np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d)
@@ -199,15 +199,15 @@ def main() -> int:
     widths = [max(len(r[i]) for r in rows + [("what", "measured", "unit", "assumed", "ratio")]) for i in range(5)]
     for r in [("what", "measured", "unit", "assumed", "ratio")] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
-    print("\n# Measured rates in resdyn.infra.cost's units (FLOP/s; B/s for stream). Each divided by the"
-          "\n# datasheet peak of resdyn/data/gpus.yaml is the efficiency resdyn/infra/cost.py assumes in"
+    print("\n# Measured rates in resdyn.cluster.cost's units (FLOP/s; B/s for stream). Each divided by the"
+          "\n# datasheet peak of resdyn/data/gpus.yaml is the efficiency resdyn/cluster/cost.py assumes in"
           "\n# GPU_EFFICIENCY (the table keeps hardware numbers only): update it there, with the date and GPU."
           + ("" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)"))
     if cuda:
-        g = cost.GPU_KINDS[kind]
+        g = gpu_kinds.GPU_KINDS[kind]
         peaks = {"fp32_tflops": g.fp32_tflops, "bf16_tflops": g.bf16_tflops, "fp64_tflops": g.fp64_tflops,
                  "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops), "hbm_tb_s": g.hbm_tb_s}
-        for op, (col, eff) in cost.GPU_EFFICIENCY.items():
+        for op, (col, eff) in gpu_kinds.GPU_EFFICIENCY.items():
             if op in measured:
                 print(f"#   {op}: measured efficiency {measured[op] / (peaks[col] * 1e12):.4g} (assumed {eff})")
     print("MEASURED_RATES = {")
@@ -221,24 +221,24 @@ def main() -> int:
 def two_gpu_check(row, device: str) -> None:
     """A 8-layer Llama (d 512) loaded whole on one device and placed by layer on two (embed and
     layers 0-3 on the first, layers 4-7 and the head on the second: ``cuda:0``/``cuda:1``, or the CPU
-    twice with ``--dry``) through resdyn.infra.models.load_model: the states and the causal
+    twice with ``--dry``) through resdyn.lm.models.load_model: the states and the causal
     continuation of both must agree (max |Δ|; bit-equal on the CPU, ~1e-6 across GPUs)."""
     import tempfile
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from resdyn.beyond import causal
-    from resdyn.infra import arch, data, models
+    from resdyn.lm import corpus, decompose, models, structure
     from resdyn.study_b import lens
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "m"
-        data.train_tokenizer(data.kjv_chapters()[:20], 300, Path(tmp) / "tok")
+        corpus.train_tokenizer(corpus.kjv_chapters()[:20], 300, Path(tmp) / "tok")
         cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
                           num_hidden_layers=8, vocab_size=300, max_position_embeddings=256)
         torch.manual_seed(0)
         LlamaForCausalLM(cfg).save_pretrained(folder)
-        data.load_tokenizer(Path(tmp) / "tok").save_pretrained(folder)
+        corpus.load_tokenizer(Path(tmp) / "tok").save_pretrained(folder)
         rec = models.resolve_checkpoint({"model": "m", "checkpoint": "local", "source": "local", "path": str(folder),
                                          "dtype": "float32"})
         one, _ = models.load_model(rec, device)
@@ -247,7 +247,7 @@ def two_gpu_check(row, device: str) -> None:
         where = sorted({str(p.device) for p in two.parameters()})
         row(f"two GPUs: devices of the placed model ({', '.join(where)})", float(len(where)), "devices")
         ids = torch.randint(0, 300, (4, 64), generator=torch.Generator().manual_seed(0))
-        for fn in (arch.residual_states, arch.boundary_states, lens.layer_major_states):
+        for fn in (structure.residual_states, decompose.boundary_states, lens.layer_major_states):
             a, b = fn(one, ids), fn(two, ids)
             row(f"two GPUs: max |Δ| {fn.__name__}", float((a - b.to(a.device)).abs().max()), "")
         ca, cb = causal.Continuation(one, ids), causal.Continuation(two, ids)

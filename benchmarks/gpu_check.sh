@@ -3,7 +3,7 @@
 #   structured Jacobians of a Llama-3.1-8B-shaped layer on CUDA vs CPU (max |Δ|), their GEMM
 #   throughput as a fraction of the measured fp32 matmul rate, one bf16 lens training step,
 #   the float64 decompositions on the GPU (eigvals, eig with vectors + inverse, svd, svdvals) —
-#   one table, then MEASURED_RATES to paste into resdyn/infra/cost.py (DEVICES).
+#   one table, then MEASURED_RATES to paste into resdyn/cluster/cost.py (DEVICES).
 #   benchmarks/gpu_check.sh            # on the GPU node (falls back to --dry without CUDA)
 #   benchmarks/gpu_check.sh --dry      # CPU fallback at d = 256: checks the script (~1 min)
 set -euo pipefail

@@ -17,7 +17,7 @@
     (``h + self_attn(input_layernorm(h))`` with HF's mask and RoPE; ``m + mlp(norm(m))``), on the
     same inputs. Only ``--rows`` rows are timed and the time is extrapolated to d rows (marked).
 
-(g) ``--generic``: the generic path (resdyn.infra.generic: forward mode through HF's modules,
+(g) ``--generic``: the generic path (resdyn.lm.generic: forward mode through HF's modules,
     other positions' keys/values frozen) against the hand-written structured engine, per family,
     on random models of one shape (``--generic-d``, 4 layers, T = ``--length``): seconds per
     sample for all sublayer Jacobians at the last token, after a warm-up sample (which also runs
@@ -53,7 +53,7 @@ import torch
 import transformers as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from resdyn.infra import arch
+from resdyn.lm import decompose, structure
 from resdyn.study_a import jacobian  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -181,8 +181,8 @@ def random_ids(vocab: int, length: int, seed: int, device: torch.device) -> torc
 
 
 def bench_per_sample(model, length: int, samples: int, device: torch.device) -> list[tuple]:
-    n = arch.n_layers(model)
-    vocab = arch.text_model(model).embed_tokens.num_embeddings
+    n = structure.n_layers(model)
+    vocab = structure.text_model(model).embed_tokens.num_embeddings
     rows = []
     for method in ("structured", "jvp"):
         engine = jacobian.JacobianEngine(model, method=method)
@@ -200,15 +200,15 @@ def bench_core_constants(model, length: int, samples: int, device: torch.device)
     (a dual times a plain tensor: PyTorch's zero-tangent path, a Python decomposition per op
     under vmap) versus passed as primals with zero tangents (what the engine does). Seconds per
     sample over all layers, and the largest difference between the two (0: the same numbers)."""
-    adapters = [a.to_float32() for a in arch.sublayers(model)]
-    vocab = arch.text_model(model).embed_tokens.num_embeddings
-    d = arch.hidden_size(model)
+    adapters = [a.to_float32() for a in decompose.sublayers(model)]
+    vocab = structure.text_model(model).embed_tokens.num_embeddings
+    d = structure.hidden_size(model)
 
     @torch.no_grad()  # forward mode needs no autograd graph
     def one_sample(seed: int, lifted: bool) -> list[torch.Tensor]:
         ids = random_ids(vocab, length, seed, device)
-        ctx = arch.prepare(model, ids[None])
-        states = arch.residual_states(model, ids[None])[0].float()
+        ctx = decompose.prepare(model, ids[None])
+        states = structure.residual_states(model, ids[None])[0].float()
         outs = []
         for a in adapters:
             h = states[a.index]
@@ -257,7 +257,7 @@ def flops_mlp(d: int, d_ff: int) -> float:
 def hf_sublayers(model, ids: torch.Tensor):
     """Full-sequence attention and MLP halves of layer 0 written with the HF layer's modules,
     with the mask and RoPE HF itself passes to the layer."""
-    layer = arch.decoder_layers(model)[0]
+    layer = structure.decoder_layers(model)[0]
     captured = {}
     handle = layer.register_forward_pre_hook(lambda _m, _a, kw: captured.update(kw), with_kwargs=True)
     try:
@@ -314,8 +314,8 @@ def bench_layer(args, device: torch.device) -> tuple[list[tuple], list[tuple], f
     engine = jacobian.JacobianEngine(model, [0])
     adapter = engine.fp32[0]
     with torch.no_grad():
-        ctx = arch.prepare(model, ids[None])
-        states = arch.forward_boundaries(engine.adapters, ctx)[0]
+        ctx = decompose.prepare(model, ids[None])
+        states = decompose.forward_boundaries(engine.adapters, ctx)[0]
     h, m = states[0], states[1]
 
     def attention():
@@ -399,11 +399,11 @@ def bench_generic(d: int, length: int, samples: int, device: torch.device) -> li
         engine = jacobian.JacobianEngine(model)
         reference = engine.compute(ids[0])
         hand = [timed(lambda x=x: engine.compute(x), device)[0] for x in ids[1:]]
-        arch.use_generic(model)
+        decompose.use_generic(model)
         generic = jacobian.JacobianEngine(model)
         first, jacs = timed(lambda: generic.compute(ids[0]), device)  # includes the self-check
         gen = [timed(lambda x=x: generic.compute(x), device)[0] for x in ids[1:]]
-        arch.use_generic(model, False)
+        decompose.use_generic(model, False)
         diff = max(float((jacs[k] - reference[k]).abs().max()) for k in reference)
         rows.append((name, statistics.median(hand), statistics.median(gen), first - statistics.median(gen), diff))
         del model

@@ -43,7 +43,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resdyn.infra import arch  # noqa: E402
+#@@SPLIT resdyn.lm.sublayers arch  # noqa: E402
 from resdyn.study_b import lens as L  # noqa: E402
 
 # tuned-lens's trainer defaults (ingredients.Optimizer + train_loop): SGD-Nesterov, lr_scale 1,
@@ -114,10 +114,10 @@ def pretrain(model: nn.Module, batches: list[torch.Tensor], lr: float = 3e-3) ->
 def hf_batches(path: str, n: int, batch: int, length: int, seed: int) -> list[torch.Tensor]:
     from transformers import AutoTokenizer
 
-    from resdyn.infra import data
+    from resdyn.lm import corpus
 
     tok = AutoTokenizer.from_pretrained(path)
-    stream = np.concatenate([np.asarray(tok(doc)["input_ids"]) for doc in data.kjv_chapters()[:400]])
+    stream = np.concatenate([np.asarray(tok(doc)["input_ids"]) for doc in corpus.kjv_chapters()[:400]])
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(stream) - length, size=(n, batch))
     return [torch.as_tensor(np.stack([stream[s : s + length] for s in row])).long() for row in starts]
@@ -158,7 +158,7 @@ def run_plain(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tupl
     for t in lens:
         nn.init.zeros_(t.weight)
         nn.init.zeros_(t.bias)
-    per_layer_loop(model, batches, lens, lambda h, i: arch.unembed_logits(model, h + lens[i](h)), steps)
+    per_layer_loop(model, batches, lens, lambda h, i: structure.unembed_logits(model, h + lens[i](h)), steps)
     return torch.stack([t.weight.detach() for t in lens]), torch.stack([t.bias.detach() for t in lens])
 
 
@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> None:
 
     methods = {k: v for k, v in METHODS.items() if k not in args.skip}
     try:
-        import tuned_lens  # noqa: F401, PLC0415
         from importlib.metadata import version  # noqa: PLC0415
+
+        import tuned_lens  # noqa: F401, PLC0415
 
         tl_note = f"tuned-lens {version('tuned-lens')} imported"
     except Exception as err:  # noqa: BLE001 — report any import failure, then use the baseline

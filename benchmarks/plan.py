@@ -1,4 +1,4 @@
-"""Calibrate the cost model (resdyn/infra/cost.py): run each heavy rule's core at three sizes, one thread.
+"""Calibrate the cost model (resdyn/cluster/cost.py): run each heavy rule's core at three sizes, one thread.
 
     OMP_NUM_THREADS=1 python benchmarks/plan.py            # ≈ 3-5 min on a loaded 2-core box
     python benchmarks/plan.py --quick                       # smallest sizes only (seconds)
@@ -6,7 +6,7 @@
 
 For every (rule core, size) it measures, in a forked child, CPU time and the peak of the data
 memory the core holds — its inputs (weights, Jacobians, states: built in the child, as the job
-holds them) and its working memory — and compares them with :mod:`resdyn.infra.cost`'s price of the
+holds them) and its working memory — and compares them with :mod:`resdyn.cluster.cost`'s price of the
 same work (the op amounts of the rule's cost function without the per-job start-up and file
 reads the core does not do; memory ``host_bytes − BASE_HOST_BYTES``). Memory is measured like
 the model counts it: the parent fixes glibc's mmap threshold (freed buffers go back to the OS),
@@ -18,9 +18,9 @@ fitted — one throughput constant per op class of the CPU device kind, by non-n
 squares on relative error (time = Σ work_op · x_op, x_op = 1/rate_op) — over the primitive
 kernels and the rule cores together; the table shows predicted/measured with the fitted rates
 and the worst ratio; the column ``stored`` repeats the ratio with the rates stored in
-resdyn/infra/cost.py, to confirm a stored calibration. Time is the child's CPU time (one thread:
+resdyn/cluster/cost.py, to confirm a stored calibration. Time is the child's CPU time (one thread:
 equal to the wall time of an idle machine); on the shared CI box the wall time is inflated by other processes' load and is
-printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/infra/cost.py.
+printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/cluster/cost.py.
 
 Sizes: d = 384, 640, 1024 with Llama 3.1 (d_ff = 3.5 d, 128-wide heads, 4 query heads per KV
 head) and Qwen2.5 (d_ff = 5.29 d, 7 query heads per KV head, at d = 640) aspect ratios. (At
@@ -54,7 +54,7 @@ import scipy.linalg  # noqa: E402
 import scipy.optimize  # noqa: E402
 import torch  # noqa: E402
 
-from resdyn.infra import cost  # noqa: E402
+#@@SPLIT resdyn.cluster.cost cost  # noqa: E402
 
 torch.set_num_threads(1)
 EXCLUDE = ("gunzip",)  # file reads: the cores get arrays
@@ -113,7 +113,7 @@ def _child(core, q) -> None:
 def measure(core: Callable[[], tuple]) -> tuple[float, float, float, cost.Cost]:
     """(CPU seconds, wall seconds, peak data bytes added over the forked process's, price) of one
     core. ``core()`` runs in the child and returns (a :class:`Setup` or the timed callable, its
-    :class:`resdyn.infra.cost.Cost`): either way the inputs are built in the measured process."""
+    :class:`resdyn.cluster.cost.Cost`): either way the inputs are built in the measured process."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(core, q))
@@ -143,6 +143,7 @@ def prepare_parent() -> int:
     except (OSError, AttributeError):
         pass
     import h5py  # noqa: F401
+
     # resdyn.study_a.topology imports these lazily: a job pays them once (cost.STARTUP_S), not per core
     import igraph  # noqa: F401
     import leidenalg  # noqa: F401
@@ -150,9 +151,7 @@ def prepare_parent() -> int:
     import scipy.stats  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    from resdyn.beyond import causal
-    from resdyn.infra import linalg
-    from resdyn.study_a import activations, schur, spectral, topology
+    from resdyn.numerics import linalg
     from resdyn.study_b import lens, readout  # noqa: F401
 
     a = np.random.default_rng(0).standard_normal((1024, 1024))
@@ -397,7 +396,7 @@ def core_rss(s, cfg):
 def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
     """Single-op kernels (fit aids), inputs built and touched in the child before timing."""
     from resdyn.beyond import causal
-    from resdyn.infra import linalg
+    from resdyn.numerics import linalg
 
     def prim(op, amount):
         return cost.Cost(work={op: amount})
@@ -489,11 +488,11 @@ def fit(rows) -> dict[str, float]:
         w = r["cost"].work.get(o, 0.0)
         return w + r["cost"].work.get("jvp", 0.0) / JVP_PER_GEMM32 if o == "gemm32" else w
 
-    ops = [o for o in cost.OPS if o not in (*EXCLUDE, "jvp") and any(work(r, o) > 0 for r in rows)]
+    ops = [o for o in gpu_kinds.OPS if o not in (*EXCLUDE, "jvp") and any(work(r, o) > 0 for r in rows)]
     A = np.array([[work(r, o) / r["seconds"] for o in ops] for r in rows])
     scale = A.max(axis=0)
     x, _ = scipy.optimize.nnls(A / scale, np.ones(len(rows)))
-    rates = dict(cost.CPU_CALIBRATION)
+    rates = dict(gpu_kinds.CPU_CALIBRATION)
     for o, xi, sc in zip(ops, x, scale):
         rates[o] = float(sc / xi) if xi > 0 else float("inf")  # an unused class costs nothing
     rates["jvp"] = rates["gemm32"] * JVP_PER_GEMM32
@@ -524,7 +523,7 @@ def main() -> int:
     for r in rows:
         p = predicted(r["cost"], rates)
         ratio = p / r["seconds"]
-        stored = predicted(r["cost"], cost.CPU_CALIBRATION) / r["seconds"]  # the rates in resdyn/infra/cost.py
+        stored = predicted(r["cost"], gpu_kinds.CPU_CALIBRATION) / r["seconds"]  # the rates in resdyn/cluster/cost.py
         core = not r["rule"].startswith("prim:")
         if core and abs(ratio - 1) > abs(worst - 1):
             worst, worst_rule = ratio, f"{r['rule']} d={r['d']}"
@@ -543,7 +542,7 @@ def main() -> int:
                      key=lambda x: abs(x - 1), default=1.0)
     print(f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
           f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}; with the rates "
-          f"stored in resdyn/infra/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
+          f"stored in resdyn/cluster/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
     print(f"worst predicted/measured peak-memory ratio over the rule cores: {worst_mem:.2f} "
           f"({worst_mem_rule}); target within [0.65, 1.35]; memory = the core's peak anonymous (data) "
           f"memory over the process it was forked from, predicted = cost.host_bytes − cost.BASE_HOST_BYTES")
@@ -551,7 +550,7 @@ def main() -> int:
           f"{base / 2**20:.0f} MiB; cost.BASE_HOST_BYTES = {cost.BASE_HOST_BYTES / 2**20:.0f} MiB")
     print(f"total benchmark wall time {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()}")
     print("\nCPU_CALIBRATION = {")
-    for k in cost.OPS:
+    for k in gpu_kinds.OPS:
         if np.isfinite(rates[k]):
             print(f'    "{k}": {rates[k]:.3g},')
     print("}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from resdyn.infra import config as rc
+from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_RULES = {"zoo_train", "jacobians", "activations", "lens", "lens_metrics", "causal"}
@@ -36,11 +36,11 @@ NEW_FIGURE = [
      '"zoo:training_copy", "copy", "Zoo", "training", NONE),'),
 ]
 NEW_FAMILY = [  # (file, None, text): a new file
-    ("resdyn/infra/adapters/newfam.py", None,
-     'from resdyn.infra.arch import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n    mlp_post = "x"\n'),
-    ("resdyn/infra/families.py", "FAMILIES: dict[str, Family] = {",
+    ("resdyn/lm/adapters/newfam.py", None,
+     'from resdyn.lm.sublayers import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n    mlp_post = "x"\n'),
+    ("resdyn/lm/families.py", "FAMILIES: dict[str, Family] = {",
      'FAMILIES: dict[str, Family] = {\n    "newfam": Family(("newfam",), "NewLayer", '
-     '"resdyn.infra.adapters.newfam:NewSublayers"),'),
+     '"resdyn.lm.adapters.newfam:NewSublayers"),'),
 ]
 #: (label, [(file, old, new)], config change or None)
 EDITS = [

@@ -27,10 +27,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def build(cache: Path, gb: float, shards: int = 4) -> None:
+    import hubcache
     import numpy as np
     from safetensors.numpy import save_file
-
-    import hubcache
 
     snap = hubcache.add_snapshot(cache, "bench/big", "main")
     cfg = hubcache._shape("llama", 32, 4096, 32, 8, 14336, 128256, 131072)
@@ -56,7 +55,8 @@ def main() -> None:
         cache = Path(tmp) / "hub"
         build(cache, args.gb)
         os.environ.update(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
-        from resdyn.infra import io, models
+        from resdyn import io
+        from resdyn.lm import models
 
         spec = {"model": "big", "checkpoint": "main", "source": "hf", "repo": "bench/big", "revision": "main",
                 "dtype": "bfloat16"}

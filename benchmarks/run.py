@@ -12,7 +12,7 @@ Sources, per job (a job = one ``job_hash`` in Snakemake's ``.snakemake/metadata`
 - job seconds: ``endtime − starttime`` of Snakemake's record (the whole job: Python start-up,
   imports, the script, writing outputs);
 - compute seconds: ``end − start`` of the job's provenance sidecar (``<output>.prov.json``,
-  written by ``resdyn.infra.provenance.step`` from the moment the script's imports are done), so
+  written by ``resdyn.provenance.sidecars.step`` from the moment the script's imports are done), so
   start-up = job − compute. The sidecar's times have one-second resolution: ±1 s per job;
 - peak RSS and CPU seconds: the rule's ``benchmark:`` files (``benchmarks/out/<rule>/…``,
   Snakemake's own ``max_rss`` in MB and ``cpu_time``); "–" for a rule without one. Snakemake

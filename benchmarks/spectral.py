@@ -27,7 +27,7 @@ import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from resdyn.infra import linalg
+from resdyn.numerics import linalg
 from resdyn.study_a import schur, spectral  # noqa: E402
 
 STEPS = {

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from resdyn.infra import config as rc
-from resdyn.infra import zoo
+from resdyn.lm import zoo
+from resdyn.pipeline import config as rc
 
 
 def cpu_bf16_flags() -> str:

@@ -2,7 +2,7 @@
 
 Each class owns its path relative to the run folder (:meth:`path`), the layout of its file
 (TSV columns and their kinds, HDF5 groups/attributes; the schema is in the class docstring),
-its writer (atomic, via :mod:`resdyn.infra.io`, with the provenance sidecar where the step asks for
+its writer (atomic, via :mod:`resdyn.io`, with the provenance sidecar where the step asks for
 one) and its reader, which validates what it reads and names the file and what is wrong
 (a missing column, a wrong kind, a non-finite number where none is allowed, a wrong shape).
 
@@ -18,7 +18,7 @@ torch or scipy at start-up.
 TSV column kinds: ``int`` (integer values; a float column of integral values where NaN is
 allowed), ``float`` (any number), ``bool`` (True/False), ``str`` (a label: any cell). A
 numeric cell may be NaN/Inf only in a column listed in ``allow_nan`` or in a row whose
-``reason`` column is non-empty — the same rule :func:`resdyn.infra.io.write_tsv` applies on write.
+``reason`` column is non-empty — the same rule :func:`resdyn.io.write_tsv` applies on write.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ import contextlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from resdyn.infra import io
-from resdyn.infra.io import PathLike
+from resdyn import io
+from resdyn.io import PathLike
 
 __all__ = [
     "Artifact",
@@ -119,7 +119,7 @@ class Artifact:
 
 
 class TsvArtifact(Artifact):
-    """Base of a TSV table artifact (tab-separated, header row, written by :func:`resdyn.infra.io.write_tsv`).
+    """Base of a TSV table artifact (tab-separated, header row, written by :func:`resdyn.io.write_tsv`).
 
     Subclasses set ``relpath`` (a template relative to the run folder, e.g.
     ``results/{model}/{ckpt}/spectra.tsv``), ``columns`` ({name: kind}, the columns every file
@@ -182,7 +182,7 @@ class TsvArtifact(Artifact):
 
     @classmethod
     def write(cls, table: pd.DataFrame, path: PathLike, provenance: dict | None = None) -> None:
-        """Write ``table`` atomically after checking its columns (:func:`resdyn.infra.io.write_tsv`)."""
+        """Write ``table`` atomically after checking its columns (:func:`resdyn.io.write_tsv`)."""
         missing = [c for c in cls.columns if c not in table.columns]
         if missing:
             raise ArtifactError(f"{path}: refusing to write a {cls.__name__} without column(s) {missing}")
@@ -1004,7 +1004,7 @@ class ScalingFits(TsvArtifact):
 class TrainingCurve(TsvArtifact):
     """``models/{model}/training.tsv``: the loss curve of a zoo model's training.
 
-    One row per evaluation (:func:`resdyn.infra.zoo.train_zoo_model`): ``step``, ``lr`` float,
+    One row per evaluation (:func:`resdyn.lm.zoo.train_zoo_model`): ``step``, ``lr`` float,
     ``train_loss`` (NaN at step 0, whose ``reason`` says there was no batch yet),
     ``heldout_loss``, ``unigram_loss`` (the held-out loss of the unigram baseline) float,
     ``reason`` str.
@@ -1053,7 +1053,7 @@ class Samples(Artifact):
     HDF5 datasets ``input_ids`` (N, T) integer token ids and ``sample_ids`` (N,) integer (the
     block's start offset in its token stream); root attrs: the caller's (dataset, split file,
     seed, …; dicts/lists as JSON strings) and ``samples_hash`` = SHA-256 of both arrays
-    (:func:`resdyn.infra.io.sha256_array`), re-checked on read.
+    (:func:`resdyn.io.sha256_array`), re-checked on read.
     """
 
     relpath = "results/{model}/samples.h5"
@@ -1094,11 +1094,11 @@ class Samples(Artifact):
 class CheckpointRecord(Artifact):
     """``models/{model}/{ckpt}/checkpoint.json``: where one checkpoint's weights are, and their hash.
 
-    The JSON object of :func:`resdyn.infra.models.resolve_checkpoint`: the checkpoint's config entry
+    The JSON object of :func:`resdyn.lm.models.resolve_checkpoint`: the checkpoint's config entry
     (``model``, ``checkpoint``, ``source``, ``dtype``, ``repo``/``revision`` or ``path``, …) plus
     ``folder`` (absolute path of the weights), ``resolved_commit`` (hub commit or null),
     ``weight_files`` (list of names), ``content_hash`` and ``tokenizer_hash`` (SHA-256 hex of the
-    weight and tokenizer files, :func:`resdyn.infra.io.sha256_tree`).
+    weight and tokenizer files, :func:`resdyn.io.sha256_tree`).
     """
 
     relpath = "models/{model}/{ckpt}/checkpoint.json"

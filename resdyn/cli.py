@@ -13,15 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-from resdyn.infra import io
-
 
 def _provenance(args: argparse.Namespace) -> int:
-    from resdyn.infra import provenance
+    from resdyn.provenance import sidecars
 
     if not Path(args.file).exists():
         raise FileNotFoundError(errno.ENOENT, "no such file", args.file)
-    steps = provenance.chain(args.file)
+    steps = sidecars.chain(args.file)
     if not steps:
         print(f"{args.file}: no provenance found", file=sys.stderr)
         return 1
@@ -54,7 +52,7 @@ def _provenance(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from resdyn.infra import provenance
+    from resdyn.provenance import sidecars
 
     roots = args.path or [r for r in ("results", "models") if Path(r).exists()]
     missing = [r for r in roots if not Path(r).exists()]
@@ -62,7 +60,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"resdyn verify: error: {', '.join(missing) or 'results/ and models/'}: no such file or directory "
               "(run it in the workflow's folder, or name the folders to audit)", file=sys.stderr)
         return 2
-    checked, problems = provenance.audit(roots)
+    checked, problems = sidecars.audit(roots)
     for line in problems:
         print(line)
     print(f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)",
@@ -71,10 +69,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from resdyn.infra import config as rc
-    from resdyn.infra import cost, plan
+    from resdyn.cluster import cost, gpu_kinds
+    from resdyn.pipeline import config as rc
+    from resdyn.pipeline import plan
 
-    cost.check_gpu_kind(args.gpu, "--gpu")
+    gpu_kinds.check_gpu_kind(args.gpu, "--gpu")
     try:
         cfg = rc.load_config(args.config)
         for name in cfg["models"]:  # the order every table's step 0 / final labels follow
@@ -82,7 +81,7 @@ def _plan(args: argparse.Namespace) -> int:
             if len(order) > 1:
                 print(f"{name}: checkpoints in training order: {' -> '.join(order)}")
         if args.changes:  # what a rerun of this config would run now, why, and its cost
-            from resdyn.infra import changes
+            from resdyn.provenance import changes
 
             jobs = changes.parse_dry_run(changes.dry_run(args.config))
             print(changes.render_changes(cfg, jobs, device=args.gpu))
@@ -207,7 +206,8 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: per metric, listed in the output)")
     cm.add_argument("--atol", type=float, default=None, help="absolute tolerance for every float column")
     cm.set_defaults(func=_compare)
-    from resdyn.infra import fetch, revisions
+    from resdyn.lm import revisions
+    from resdyn.pipeline import fetch
 
     revisions.add_command(sub)
     fetch.add_command(sub)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from resdyn.infra.io import PathLike
+from resdyn.io import PathLike
 from resdyn.results import IDENTITY_COLUMNS, PROVENANCE_COLUMNS, Results, load
 
 __all__ = ["DEFAULT_TOLERANCE", "TOLERANCES", "PARTITIONS", "FileDifference", "Comparison", "relabel",

@@ -9,7 +9,7 @@ DataFrame per kind, each row carrying who and what made it:
   ``step_reason`` saying why for a revision that names none, a local model or a per-model
   table), ``tokens`` (training tokens where known: the zoo's step × batch × sequence length, an
   OLMo revision's ``tokensN``);
-* provenance (from the table's ``.prov.json`` sidecar, :mod:`resdyn.infra.provenance`):
+* provenance (from the table's ``.prov.json`` sidecar, :mod:`resdyn.provenance.sidecars`):
   ``resdyn_version``, ``code_version`` (the rule's code version), ``commit``, ``device``,
   ``versions`` (the scientific stack, ``name=version`` pairs), ``params`` (the rule's config
   values as JSON), ``file`` (the table's path in the run) and ``stale`` (why the sidecar does
@@ -38,8 +38,8 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts as A
-from resdyn.infra import io
-from resdyn.infra.io import PathLike
+from resdyn import io
+from resdyn.io import PathLike
 
 __all__ = ["IDENTITY_COLUMNS", "PROVENANCE_COLUMNS", "NotAResultsTree", "TableFile", "Collected", "Results",
            "table_classes", "RunLayout", "run_layout", "find_tables", "sidecar_problem", "checkpoint_step", "collect",
@@ -160,7 +160,7 @@ def sidecar_problem(path: PathLike, layout: RunLayout) -> str:
         recorded = prov["artifact"]["sha256"]
     except (ValueError, KeyError, TypeError) as err:
         return f"unreadable sidecar {side.name} ({err})"
-    from resdyn.infra.provenance import fingerprint
+    from resdyn.provenance.sidecars import fingerprint
 
     if fingerprint(path)["sha256"] != recorded:
         return f"changed since rule {prov.get('rule')} wrote it (sha256 differs from its sidecar)"
@@ -179,8 +179,8 @@ def sidecar_problem(path: PathLike, layout: RunLayout) -> str:
 
 def checkpoint_step(ckpt: str, record: Mapping[str, Any] | None) -> tuple[float, str]:
     """(training step, reason when NaN) of a checkpoint from its record: a zoo checkpoint's
-    ``step``, else the step in its hub revision name (:func:`resdyn.infra.hub.revision_step`)."""
-    from resdyn.infra.hub import revision_step
+    ``step``, else the step in its hub revision name (:func:`resdyn.lm.hub.revision_step`)."""
+    from resdyn.lm.hub import revision_step
 
     record = record or {}
     if isinstance(record.get("step"), int):
@@ -224,7 +224,7 @@ class _Identity:
         return (io.read_json(side).get("params") or {}) if side.is_file() else {}
 
     def _arch(self, record: Mapping[str, Any], zoo: Mapping[str, Any]) -> dict:
-        from resdyn.infra.hub import architecture, read_config_json
+        from resdyn.lm.hub import architecture, read_config_json
 
         cfg = Path(str(record.get("folder") or "")) / "config.json"
         if record.get("folder") and cfg.is_file():

@@ -144,7 +144,7 @@ def add_snapshot(hub_cache: Path, repo: str, revision: str, repo_type: str = "mo
 
 
 def documents() -> list[str]:
-    from resdyn.infra import data
+    from resdyn.lm import corpus as data
 
     return data.kjv_chapters()[:N_DOCUMENTS]
 
@@ -328,7 +328,7 @@ def write_tuned_lens(hub_cache: Path, repo: str, snapshot: Path, seed: int = 0) 
 def build_pythia(hf_home: Path) -> Path:
     """The tiny Pythia models (a checkpoint series and a depth series), their lenses in the
     Space layout, and the dataset under ``hf_home/hub``; returns the hub cache."""
-    from resdyn.infra import data
+    from resdyn.lm import corpus as data
 
     hub_cache = Path(hf_home) / "hub"
     docs = documents()
@@ -349,7 +349,7 @@ def build_reach(hf_home: Path) -> Path:
 def build(hf_home: Path, models: dict | None = None) -> Path:
     """Every model of ``models`` (default: the paper-mini :data:`MODELS`) and the dataset under
     ``hf_home/hub``, with one tokenizer trained on the dataset; returns the hub cache."""
-    from resdyn.infra import data
+    from resdyn.lm import corpus as data
 
     hub_cache = Path(hf_home) / "hub"
     docs = documents()

@@ -75,9 +75,9 @@ def planned_rules(work: Path, config: str = CONFIG) -> set[str]:
 
 def make_corpus(work: Path) -> list[str]:
     """Two UTF-8 text files of KJV chapters (blank-line separated): the `text` dataset."""
-    from resdyn.infra import data
+    from resdyn.lm import corpus
 
-    chapters = data.kjv_chapters()[:40]
+    chapters = corpus.kjv_chapters()[:40]
     (work / "corpus").mkdir(parents=True, exist_ok=True)
     paths = []
     for i, part in enumerate((chapters[:20], chapters[20:])):
@@ -92,10 +92,10 @@ def make_local_model(folder: Path, docs: list[str], seed: int = 0) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from resdyn.infra import data
+    from resdyn.lm import corpus
 
     folder.mkdir(parents=True, exist_ok=True)
-    data.train_tokenizer(docs, 300, folder)
+    corpus.train_tokenizer(docs, 300, folder)
     vocab = len(AutoTokenizer.from_pretrained(str(folder)))
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -120,7 +120,6 @@ def tamper_config(paths: list[str]) -> dict:
 
 def build(work: Path, cores: int = 2) -> Path:
     """Copy the workflow to ``work``, make the local model and corpus, run it to the end."""
-    from resdyn.infra import data
 
     shutil.copytree(ROOT, work, ignore=IGNORE)
     paths = make_corpus(work)

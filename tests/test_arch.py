@@ -1,4 +1,4 @@
-"""resdyn.infra.arch: the sublayer split reproduces each family's HF decoder layer.
+"""resdyn.lm.sublayers: the sublayer split reproduces each family's HF decoder layer.
 
 Oracles are HF's own forward passes: hooks on the decoder layers (h_L, the raw last output) and
 on the submodule that receives the pre-MLP state (m_L). Tiny random fp32 models, eager attention
@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
-from resdyn.infra import arch
+from resdyn.lm import decompose, families, norms, structure, sublayers
 
 VOCAB = 100
 LENGTH = 9
@@ -118,7 +118,7 @@ def make_model(name: str, seed: int = 0, attn_implementation: str = "eager") -> 
                 param.add_(0.2 * torch.randn_like(param))
             elif FAMILY_OF[name] in ("gpt2", "gpt_neox") and mod_name.endswith("bias"):
                 param.add_(0.1 * torch.randn_like(param))  # HF initialises them to 0
-        for i, layer in enumerate(arch.decoder_layers(model)):
+        for i, layer in enumerate(structure.decoder_layers(model)):
             if hasattr(layer, "layer_scalar"):
                 layer.layer_scalar.fill_(0.7 + 0.1 * i)
     return model
@@ -170,7 +170,7 @@ def capture_layer_calls(model: torch.nn.Module, input_ids: torch.Tensor) -> dict
     """(args, kwargs) each decoder layer is called with in HF's forward (use_cache=False)."""
     calls: dict[int, tuple] = {}
     handles = []
-    for i, layer in enumerate(arch.decoder_layers(model)):
+    for i, layer in enumerate(structure.decoder_layers(model)):
 
         def hook(_mod, args, kwargs, i=i):
             calls[i] = (args, dict(kwargs))
@@ -235,7 +235,7 @@ def hf_pre_mlp_states(name: str, model: torch.nn.Module, input_ids: torch.Tensor
     """m_L of every layer from HF's forward: (n_layers, T, d)."""
     captured = {}
     handles = []
-    for i, layer in enumerate(arch.decoder_layers(model)):
+    for i, layer in enumerate(structure.decoder_layers(model)):
         module = getattr(layer, M_INPUT_MODULE[name])
         handles.append(module.register_forward_pre_hook(lambda _m, args, i=i: captured.__setitem__(i, args[0])))
     try:
@@ -280,19 +280,19 @@ def family_model(request):
 
 def test_family_detected(family_model):
     name, model = family_model
-    assert arch.family(model) == name
-    adapters = arch.sublayers(model)
+    assert decompose.family(model) == name
+    adapters = decompose.sublayers(model)
     assert [a.index for a in adapters] == list(range(4))
 
 
 def test_boundary_states_recompose_hf_layers(family_model):
     name, model = family_model
     ids = sample_ids()
-    states = arch.boundary_states(model, ids)
-    n = len(arch.decoder_layers(model))
+    states = decompose.boundary_states(model, ids)
+    n = len(structure.decoder_layers(model))
     assert states.shape == (2 * n + 1, LENGTH, 32)
     assert states.dtype == torch.float32
-    reference = arch.residual_states(model, ids)[0]  # hooks on HF's layers
+    reference = structure.residual_states(model, ids)[0]  # hooks on HF's layers
     torch.testing.assert_close(states[0::2], reference, atol=1e-5, rtol=0)
     torch.testing.assert_close(states[1::2], hf_pre_mlp_states(name, model, ids), atol=1e-5, rtol=0)
 
@@ -300,10 +300,10 @@ def test_boundary_states_recompose_hf_layers(family_model):
 def test_boundary_states_batch(family_model):
     _, model = family_model
     ids = sample_ids(batch=2)
-    states = arch.boundary_states(model, ids)
+    states = decompose.boundary_states(model, ids)
     assert states.shape[:2] == (2, 9)
     for b in range(2):
-        assert_close_to_scale(states[b], arch.boundary_states(model, ids[b]))
+        assert_close_to_scale(states[b], decompose.boundary_states(model, ids[b]))
 
 
 def test_last_state_is_raw_layer_output(family_model):
@@ -311,7 +311,7 @@ def test_last_state_is_raw_layer_output(family_model):
     _, model = family_model
     ids = sample_ids()
     last = {}
-    handle = arch.decoder_layers(model)[-1].register_forward_hook(
+    handle = structure.decoder_layers(model)[-1].register_forward_hook(
         lambda _m, _a, out: last.__setitem__("h", out[0] if isinstance(out, tuple) else out)
     )
     try:
@@ -319,11 +319,11 @@ def test_last_state_is_raw_layer_output(family_model):
             out = model(input_ids=ids[None], use_cache=False, output_hidden_states=True)
     finally:
         handle.remove()
-    states = arch.boundary_states(model, ids)
+    states = decompose.boundary_states(model, ids)
     torch.testing.assert_close(states[-1], last["h"][0], atol=1e-5, rtol=0)
     assert (states[-1] - out.hidden_states[-1][0]).abs().max() > 1e-2
     # ... and the model's own readout of it gives the model's logits.
-    torch.testing.assert_close(arch.unembed_logits(model, states[-1]), out.logits[0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(structure.unembed_logits(model, states[-1]), out.logits[0], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma4", "gpt2", PARALLEL])
@@ -331,7 +331,7 @@ def test_boundary_states_match_sdpa_model(name):
     """Default attention (sdpa): equal up to the fused kernel's summation order."""
     model = make_model(name, attn_implementation="sdpa")
     ids = sample_ids()
-    assert_close_to_scale(arch.boundary_states(model, ids)[0::2], arch.residual_states(model, ids)[0])
+    assert_close_to_scale(decompose.boundary_states(model, ids)[0::2], structure.residual_states(model, ids)[0])
 
 
 def test_causal_mask_is_explicit():
@@ -341,7 +341,7 @@ def test_causal_mask_is_explicit():
     ids = sample_ids()
     changed = ids.clone()
     changed[6] = (ids[6] + 1) % VOCAB
-    a, b = arch.boundary_states(model, ids), arch.boundary_states(model, changed)
+    a, b = decompose.boundary_states(model, ids), decompose.boundary_states(model, changed)
     assert torch.equal(a[:, :6], b[:, :6])
     assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3
 
@@ -350,11 +350,11 @@ def test_causal_mask_is_explicit():
 def test_sliding_window_applied(name):
     """A sliding layer's m_L at the last position ignores tokens older than the window."""
     model = make_model(name)
-    layer = next(a.index for a in arch.sublayers(model) if a.window == WINDOW)
+    layer = next(a.index for a in decompose.sublayers(model) if a.window == WINDOW)
     ids = sample_ids()
     changed = ids.clone()
     changed[: LENGTH - WINDOW] = (ids[: LENGTH - WINDOW] + 1) % VOCAB
-    a, b = arch.boundary_states(model, ids), arch.boundary_states(model, changed)
+    a, b = decompose.boundary_states(model, ids), decompose.boundary_states(model, changed)
     assert layer == 0 or name == "qwen2"
     if layer == 0:  # h_0 at the window's positions is unchanged, so m_0 there must be too
         torch.testing.assert_close(a[1, -1], b[1, -1], atol=0, rtol=0)
@@ -362,15 +362,15 @@ def test_sliding_window_applied(name):
 
 
 def test_sublayer_metadata():
-    windows = {name: [a.window for a in arch.sublayers(make_model(name))] for name in FAMILIES}
+    windows = {name: [a.window for a in decompose.sublayers(make_model(name))] for name in FAMILIES}
     assert windows["llama"] == [None] * 4
     assert windows["mistral"] == [WINDOW] * 4
     assert windows["qwen2"] == [None, None, WINDOW, WINDOW]
     assert windows["olmo3"] == [WINDOW, WINDOW, WINDOW, None]
     assert windows["gemma4"] == [WINDOW, None, WINDOW, None]
-    gemma = arch.sublayers(make_model("gemma4"))
+    gemma = decompose.sublayers(make_model("gemma4"))
     assert [a.kv_source for a in gemma] == [0, 1, 0, 1]
-    layer = arch.decoder_layers(make_model("gemma4"))[1]
+    layer = structure.decoder_layers(make_model("gemma4"))[1]
     assert layer.self_attn.v_proj is None and hasattr(layer.self_attn, "v_norm")  # k_eq_v + v-norm
     assert layer.hidden_size_per_layer_input == 8
 
@@ -380,9 +380,9 @@ def test_bf16_boundaries_follow_hf():
     for name in ("llama", "olmo2", "gemma4", "gpt2", PARALLEL):
         model = make_model(name).to(torch.bfloat16)
         ids = sample_ids()
-        states = arch.boundary_states(model, ids)
+        states = decompose.boundary_states(model, ids)
         assert states.dtype == torch.bfloat16
-        reference = arch.residual_states(model, ids)[0]
+        reference = structure.residual_states(model, ids)[0]
         torch.testing.assert_close(states[0::2], reference, atol=0, rtol=0)
 
 
@@ -393,11 +393,11 @@ def test_bf16_boundaries_follow_hf():
 
 def _assert_refused(model, *needles):
     with pytest.raises(ValueError) as err:
-        arch.sublayers(model)
+        decompose.sublayers(model)
     message = str(err.value)
     for needle in needles:
         assert needle in message, message
-    for fam in arch.SUPPORTED_FAMILIES:
+    for fam in families.SUPPORTED_FAMILIES:
         assert fam in message, message
 
 
@@ -428,13 +428,13 @@ def test_refuses_gemma3n():
 def test_refuses_unknown_family():
     config = tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
     with pytest.raises(ValueError, match="llama, mistral, qwen2, olmo2, olmo3, gemma4, gpt2, gpt_neox"):
-        arch.family(tf.BloomForCausalLM(config))
+        decompose.family(tf.BloomForCausalLM(config))
 
 
 def test_refuses_gpt2_cross_attention():
     config = tf.GPT2Config(**GPT2_CONFIG, add_cross_attention=True)
     with pytest.raises(ValueError, match="add_cross_attention"):
-        arch.family(tf.GPT2LMHeadModel(config))
+        decompose.family(tf.GPT2LMHeadModel(config))
 
 
 def test_refuses_gemma4_moe():
@@ -444,7 +444,7 @@ def test_refuses_gemma4_moe():
            "moe_intermediate_size": 16}  # fmt: skip
     )
     with pytest.raises(ValueError, match="enable_moe_block"):
-        arch.family(tf.Gemma4ForCausalLM(config))
+        decompose.family(tf.Gemma4ForCausalLM(config))
 
 
 def test_gemma4_multimodal_wrapper_text_inputs():
@@ -455,12 +455,12 @@ def test_gemma4_multimodal_wrapper_text_inputs():
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = tf.Gemma4ForConditionalGeneration(config).eval()
-    assert arch.family(model) == "gemma4"
+    assert decompose.family(model) == "gemma4"
     ids = sample_ids()
-    states = arch.boundary_states(model, ids)
-    torch.testing.assert_close(states[0::2], arch.residual_states(model, ids)[0], atol=1e-5, rtol=0)
+    states = decompose.boundary_states(model, ids)
+    torch.testing.assert_close(states[0::2], structure.residual_states(model, ids)[0], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="image_token_id"):
-        arch.boundary_states(model, torch.tensor([5, config.image_token_id, 6]))
+        decompose.boundary_states(model, torch.tensor([5, config.image_token_id, 6]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,7 +473,7 @@ def hf_attention_outputs(model: torch.nn.Module, input_ids: torch.Tensor) -> tor
     captured = {}
     handles = [
         layer.attention.register_forward_hook(lambda _m, _a, out, i=i: captured.__setitem__(i, out[0]))
-        for i, layer in enumerate(arch.decoder_layers(model))
+        for i, layer in enumerate(structure.decoder_layers(model))
     ]
     try:
         with torch.no_grad():
@@ -488,17 +488,17 @@ def test_parallel_residual_boundaries():
     """One boundary per layer: h_L equals HF's layer inputs; the pre-MLP slot holds the virtual
     m_L = h_L + A(ln_in(h_L)), so m_L − h_L and h_{L+1} − m_L are the two branch outputs."""
     model = make_model(PARALLEL)
-    assert arch.family(model) == "gpt_neox" and arch.residual_kind(model) == "parallel"
-    assert all(a.parallel for a in arch.sublayers(model))
-    assert arch.residual_kind(make_model("gpt_neox")) == "sequential"
-    assert not any(a.parallel for a in arch.sublayers(make_model("gpt_neox")))
+    assert decompose.family(model) == "gpt_neox" and structure.residual_kind(model) == "parallel"
+    assert all(a.parallel for a in decompose.sublayers(model))
+    assert structure.residual_kind(make_model("gpt_neox")) == "sequential"
+    assert not any(a.parallel for a in decompose.sublayers(make_model("gpt_neox")))
     ids = sample_ids()
-    states = arch.boundary_states(model, ids)
-    reference = arch.residual_states(model, ids)[0]
+    states = decompose.boundary_states(model, ids)
+    reference = structure.residual_states(model, ids)[0]
     torch.testing.assert_close(states[0::2], reference, atol=0, rtol=0)
     attn = hf_attention_outputs(model, ids)
     torch.testing.assert_close(states[1::2] - states[0:-1:2], attn, atol=1e-5, rtol=0)
-    layers = arch.decoder_layers(model)
+    layers = structure.decoder_layers(model)
     with torch.no_grad():
         mlp = torch.stack([layers[i].mlp(layers[i].post_attention_layernorm(reference[i])) for i in range(4)])
     torch.testing.assert_close(states[2::2] - states[1::2], mlp, atol=1e-5, rtol=0)
@@ -508,16 +508,16 @@ def test_gpt2_learned_positions_and_partial_rotary():
     """GPT-2's h_0 includes the learned positions; GPT-NeoX rotates only rotary_pct of a head."""
     model = make_model("gpt2")
     ids = sample_ids()
-    states = arch.boundary_states(model, ids)
-    stack = arch.text_model(model)
+    states = decompose.boundary_states(model, ids)
+    stack = structure.text_model(model)
     with torch.no_grad():
         expected = stack.wte(ids) + stack.wpe(torch.arange(LENGTH))
     torch.testing.assert_close(states[0], expected, atol=0, rtol=0)
-    neox = arch.sublayers(make_model(PARALLEL))[0]
+    neox = decompose.sublayers(make_model(PARALLEL))[0]
     assert neox.head_dim == 8 and neox.attention.rotary_ndims == 4
     x = torch.randn(2, 4, 8)
     cos, sin = torch.cos(torch.ones(2, 4)), torch.sin(torch.ones(2, 4))
-    out = arch.apply_rope(x, cos, sin)
+    out = sublayers.apply_rope(x, cos, sin)
     assert torch.equal(out[..., 4:], x[..., 4:]) and not torch.equal(out[..., :4], x[..., :4])
 
 
@@ -531,9 +531,9 @@ def test_new_family_features_are_active():
     soft cap (tanh far from linear), SmolLM3 has NoPE layers, Granite's multipliers are ≠ 1,
     Phi-3 rotates half of each head, every sliding family has a window shorter than LENGTH."""
     gemma2 = make_model("gemma2")
-    adapter = arch.sublayers(gemma2)[0]
+    adapter = decompose.sublayers(gemma2)[0]
     ids = sample_ids()
-    ctx = arch.prepare(gemma2, ids[None])
+    ctx = decompose.prepare(gemma2, ids[None])
     with torch.no_grad():
         n = adapter.norm("attn_pre")(ctx.embeddings)
         cos, sin = adapter.rope(ctx, n.dtype)
@@ -541,21 +541,21 @@ def test_new_family_features_are_active():
         k, _ = adapter.shape_kv(*adapter.project_kv(n), cos, sin)
         scores = torch.einsum("bthd,bshd->bhts", q, k.repeat_interleave(2, dim=2)) * adapter.scaling
     assert adapter.softcap == 1.0 and scores.abs().max() > 2 * adapter.softcap
-    smol = arch.sublayers(make_model("smollm3"))
+    smol = decompose.sublayers(make_model("smollm3"))
     assert [a.rotary for a in smol] == [True, False, True, False]
     granite = make_model("granite")
-    assert arch.sublayers(granite)[0].branch_scale == 0.6 and arch.readout_scale(granite) == 2.5
+    assert decompose.sublayers(granite)[0].branch_scale == 0.6 and structure.readout_scale(granite) == 2.5
     from resdyn.study_b import lens
 
     assert lens.linear_readout_weight(granite, torch.float32) is None  # the lens reads out through / 2.5
     with torch.no_grad():
         out = granite(input_ids=ids[None], use_cache=False)
-        final = arch.boundary_states(granite, ids)[-1]
+        final = decompose.boundary_states(granite, ids)[-1]
         torch.testing.assert_close(lens.lens_readout(granite, final, None, None), out.logits[0], atol=1e-5, rtol=0)
-    assert arch.sublayers(make_model("phi3"))[0].rope(arch.prepare(make_model("phi3"), ids[None]),
+    assert decompose.sublayers(make_model("phi3"))[0].rope(decompose.prepare(make_model("phi3"), ids[None]),
                                                      torch.float32)[0].shape[-1] == 4  # of head_dim 8
     for name in ("qwen3", "gemma2", "gemma3", "phi3", "smollm3"):
-        assert WINDOW in [a.window for a in arch.sublayers(make_model(name))], name
+        assert WINDOW in [a.window for a in decompose.sublayers(make_model(name))], name
 
 
 def test_gemma3_multimodal_checkpoint_text_tower():
@@ -567,29 +567,29 @@ def test_gemma3_multimodal_checkpoint_text_tower():
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = tf.Gemma3ForConditionalGeneration(config).eval()
-    assert arch.family(model) == "gemma3"
+    assert decompose.family(model) == "gemma3"
     ids = sample_ids()
-    torch.testing.assert_close(arch.boundary_states(model, ids)[0::2], arch.residual_states(model, ids)[0],
+    torch.testing.assert_close(decompose.boundary_states(model, ids)[0::2], structure.residual_states(model, ids)[0],
                                atol=1e-5, rtol=0)
 
 
 def test_family_table_is_the_one_place():
-    """Schema enum, hub detection, norms and adapters all come from resdyn.infra.families; the
+    """Schema enum, hub detection, norms and adapters all come from resdyn.lm.families; the
     docs table has one row per family."""
     from pathlib import Path
 
-    from resdyn.infra import config as rc
-    from resdyn.infra import families
+    from resdyn.lm import families
+    from resdyn.pipeline import config as rc
 
     schema = rc.load_schema()
-    assert schema["$defs"]["model"]["properties"]["family"]["enum"] == [*families.FAMILIES, arch.GENERIC]
+    assert schema["$defs"]["model"]["properties"]["family"]["enum"] == [*families.FAMILIES, decompose.GENERIC]
     docs = (Path(__file__).resolve().parents[1] / "docs" / "architectures.md").read_text()
-    assert families.docs_table() in docs, "docs/architectures.md: paste resdyn.infra.families.docs_table()"
+    assert families.docs_table() in docs, "docs/architectures.md: paste resdyn.lm.families.docs_table()"
     for name, fam in families.FAMILIES.items():
-        assert issubclass(arch.adapter_class(name), arch.LayerSublayers), name
+        assert issubclass(decompose.adapter_class(name), sublayers.LayerSublayers), name
         for model_type in fam.model_types:
             assert families.family_of_type(model_type) == name
-        assert set(fam.rms_norms) <= set(arch.RMS_NORM_CLASSES)
+        assert set(fam.rms_norms) <= set(norms.RMS_NORM_CLASSES)
 
 
 @pytest.mark.parametrize(
@@ -609,7 +609,7 @@ def test_family_table_is_the_one_place():
 def test_refusals_at_validation(cfg, needles):
     """config.json alone (no torch, before any job): one line with the reason, the nearest
     supported family and the supported list."""
-    from resdyn.infra import hub
+    from resdyn.lm import hub
 
     with pytest.raises(hub.HubError) as err:
         hub.architecture(cfg)
@@ -624,4 +624,4 @@ def test_refuses_remote_code_model_object():
     model = make_model("llama")
     model.config.auto_map = {"AutoModelForCausalLM": "modeling_x.X"}
     with pytest.raises(ValueError, match="remote code"):
-        arch.family(model)
+        decompose.family(model)

@@ -317,9 +317,9 @@ def test_folder_artifacts_paths(tmp_path):
 
 def test_artifacts_imports_nothing_heavy_or_conceptual():
     """Every script imports this module: its imports enter every rule's code version and start-up."""
-    from resdyn.infra import codeversion
+    from resdyn.provenance import codeversion
 
-    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.infra", "resdyn.infra.io"}
+    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.io"}
     heavy = {"torch", "transformers", "matplotlib", "scipy"}
     # torch only inside the writers/readers of torch's own file formats, which the jobs that
     # train a lens call (they have torch loaded already); nowhere else, and never at import

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resdyn.infra import config as rc
+from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())

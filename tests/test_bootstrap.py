@@ -9,10 +9,9 @@ import pytest
 import torch
 import transformers as tf
 
-from resdyn.beyond import bootstrap as bs
 from resdyn import artifacts
+from resdyn.beyond import bootstrap as bs
 from resdyn.study_a import jacobian, spectral
-
 
 # ---------------------------------------------------------------- generic utilities
 
@@ -400,7 +399,7 @@ def test_perturbative_coverage_matches_exact():
 def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
     """The CUDA code path (resampled means and running products as torch tensors, eigen-analyses
     via torch) run on the CPU's torch gives the host path's table."""
-    from resdyn.infra import linalg
+    from resdyn.numerics import linalg
 
     rng = np.random.default_rng(9)
     d, n = 16, 8
@@ -418,7 +417,7 @@ def test_perturbative_device_path_agrees_on_cpu_torch(monkeypatch):
 
 def test_cost_of_the_perturbative_method():
     """cost_bootstrap: (2 + 2 + 2.5 + R/32) eigvals-equivalents per sublayer instead of R."""
-    from resdyn.infra import cost
+    from resdyn.cluster import cost
 
     s = cost.Shape(n_layers=4, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
     cfg = {"jacobian": {"store_first_n": 16}, "bootstrap": {"n_resamples": 50, "method": "exact"}}

@@ -18,8 +18,8 @@ import transformers as tf
 from torch import nn
 
 from resdyn.beyond import causal
-from resdyn.infra import arch
 from resdyn.beyond.bridge import haar_subspace
+from resdyn.lm import decompose, structure
 
 VOCAB, D, LAYERS, T, B = 64, 32, 3, 10, 4
 
@@ -64,7 +64,7 @@ def hf_logits(model: nn.Module, input_ids: torch.Tensor, layer: int | None = Non
     if edit is not None:
         def hook(_mod, args, kwargs):
             return (edit(args[0]), *args[1:]), kwargs
-        handle = arch.decoder_layers(model)[layer].register_forward_pre_hook(hook, with_kwargs=True)
+        handle = structure.decoder_layers(model)[layer].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
             return model(input_ids=input_ids, use_cache=False).logits
@@ -133,8 +133,8 @@ def test_readout_chunks_and_reference_cache_change_no_number(monkeypatch):
             assert whole.compare(final, mod) == got  # a kept reference is the recomputed one, bit for bit
             chunked = small.compare(ref_small, mod)  # the head's gemm may round rows differently by count
             assert chunked[0] == pytest.approx(got[0], rel=1e-6) and chunked[1:] == got[1:]
-            a = scipy.special.log_softmax(arch.unembed_logits(model, final).detach().double().numpy(), axis=-1)
-            zb = arch.unembed_logits(model, mod).detach().double().numpy()
+            a = scipy.special.log_softmax(structure.unembed_logits(model, final).detach().double().numpy(), axis=-1)
+            zb = structure.unembed_logits(model, mod).detach().double().numpy()
             b = scipy.special.log_softmax(zb, axis=-1)
             assert got[0] == pytest.approx(float(np.sum(np.exp(a) * (a - b))), rel=1e-10)
             assert got[1] == float(np.sum(a.argmax(-1) != zb.argmax(-1))) and got[2] == B * T
@@ -152,11 +152,11 @@ def test_continuation_matches_hf_forward(family):
     x = ids()
     cont = causal.Continuation(model, x)
     ref = hf_logits(model, x)
-    boundaries = arch.boundary_states(model, x)
+    boundaries = decompose.boundary_states(model, x)
     for L in range(cont.n_layers + 1):
         assert torch.equal(cont.stream(L), boundaries[:, 2 * L])  # the same sublayer calls
         final = cont.run(cont.stream(L), L)
-        _assert_logits_close(arch.unembed_logits(model, final), ref)
+        _assert_logits_close(structure.unembed_logits(model, final), ref)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma4"])
@@ -166,10 +166,10 @@ def test_intervention_matches_hf_pre_hook(family):
     cont = causal.Continuation(model, x)
     V = torch.tensor(haar_subspace(D, 5, np.random.default_rng(3)), dtype=torch.float32)
     for L in range(cont.n_layers):
-        mine = arch.unembed_logits(model, cont.run(causal.project_off(cont.stream(L), V), L))
+        mine = structure.unembed_logits(model, cont.run(causal.project_off(cont.stream(L), V), L))
         _assert_logits_close(mine, hf_logits(model, x, L, lambda h: causal.project_off(h, V)))
         donor = cont.donor(L)
-        mine = arch.unembed_logits(model, cont.run(causal.patch_component(cont.stream(L), donor, V), L))
+        mine = structure.unembed_logits(model, cont.run(causal.patch_component(cont.stream(L), donor, V), L))
         _assert_logits_close(mine, hf_logits(model, x, L, lambda h: causal.patch_component(h, donor, V)))
 
 
@@ -199,8 +199,8 @@ def _dead_coordinates_model(dead: list[int]) -> nn.Module:
     has zero columns there and every attention o_proj / MLP down_proj zero rows (no biases)."""
     model = make("llama")
     with torch.no_grad():
-        arch.text_model(model).embed_tokens.weight[:, dead] = 0.0
-        for layer in arch.decoder_layers(model):
+        structure.text_model(model).embed_tokens.weight[:, dead] = 0.0
+        for layer in structure.decoder_layers(model):
             layer.self_attn.o_proj.weight[dead, :] = 0.0
             layer.mlp.down_proj.weight[dead, :] = 0.0
     return model
@@ -231,7 +231,7 @@ def test_readout_null_space_changes_nothing_at_the_final_state():
     a subspace of null(W_U) changes the logits by W_U V Vᵀ h = 0, up to float32 rounding."""
     vocab = 16  # < d, so W_U (16 × 32) has a 16-dimensional null space
     model = make("llama", vocab=vocab)
-    arch.text_model(model).norm = nn.Identity()
+    structure.text_model(model).norm = nn.Identity()
     cont = causal.Continuation(model, ids(vocab=vocab))
     W = model.get_output_embeddings().weight.detach().double().numpy()
     null = scipy.linalg.null_space(W)

@@ -1,13 +1,13 @@
-"""resdyn plan --changes (resdyn.infra.changes): a dry run's job blocks read back, each reason
+"""resdyn plan --changes (resdyn.provenance.changes): a dry run's job blocks read back, each reason
 explained from the outputs' provenance and the stored code manifests, and priced."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-from resdyn.infra import changes, codeversion, io
-from resdyn.infra import config as rc
+from resdyn import io
+from resdyn.pipeline import config as rc
+from resdyn.provenance import changes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,8 +48,8 @@ This was a dry-run (flag -n).
 def run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cache = tmp_path / "cache"
-    old = {"script:0": "a", "resdyn.study_a.jacobian:attn_jacobian": "b", "resdyn.infra.io:x": "c"}
-    new = {**old, "resdyn.study_a.jacobian:attn_jacobian": "B", "resdyn.infra.io:y": "d"}
+    old = {"script:0": "a", "resdyn.study_a.jacobian:attn_jacobian": "b", "resdyn.io:x": "c"}
+    new = {**old, "resdyn.study_a.jacobian:attn_jacobian": "B", "resdyn.io:y": "d"}
     io.write_json(old, cache / "manifests" / "1111111111111111.json")
     io.write_json(new, cache / "manifests" / "2222222222222222.json")
     for out, params in [("results/m/step0/jacobians/layers000-003", {"positions": "last", "code": "1111111111111111"}),
@@ -70,7 +70,7 @@ def test_job_blocks_are_read(run):
 def test_reasons_name_the_symbols_params_and_inputs(run):
     jobs, cache = run
     assert changes.explain(jobs[0], cache) == [
-        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.infra.io:y"]
+        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y"]
     # 0.0 and 0 are inside "0.05" as text but are not among the old values: only the changed two
     assert changes.explain(jobs[1], cache) == ["params: resolution, ks"]
     assert changes.explain(jobs[2], cache) == [
@@ -90,7 +90,7 @@ def test_render_groups_by_rule_and_prices_with_the_cost_model(run):
     lines = text.splitlines()
     assert lines[0].startswith("jacobians: 1 job(s), 0 GPU-h, ") and "CPU-h" in lines[0]  # smoke: device cpu
     assert lines[1] == ("  model=tiny_llama ckpt=step0 block=layers000-003: "
-                        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.infra.io:y")
+                        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y")
     assert jobs[0].cpu_hours > 0 and jobs[0].gpu_hours == 0
     assert lines[-1].startswith("total: 3 jobs, 0 GPU-hours (h100), ")
     assert "  model=tiny_llama ckpt=step0: new: output missing; input: after jacobians" in lines  # by rule

@@ -1,4 +1,4 @@
-"""Code versions from the code a script reaches, symbol by symbol (resdyn.infra.codeversion).
+"""Code versions from the code a script reaches, symbol by symbol (resdyn.provenance.codeversion).
 
 Oracles independent of the ``ast`` walk under test:
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resdyn.infra import codeversion as cv
-from resdyn.infra.families import FAMILIES
+from resdyn.lm.families import FAMILIES
+from resdyn.provenance import codeversion as cv
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "workflow" / "scripts").glob("*.py"))
@@ -73,7 +73,7 @@ def test_closure_of_every_rule_script_matches_modulefinder(script):
     assert cv.import_closure(script) == expected
     # the symbol closure lies inside the modules the script imports, plus (for a script that
     # reaches the family table) the adapter modules its "module:Class" strings name and theirs
-    named = {m for label in cv.symbol_closure(script) if label.startswith("resdyn.infra.families:")
+    named = {m for label in cv.symbol_closure(script) if label.startswith("resdyn.lm.families:")
              for m in (fam.adapter.partition(":")[0] for fam in FAMILIES.values())}
     for module in sorted(named):
         finder.run_script(str(cv.module_file(module)))
@@ -131,13 +131,13 @@ PACKAGE = {
             return OTHER
         ''',
     "types.py": "class Shape:\n    pass\n",  # only an annotation: does not count
-    "infra/__init__.py": "",
-    "infra/families.py": ('FAMILIES = {"llama": (("llama",), "resdyn.infra.arch:_Llama"),\n'
-                          '            "olmo2": (("olmo2",), "resdyn.infra.arch:_Olmo")}\n'),
-    "infra/arch.py": '''
+    "lm/__init__.py": "",
+    "lm/families.py": ('FAMILIES = {"llama": (("llama",), "resdyn.lm.sublayers:_Llama"),\n'
+                          '            "olmo2": (("olmo2",), "resdyn.lm.sublayers:_Olmo")}\n'),
+    "lm/sublayers.py": '''
         import pkgutil
 
-        from resdyn.infra.families import FAMILIES
+        from resdyn.lm.families import FAMILIES
 
 
         class Base:
@@ -180,9 +180,9 @@ PACKAGE = {
 
 SCRIPT = '''
 from resdyn import core
-from resdyn.infra import arch
+from resdyn.lm import sublayers
 
-print(core.f(1), core.Model().run(), arch.adapter("llama"))
+print(core.f(1), core.Model().run(), sublayers.adapter("llama"))
 '''
 
 
@@ -207,11 +207,11 @@ def test_symbol_closure_is_what_the_script_names(pkg):
     assert got == {
         "resdyn.core:f", "resdyn.core:DEFAULT", "resdyn.core:Model", "resdyn.core:helper",
         "resdyn.util:used", "resdyn.util:SCALE", "resdyn.util:deco",
-        "resdyn.infra.arch:adapter", "resdyn.infra.arch:Base",
-        "resdyn.infra.arch:_Llama", "resdyn.infra.arch:_Olmo", "resdyn.infra.families:FAMILIES",
+        "resdyn.lm.sublayers:adapter", "resdyn.lm.sublayers:Base",
+        "resdyn.lm.sublayers:_Llama", "resdyn.lm.sublayers:_Olmo", "resdyn.lm.families:FAMILIES",
     }
     fam = cv.symbol_closure(script, base, family="llama")
-    assert "resdyn.infra.arch:_Llama" in fam and "resdyn.infra.arch:_Olmo" not in fam
+    assert "resdyn.lm.sublayers:_Llama" in fam and "resdyn.lm.sublayers:_Olmo" not in fam
 
 
 NO_CHANGE = {
@@ -223,9 +223,9 @@ NO_CHANGE = {
     "new class": ("core.py", "class Model:", "class Artifact:\n    path = 'x'\n\n\nclass Model:"),
     "unreached constant": ("core.py", "OTHER = 4", "OTHER = 5"),
     "annotation type": ("types.py", "pass", "x: int = 0"),
-    "other family": ("infra/arch.py", "return 2", "return 3"),
-    "new family": ("infra/families.py", '"resdyn.infra.arch:_Olmo")}',
-                   '"resdyn.infra.arch:_Olmo"), "gpt2": (("gpt2",), "resdyn.infra.arch:_Olmo")}'),
+    "other family": ("lm/sublayers.py", "return 2", "return 3"),
+    "new family": ("lm/families.py", '"resdyn.lm.sublayers:_Olmo")}',
+                   '"resdyn.lm.sublayers:_Olmo"), "gpt2": (("gpt2",), "resdyn.lm.sublayers:_Olmo")}'),
     "unloaded module": ("dyn.py", "return 0", "return 1"),
 }
 
@@ -236,9 +236,9 @@ CHANGE = {
     "decorator": ("util.py", "    return fn", "    return fn or None"),
     "method of a used class": ("core.py", "return helper()", "return helper() + 0"),
     "callee of a method": ("core.py", "def helper():\n    return 1", "def helper():\n    return 2"),
-    "own family": ("infra/arch.py", "return 1", "return 5"),
-    "shared base class": ("infra/arch.py", "class Base:\n    pass", "class Base:\n    x = 1"),
-    "family table entry": ("infra/families.py", '("llama",)', '("llama", "llama2")'),
+    "own family": ("lm/sublayers.py", "return 1", "return 5"),
+    "shared base class": ("lm/sublayers.py", "class Base:\n    pass", "class Base:\n    x = 1"),
+    "family table entry": ("lm/families.py", '("llama",)', '("llama", "llama2")'),
 }
 
 
@@ -355,16 +355,16 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
     torch = pytest.importorskip("torch")
     from test_arch import FAMILIES, FAMILY_OF, make_model, sample_ids
 
-    from resdyn.infra import arch
+    from resdyn.lm import decompose
     from resdyn.study_a import jacobian
 
     script = ROOT / "workflow" / "scripts" / "jacobians.py"
-    from resdyn.infra.families import FAMILIES as TABLE
+    from resdyn.lm.families import FAMILIES as TABLE
 
     def symbols(cls):  # the adapter and its bases defined by resdyn, as closure labels
         return {f"{c.__module__}:{c.__name__}" for c in cls.__mro__ if c.__module__.startswith("resdyn.")}
 
-    adapters = set().union(*(symbols(arch.adapter_class(f)) for f in TABLE))
+    adapters = set().union(*(symbols(decompose.adapter_class(f)) for f in TABLE))
     torch.set_num_threads(1)
     for name in FAMILIES:
         family = FAMILY_OF[name]
@@ -380,7 +380,7 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
         closure = cv.symbol_closure(script, family=family)
         assert "resdyn.study_a.jacobian:attn_jacobian" in ran  # the trace sees the work
         assert ran <= closure, f"{name}: ran but not in the closure: {sorted(ran - closure)}"
-        own = symbols(arch.adapter_class(family))
+        own = symbols(decompose.adapter_class(family))
         assert adapters & closure == own & adapters, name
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resdyn.infra import config as rc
+from resdyn.pipeline import config as rc
 from resdyn.plots import catalogue as figs
 
 ROOT = Path(__file__).resolve().parent.parent

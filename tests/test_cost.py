@@ -1,4 +1,4 @@
-"""The cost model (resdyn/infra/cost.py), `resdyn plan`, and that the rules take their resources from it."""
+"""The cost model (resdyn/cluster/cost.py), `resdyn plan`, and that the rules take their resources from it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import scipy.linalg
 import torch
 
-from resdyn.infra import config as rc
-from resdyn.infra import cost, plan
+from resdyn.cluster import cost, gpu_kinds
+from resdyn.pipeline import config as rc
+from resdyn.pipeline import dag, plan
 from resdyn.study_a import spectral
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +68,8 @@ def _w(config: dict, rule: str) -> dict:
 @pytest.mark.parametrize("key,small,large", [("d_model", 2048, 4096), ("d_ff", 8192, 16384),
                                              ("vocab_size", 32000, 128256)])
 def test_cost_is_monotonic_in_model_sizes(paper_a, rule, key, small, large):
-    a = cost.job_cost(_with_model(paper_a, **{key: small}), rule, _w(paper_a, rule))
-    b = cost.job_cost(_with_model(paper_a, **{key: large}), rule, _w(paper_a, rule))
+    a = dag.job_cost(_with_model(paper_a, **{key: small}), rule, _w(paper_a, rule))
+    b = dag.job_cost(_with_model(paper_a, **{key: large}), rule, _w(paper_a, rule))
     for dev in ("cpu", "h100"):
         assert cost.seconds(b, dev) >= cost.seconds(a, dev), (rule, key, dev)
     assert b.flops >= a.flops and b.host_bytes >= a.host_bytes and b.disk_bytes >= a.disk_bytes
@@ -78,7 +79,7 @@ def test_cost_is_monotonic_in_model_sizes(paper_a, rule, key, small, large):
 def test_cost_grows_with_samples(paper_a, rule):
     more = copy.deepcopy(paper_a)
     more["samples"]["n"] *= 2
-    a, b = cost.job_cost(paper_a, rule, _w(paper_a, rule)), cost.job_cost(more, rule, _w(more, rule))
+    a, b = dag.job_cost(paper_a, rule, _w(paper_a, rule)), dag.job_cost(more, rule, _w(more, rule))
     assert b.flops > a.flops and cost.seconds(b, "cpu") > cost.seconds(a, "cpu")
 
 
@@ -86,17 +87,17 @@ def test_bootstrap_cost_is_linear_in_resamples(paper_a):
     """(R + 2) rows × S sublayers eigen-analyses: doubling R + 2 doubles the eigen work."""
     cfg = copy.deepcopy(paper_a)
     cfg["bootstrap"]["n_resamples"] = 48
-    a = cost.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
+    a = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     cfg["bootstrap"]["n_resamples"] = 98
-    b = cost.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
+    b = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     assert b == pytest.approx(2 * a)
 
 
 @pytest.mark.parametrize("rule", HEAVY)
 def test_resources_grow_with_attempt(paper_a, rule):
-    one = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=1)
-    two = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=2)
-    three = cost.resources(paper_a, rule, _w(paper_a, rule), attempt=3)
+    one = dag.resources(paper_a, rule, _w(paper_a, rule), attempt=1)
+    two = dag.resources(paper_a, rule, _w(paper_a, rule), attempt=2)
+    three = dag.resources(paper_a, rule, _w(paper_a, rule), attempt=3)
     for key in ("mem_mb", "runtime"):
         assert one[key] < two[key] < three[key], (rule, key)
         assert abs(two[key] - 2 * one[key]) <= 2 and abs(three[key] - 3 * one[key]) <= 3
@@ -207,9 +208,9 @@ def test_eigen_henrici_reuses_one_schur_factor():
 
 
 def _force_device_path(monkeypatch) -> list:
-    """Make the CUDA switch (resdyn.infra.linalg.on_cuda, which bootstrap.py reads too)
+    """Make the CUDA switch (resdyn.numerics.linalg.on_cuda, which bootstrap.py reads too)
     treat any device as CUDA, so the torch code paths run on the CPU; returns the call log."""
-    from resdyn.infra import linalg
+    from resdyn.numerics import linalg
 
     calls: list = []
 
@@ -268,17 +269,17 @@ def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dic
 @pytest.mark.slow
 def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hub_env):
     """`snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and
-    (CPU rules) threads are exactly resdyn.infra.cost.resources(...) — the numbers `resdyn plan` sums."""
+    (CPU rules) threads are exactly resdyn.pipeline.dag.resources(...) — the numbers `resdyn plan` sums."""
     jobs = _dry_run_resources(PAPER_A, hub_env)
     priced = [(r, w, res) for r, w, res in jobs if r in cost.RULES]
     assert {r for r, _, _ in priced} >= set(HEAVY), {r for r, _, _ in priced}
     for rule, w, res in priced:
-        want = cost.resources(paper_a, rule, w, attempt=1, device="h100")
+        want = dag.resources(paper_a, rule, w, attempt=1, device="h100")
         assert int(res["mem_mb"]) == want["mem_mb"], (rule, w, res, want)
         assert int(res["runtime"]) == want["runtime"], (rule, w, res, want)
         if rule in ("spectra", "schur", "bootstrap", "communities", "bridge", "rss", "resolution"):
             assert int(res["threads"]) == want["threads"], (rule, w, res, want)
-    print(f"{len(priced)} jobs: resources equal resdyn.infra.cost.resources for every one")
+    print(f"{len(priced)} jobs: resources equal resdyn.pipeline.dag.resources for every one")
 
 
 def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
@@ -302,10 +303,10 @@ def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
 def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
     """config.json's use_parallel_residual (absent = transformers' default, true) reaches the
     shape through config validation: parallel NeoX layers are one operator (3 Jacobian groups,
-    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.infra.arch decides."""
+    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.lm.sublayers decides."""
     import transformers
 
-    from resdyn.infra import arch, hub
+    from resdyn.lm import hub, structure
 
     kw = {} if parallel is None else {"use_parallel_residual": parallel}
     hf = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_attention_heads=4,
@@ -315,7 +316,7 @@ def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
         data.pop("use_parallel_residual")
     want = parallel is not False
     assert hub.architecture(data)["parallel_residual"] is want
-    assert (arch.residual_kind(transformers.GPTNeoXForCausalLM(hf)) == "parallel") is want  # the code agrees
+    assert (structure.residual_kind(transformers.GPTNeoXForCausalLM(hf)) == "parallel") is want  # the code agrees
     entry = {"source": "local", "dataset": "d", "family": "gpt_neox", "path": "m", "dtype": "float32"}
     assert rc._shape_errors("models.neox", entry, [("m", data)]) == []
     config = {"models": {"neox": entry}, "tokenizer": {}}
@@ -357,7 +358,7 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
             assert res is None and rule in local, (rule, "has no cost function: must be a localrule without resources")
             assert rule in cost.LOCAL_UNPRICED_RULES, (rule, "`resdyn plan` must name it")
             continue
-        assert res is not None, (rule, "priced by resdyn.infra.cost but requests nothing")
+        assert res is not None, (rule, "priced by resdyn.cluster.cost but requests nothing")
         items = dict(line.strip().rstrip(",").split("=", 1) for line in res.group(1).splitlines())
         assert set(items) >= {"mem_mb", "runtime"}, (rule, items)
         for key, value in items.items():
@@ -367,11 +368,11 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
             assert threads.group(1) == f'cost("{rule}", "threads")', (rule, threads.group(1))
     assert priced <= set(blocks), priced - set(blocks)
     # GPU jobs' host cores: the profile's default cpus_per_gpu is the one the plan bills
-    from resdyn.infra import site
+    from resdyn.cluster import site
 
     saved = os.environ.pop("RESDYN_SLURM_CPUS_PER_GPU", None)
     try:
-        assert site.job_class_settings(gpu=True)["cpus_per_gpu"] == cost.GPU_HOST_THREADS
+        assert site.job_class_settings(gpu=True)["cpus_per_gpu"] == gpu_kinds.GPU_HOST_THREADS
     finally:
         if saved is not None:
             os.environ["RESDYN_SLURM_CPUS_PER_GPU"] = saved
@@ -400,10 +401,10 @@ def test_short_jobs_get_one_thread_long_gpu_jobs_the_host_threads(paper_a):
     # 2-core machine runs two such jobs side by side
     for rule in ("spectra", "bootstrap"):
         w = {"model": "llama16", "ckpt": "step600"}
-        assert cost.job_cost(config, rule, w).gpu
-        assert cost.seconds(cost.job_cost(config, rule, w), "cpu", 1) <= cost.THREADS_ABOVE_S
-        assert cost.threads_for(config, rule, w) == 1 == cost.resources(config, rule, w)["threads"]
+        assert dag.job_cost(config, rule, w).gpu
+        assert cost.seconds(dag.job_cost(config, rule, w), "cpu", 1) <= gpu_kinds.THREADS_ABOVE_S
+        assert dag.threads_for(config, rule, w) == 1 == dag.resources(config, rule, w)["threads"]
     # a paper-scale GPU job keeps the host threads that come with its GPU
     w = _w(paper_a, "lens")
-    assert cost.seconds(cost.job_cost(paper_a, "lens", w), "cpu", 1) > cost.THREADS_ABOVE_S
-    assert cost.threads_for(paper_a, "lens", w) == cost.GPU_HOST_THREADS
+    assert cost.seconds(dag.job_cost(paper_a, "lens", w), "cpu", 1) > gpu_kinds.THREADS_ABOVE_S
+    assert dag.threads_for(paper_a, "lens", w) == gpu_kinds.GPU_HOST_THREADS

@@ -3,49 +3,49 @@
 import numpy as np
 import pytest
 
-from resdyn.infra import data
+from resdyn.lm import corpus
 
 
 @pytest.fixture(scope="module")
 def docs():
-    return data.load_documents({"source": "embedded", "parts": ["kjv", "python_docs"]})
+    return corpus.load_documents({"source": "embedded", "parts": ["kjv", "python_docs"]})
 
 
 def test_embedded_corpus_is_real_prose_and_large(docs):
-    kjv = data.kjv_chapters()
+    kjv = corpus.kjv_chapters()
     assert len(kjv) == 1189  # chapters of the King James Bible
     assert kjv[0].startswith("In the beginning God created the heaven and the earth.")
     assert sum(map(len, docs)) > 2_000_000
-    assert any("Return" in d or "return" in d for d in data.stdlib_docstrings(max_modules=20))
+    assert any("Return" in d or "return" in d for d in corpus.stdlib_docstrings(max_modules=20))
 
 
 def test_split_is_seeded_disjoint_and_complete(docs):
-    a_train, a_held = data.split_documents(docs, 0.1, seed=3)
-    b_train, b_held = data.split_documents(docs, 0.1, seed=3)
-    c_train, c_held = data.split_documents(docs, 0.1, seed=4)
+    a_train, a_held = corpus.split_documents(docs, 0.1, seed=3)
+    b_train, b_held = corpus.split_documents(docs, 0.1, seed=3)
+    c_train, c_held = corpus.split_documents(docs, 0.1, seed=4)
     assert a_held == b_held and a_train == b_train
     assert a_held != c_held
     assert len(a_train) + len(a_held) == len(docs)
     assert abs(len(a_held) - round(0.1 * len(docs))) <= 1
     with pytest.raises(ValueError, match="heldout_fraction"):
-        data.split_documents(docs, 1.0, 0)
+        corpus.split_documents(docs, 1.0, 0)
 
 
 def test_text_source_and_missing_file(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("one para.\n\ntwo para.\n")
-    assert data.load_documents({"source": "text", "paths": [str(f)], "split_paragraphs": True}) == ["one para.", "two para."]
+    assert corpus.load_documents({"source": "text", "paths": [str(f)], "split_paragraphs": True}) == ["one para.", "two para."]
     with pytest.raises(FileNotFoundError, match="missing.txt"):
-        data.load_documents({"source": "text", "paths": [str(tmp_path / "missing.txt")]})
+        corpus.load_documents({"source": "text", "paths": [str(tmp_path / "missing.txt")]})
     with pytest.raises(ValueError, match="allowed: embedded, text, hf"):
-        data.load_documents({"source": "ftp"})
+        corpus.load_documents({"source": "ftp"})
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    data.train_tokenizer(data.kjv_chapters()[:200], 400, out)
-    return data.load_tokenizer(out)
+    corpus.train_tokenizer(corpus.kjv_chapters()[:200], 400, out)
+    return corpus.load_tokenizer(out)
 
 
 def test_tokenizer_roundtrip_and_eos(tokenizer):
@@ -53,7 +53,7 @@ def test_tokenizer_roundtrip_and_eos(tokenizer):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert len(tokenizer) == 400
-    stream = data.token_stream(tokenizer, ["a b", "c"])
+    stream = corpus.token_stream(tokenizer, ["a b", "c"])
     assert (stream == tokenizer.eos_token_id).sum() == 2
 
 
@@ -66,19 +66,19 @@ def test_plain_token_encoder_matches_autotokenizer(tmp_path):
     from transformers import PreTrainedTokenizerBase
 
     folder = tmp_path / "tok"
-    docs = data.kjv_chapters()[:60]
-    data.train_tokenizer(docs, 300, folder)
-    light, full = data.load_token_encoder(folder), data.load_tokenizer(folder)
-    assert isinstance(light, data.PlainTokenizer) and light.eos_token_id == full.eos_token_id is not None
-    texts = docs[40:] + data.stdlib_docstrings(3) + ["  leading spaces\n\ttabs  ", "unicode: ß, ü, 日本, 🙂", ""]
-    np.testing.assert_array_equal(data.token_stream(light, texts), data.token_stream(full, texts))
+    docs = corpus.kjv_chapters()[:60]
+    corpus.train_tokenizer(docs, 300, folder)
+    light, full = corpus.load_token_encoder(folder), corpus.load_tokenizer(folder)
+    assert isinstance(light, corpus.PlainTokenizer) and light.eos_token_id == full.eos_token_id is not None
+    texts = docs[40:] + corpus.stdlib_docstrings(3) + ["  leading spaces\n\ttabs  ", "unicode: ß, ü, 日本, 🙂", ""]
+    np.testing.assert_array_equal(corpus.token_stream(light, texts), corpus.token_stream(full, texts))
     with pytest.raises(ValueError, match="special tokens"):
         light("x", add_special_tokens=True)
     # a checkpoint record naming the folder resolves to it
     record = tmp_path / "ckpt" / "checkpoint.json"
     record.parent.mkdir()
     record.write_text(json.dumps({"folder": str(folder)}))
-    assert isinstance(data.load_token_encoder(record), data.PlainTokenizer)
+    assert isinstance(corpus.load_token_encoder(record), corpus.PlainTokenizer)
     # another tokenizer class, or a config key that may change encoding: the AutoTokenizer
     for i, change in enumerate(({"tokenizer_class": "GPT2TokenizerFast"}, {"add_prefix_space": True},
                                 {"eos_token": "<nope>"})):
@@ -86,19 +86,19 @@ def test_plain_token_encoder_matches_autotokenizer(tmp_path):
         shutil.copytree(folder, other)
         cfg = json.loads((other / "tokenizer_config.json").read_text())
         (other / "tokenizer_config.json").write_text(json.dumps({**cfg, **change}))
-        assert data._plain_tokenizer(other) is None
+        assert corpus._plain_tokenizer(other) is None
         if i == 0:
-            assert isinstance(data.load_token_encoder(other), PreTrainedTokenizerBase)
+            assert isinstance(corpus.load_token_encoder(other), PreTrainedTokenizerBase)
 
 
 def test_draw_blocks_deterministic_nonoverlapping():
     stream = np.arange(1000, dtype=np.int32)
-    ids, sids = data.draw_blocks(stream, 10, 16, seed=0)
-    ids2, sids2 = data.draw_blocks(stream, 10, 16, seed=0)
+    ids, sids = corpus.draw_blocks(stream, 10, 16, seed=0)
+    ids2, sids2 = corpus.draw_blocks(stream, 10, 16, seed=0)
     np.testing.assert_array_equal(ids, ids2)
     assert ids.shape == (10, 16) and ids.dtype == np.int64
     np.testing.assert_array_equal(ids[:, 0], sids)  # the sample id is the start offset
     assert np.all(np.diff(sids) >= 16)  # sorted, non-overlapping windows
-    assert not np.array_equal(data.draw_blocks(stream, 10, 16, seed=1)[1], sids)
+    assert not np.array_equal(corpus.draw_blocks(stream, 10, 16, seed=1)[1], sids)
     with pytest.raises(ValueError, match="only 1000 tokens"):
-        data.draw_blocks(stream, 100, 16, seed=0)
+        corpus.draw_blocks(stream, 100, 16, seed=0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resdyn.infra import config as rc
+from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

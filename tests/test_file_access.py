@@ -29,11 +29,11 @@ _RECEIVER_ONLY = {"load": {"np", "numpy", "torch", "json", "pickle"}, "save": {"
 
 #: Infrastructure and the model/data loaders: file access is their job.
 ALLOWED = frozenset({
-    "artifacts", "cli", "infra.io", "infra.provenance", "infra.config", "infra.codeversion", "infra.joblog",
-    "infra.models", "infra.hub", "infra.data", "infra.zoo", "study_b.lens_import",  # the loaders
+    "artifacts", "cli", "io", "provenance.sidecars", "pipeline.config", "provenance.codeversion", "pipeline.joblog",
+    "lm.models", "lm.hub", "lm.corpus", "lm.zoo", "study_b.lens_import",  # the loaders
     "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
-    "infra.fetch", "infra.revisions",  # read the HF cache's layout (refs, snapshots), like infra.hub
-    "infra.site", "infra.cost",  # site settings (a constraint YAML, the workdir write probe); the GPU table
+    "pipeline.fetch", "lm.revisions",  # read the HF cache's layout (refs, snapshots), like lm.hub
+    "cluster.site", "cluster.gpu_kinds",  # site settings (a constraint YAML, the workdir write probe); the GPU table
     "results",  # the results-out layer: reads every table through its artifact class, writes parquet
 })
 #: Modules that still read or write files; each entry says what remains. Remove an entry when done.

@@ -1,4 +1,4 @@
-"""resdyn.infra.generic: the generic path through HF's modules.
+"""resdyn.lm.generic: the generic path through HF's modules.
 
 Oracles: the hand-written engines (every family with an adapter except Gemma 4, whose per-layer
 inputs and layer scalar fit no template and are refused), and, for families without an adapter,
@@ -10,9 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-
-from resdyn.infra import arch, generic, hub
-from resdyn.study_a import jacobian
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     _COMMON,
     FAMILIES,
@@ -27,15 +24,18 @@ from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     single_thread,
 )
 
+from resdyn.lm import decompose, generic, hub, structure
+from resdyn.study_a import jacobian
+
 POSITIONS = [LENGTH - 1, 4]
 
 
 def _generic_engine(model, layers=None):
-    arch.use_generic(model)
+    decompose.use_generic(model)
     try:
         return jacobian.JacobianEngine(model, layers)
     finally:
-        arch.use_generic(model, False)
+        decompose.use_generic(model, False)
 
 
 @pytest.mark.parametrize("name", [n for n in [*FAMILIES, PARALLEL] if n != "gemma4"])
@@ -45,11 +45,11 @@ def test_generic_matches_hand_written_engine(name):
     ids = sample_ids()
     reference = jacobian.sublayer_jacobians(model, ids, positions=POSITIONS)
     engine = _generic_engine(model)
-    arch.use_generic(model)
+    decompose.use_generic(model)
     try:
         jacs = engine.compute(ids, POSITIONS)
     finally:
-        arch.use_generic(model, False)
+        decompose.use_generic(model, False)
     assert sorted(jacs) == sorted(reference)
     for key, jac in reference.items():
         torch.testing.assert_close(jacs[key], jac, atol=1e-5, rtol=0)
@@ -81,18 +81,18 @@ def test_generic_matches_autograd_without_adapter(name):
     diagonal blocks of autograd through HF's decoder layer."""
     model = _no_adapter_models()[name]
     with pytest.raises(ValueError, match="family: generic"):
-        arch.family(model)
+        decompose.family(model)
     ids = sample_ids()
     engine = _generic_engine(model)
-    arch.use_generic(model)
+    decompose.use_generic(model)
     try:
         jacs = engine.compute(ids, POSITIONS)
     finally:
-        arch.use_generic(model, False)
+        decompose.use_generic(model, False)
     calls = capture_layer_calls(model, ids)
-    states = arch.residual_states(model, ids)[0]
+    states = structure.residual_states(model, ids)[0]
     for layer, adapter in enumerate(engine.adapters):
-        hf_layer = arch.decoder_layers(model)[layer]
+        hf_layer = structure.decoder_layers(model)[layer]
         full = torch.autograd.functional.jacobian(lambda x: call_layer(hf_layer, calls[layer], x[None])[0],
                                                   states[layer], vectorize=True)
         for p, t in enumerate(POSITIONS):
@@ -105,7 +105,7 @@ def test_generic_matches_autograd_without_adapter(name):
     if name == "starcoder2":
         assert engine.adapters[0].template.kind == "pre-norm"
         # the attention half alone, through a hook on the module that receives m_L
-        hf_layer = arch.decoder_layers(model)[0]
+        hf_layer = structure.decoder_layers(model)[0]
 
         def attn_half(x):
             box = {}
@@ -128,9 +128,9 @@ def test_no_template_is_refused_in_one_line():
         (make_model("gemma4"), "per_layer_input_gate"),
         (tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)), "residual"),
     ]:
-        arch.use_generic(model)
+        decompose.use_generic(model)
         with pytest.raises(ValueError) as err:
-            arch.sublayers(model)
+            decompose.sublayers(model)
         message = str(err.value)
         assert "matches no generic template" in message and needle in message and "\n" not in message, message
 
@@ -141,12 +141,12 @@ def test_failing_self_check_reports_the_error_in_numbers():
     engine = _generic_engine(model)
     for layer, adapter in engine.fp32.items():
         adapter.template = generic.Template(**{**adapter.template.__dict__, "branch_scale": 1.0})
-    arch.use_generic(model)
+    decompose.use_generic(model)
     try:
         with pytest.raises(ValueError) as err:
             engine.compute(sample_ids())
     finally:
-        arch.use_generic(model, False)
+        decompose.use_generic(model, False)
     message = str(err.value)
     assert "self-check failed on layer 0" in message and "tolerance 1e-04" in message, message
     assert "forward m" in message and "attention uᵀJ" in message and "\n" not in message

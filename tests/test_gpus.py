@@ -13,8 +13,10 @@ import pytest
 import torch
 import transformers
 
-from resdyn.infra import arch, cost, models, plan
-from resdyn.infra import config as rc
+from resdyn.cluster import cost, gpu_kinds, multigpu
+from resdyn.lm import decompose, models, structure
+from resdyn.pipeline import config as rc
+from resdyn.pipeline import dag, plan
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("a100-40", "a100-80", "l40s", "h100", "h200")
@@ -36,35 +38,35 @@ def paper_b(paper_hub_cache):
 
 
 def test_the_table_has_every_kind_with_sources_and_prices_h100_as_before():
-    assert set(KINDS) <= set(cost.GPU_KINDS)
-    for kind, g in cost.GPU_KINDS.items():
+    assert set(KINDS) <= set(gpu_kinds.GPU_KINDS)
+    for kind, g in gpu_kinds.GPU_KINDS.items():
         assert g.source and "datasheet" in g.source, kind
         assert g.memory_mib > 0 and g.bf16_tflops > g.fp32_tflops > 0 and g.hbm_tb_s > 0, kind
-        assert cost.DEVICES[kind].kind == "gpu"
+        assert gpu_kinds.DEVICES[kind].kind == "gpu"
     # the H100's rates from the table equal the assumptions cost.py used before kinds were data
     before = {"gemm32": 4.5e13, "gemm16": 6.0e14, "gemm64": 4.5e13, "jvp": 2.0e13, "eig": 2.3e11, "svd": 3.8e11,
               "svdvals": 1.2e11, "stream": 2.5e12}
     for op, rate in before.items():
-        assert cost.DEVICES["h100"].rates[op] == pytest.approx(rate, rel=0.02), op
-    assert cost.DEVICES["h200"].rates["stream"] == pytest.approx(3.6e12, rel=1e-9)  # 0.75 · 4.8 TB/s
+        assert gpu_kinds.DEVICES["h100"].rates[op] == pytest.approx(rate, rel=0.02), op
+    assert gpu_kinds.DEVICES["h200"].rates["stream"] == pytest.approx(3.6e12, rel=1e-9)  # 0.75 · 4.8 TB/s
 
 
 def test_a_table_row_with_a_missing_or_unknown_column_is_refused(tmp_path):
-    good = cost.GPU_TABLE.read_text()
+    good = gpu_kinds.GPU_TABLE.read_text()
     bad = tmp_path / "gpus.yaml"
     bad.write_text(good.replace("  hbm_tb_s: 1.555\n", "  hbm_tbs: 1.555\n", 1))
     with pytest.raises(ValueError, match=r"a100-40.*missing \['hbm_tb_s'\], unknown \['hbm_tbs'\]"):
-        cost.load_gpu_kinds(bad)
+        gpu_kinds.load_gpu_kinds(bad)
 
 
 def test_weak_fp64_moves_the_decompositions_to_the_host_cpu():
     """L40S: FP64 = FP32/64, its eigvals rate (0.68 % of 1.43 TFLOP/s) is below 8 host cores'
     (1.19e10 · (1 + 7 · 0.35)); every other kind keeps them on the GPU."""
-    host = cost.CPU_CALIBRATION["eig"] * (1 + 7 * cost.THREAD_EFFICIENCY["eig"])
+    host = gpu_kinds.CPU_CALIBRATION["eig"] * (1 + 7 * gpu_kinds.THREAD_EFFICIENCY["eig"])
     for kind in KINDS:
-        gpu = cost.GPU_KINDS[kind].fp64_tflops * 1e12 * cost.GPU_EFFICIENCY["eig"][1]
-        assert cost.host_linalg(kind) is (gpu < host), kind
-    assert [k for k in KINDS if cost.host_linalg(k)] == ["l40s"]
+        gpu = gpu_kinds.GPU_KINDS[kind].fp64_tflops * 1e12 * gpu_kinds.GPU_EFFICIENCY["eig"][1]
+        assert gpu_kinds.host_linalg(kind) is (gpu < host), kind
+    assert [k for k in KINDS if gpu_kinds.host_linalg(k)] == ["l40s"]
     config = {"device": "cuda"}
     assert cost.linalg_device(config, "l40s") == "cpu" and cost.linalg_device(config, "a100-40") == "cuda"
     assert not cost.uses_gpu(config, "spectra", "l40s") and cost.uses_gpu(config, "spectra", "h100")
@@ -90,7 +92,7 @@ def test_split_blocks_is_the_balanced_contiguous_split(seed):
     k = int(rng.integers(2, 4))
     capacities = list(rng.integers(int(max(sizes)), int(sum(sizes)) + 1, size=k).astype(float))
     want = _brute_force_min_max(sizes, capacities)
-    got = cost.split_blocks(sizes, capacities)
+    got = multigpu.split_blocks(sizes, capacities)
     if want is None:
         assert got is None
         return
@@ -102,21 +104,21 @@ def test_split_blocks_is_the_balanced_contiguous_split(seed):
 
 def test_32b_lens_on_h100_spans_two_gpus_and_fits_one_h200(paper_b, monkeypatch):
     w = {"model": "qwen25_32b", "ckpt": "main"}
-    c = cost.job_cost(paper_b, "lens", w, "h100")
+    c = dag.job_cost(paper_b, "lens", w, "h100")
     s = cost.model_shape(paper_b, "qwen25_32b")
-    usable = cost.GPU_KINDS["h100"].usable_bytes
+    usable = gpu_kinds.GPU_KINDS["h100"].usable_bytes
     assert c.device_bytes > usable  # 112.7 GB: the issue's job that OOMed on every attempt
-    p = cost.job_placement(paper_b, "lens", w, "h100")
+    p = dag.job_placement(paper_b, "lens", w, "h100")
     assert p.devices == 2 and p.embed == 0 and p.head == 1
     assert list(p.layers) == sorted(p.layers) and set(p.layers) == {0, 1}
-    assert sum(p.loads) == pytest.approx(sum(cost.block_bytes(s)) + cost.working_bytes(c, s))
-    assert max(p.loads) <= usable and p.loads[1] >= cost.working_bytes(c, s)
-    assert cost.resources(paper_b, "lens", w, device="h100")["gpu"] == 2
-    assert cost.resources(paper_b, "lens", w, device="h200")["gpu"] == 1
+    assert sum(p.loads) == pytest.approx(sum(multigpu.block_bytes(s)) + multigpu.working_bytes(c, s))
+    assert max(p.loads) <= usable and p.loads[1] >= multigpu.working_bytes(c, s)
+    assert dag.resources(paper_b, "lens", w, device="h100")["gpu"] == 2
+    assert dag.resources(paper_b, "lens", w, device="h200")["gpu"] == 1
     monkeypatch.setenv("RESDYN_GPU_KIND", "h100")  # the rule's param: the map the loader follows
-    assert cost.placement_param(paper_b, "lens", w) == p.device_map()
+    assert dag.placement_param(paper_b, "lens", w) == p.device_map()
     monkeypatch.setenv("RESDYN_GPU_KIND", "h200")
-    assert cost.placement_param(paper_b, "lens", w) is None
+    assert dag.placement_param(paper_b, "lens", w) is None
     dm = p.device_map()
     assert dm["embed"] == 0 and dm["head"] == 1 and [dm[f"layers.{i}"] for i in range(s.n_layers)] == list(p.layers)
 
@@ -138,8 +140,8 @@ def test_plan_marks_what_spans_and_what_fits_no_node(paper_b):
 def test_the_jacobians_never_span_gpus(paper_b):
     w = {"model": "qwen25_32b", "ckpt": "main", "block": "layers000-063"}
     cfg = {**paper_b, "studies": ["A", "B"], "jacobian": {**paper_b["jacobian"]}}
-    with pytest.raises(cost.FitError, match="lower jacobian.layers_per_job"):
-        cost.job_placement(cfg, "jacobians", w, "a100-40")
+    with pytest.raises(multigpu.FitError, match="lower jacobian.layers_per_job"):
+        dag.job_placement(cfg, "jacobians", w, "a100-40")
 
 
 def test_plan_with_an_unknown_gpu_kind_is_one_line(paper_hub_cache):
@@ -156,10 +158,10 @@ def test_plan_with_an_unknown_gpu_kind_is_one_line(paper_hub_cache):
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from resdyn.infra import data
+    from resdyn.lm import corpus
 
     out = tmp_path_factory.mktemp("tok")
-    data.train_tokenizer(data.kjv_chapters()[:50], 300, out)
+    corpus.train_tokenizer(corpus.kjv_chapters()[:50], 300, out)
     return out
 
 
@@ -170,9 +172,9 @@ def _tiny(folder: Path, tied: bool, tok_dir: Path | None = None) -> Path:
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     if tok_dir is not None:
-        from resdyn.infra import data
+        from resdyn.lm import corpus
 
-        data.load_tokenizer(tok_dir).save_pretrained(folder)
+        corpus.load_tokenizer(tok_dir).save_pretrained(folder)
     return folder
 
 
@@ -207,12 +209,12 @@ def test_a_placed_model_on_cpu_gives_the_single_device_numbers(tmp_path, tied, t
     placed, _ = models.load_model(rec, "cpu", placement=blocks)
     assert len(maps) == 1 and set(maps[0].values()) == {"cpu"} and "model.layers.3" in maps[0]  # the device_map path
     ids = torch.randint(0, 300, (3, 12), generator=torch.Generator().manual_seed(1))
-    for fn in (arch.residual_states, arch.boundary_states, lens.layer_major_states):
+    for fn in (structure.residual_states, decompose.boundary_states, lens.layer_major_states):
         assert torch.equal(fn(one, ids), fn(placed, ids)), fn.__name__
     a, b = causal.Continuation(one, ids), causal.Continuation(placed, ids)
     h = a.stream(2) * 0.5
     assert torch.equal(a.run(h, 2), b.run(h, 2))
-    assert torch.equal(arch.unembed_logits(one, a.stream(4)), arch.unembed_logits(placed, b.stream(4)))
+    assert torch.equal(structure.unembed_logits(one, a.stream(4)), structure.unembed_logits(placed, b.stream(4)))
 
 
 def test_a_placement_on_more_gpus_than_visible_is_one_line(monkeypatch):
@@ -222,10 +224,10 @@ def test_a_placement_on_more_gpus_than_visible_is_one_line(monkeypatch):
 
 
 def test_a_run_whose_job_fits_no_node_stops_before_any_job(paper_b, paper_hub_cache):
-    cost.check_fits(paper_b, "h100")  # spans, but fits
-    with pytest.raises(cost.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"):
-        cost.check_fits(paper_b, "a100-40")
-    cost.check_fits({**paper_b, "device": "cpu"}, "a100-40")  # a CPU run holds no GPU
+    dag.check_fits(paper_b, "h100")  # spans, but fits
+    with pytest.raises(multigpu.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"):
+        dag.check_fits(paper_b, "a100-40")
+    dag.check_fits({**paper_b, "device": "cpu"}, "a100-40")  # a CPU run holds no GPU
     env = {**__import__("os").environ, "HF_HUB_CACHE": str(paper_hub_cache), "HF_HUB_OFFLINE": "1",
            "RESDYN_GPU_KIND": "a100-40", "PYTHONPATH": str(REPO)}
     res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/paper-b.yaml"],

@@ -3,19 +3,19 @@ bad hub input stopping at validation with one line (before any job)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import hubcache
 import pytest
 import transformers
 import yaml
 
-import hubcache
-from resdyn.infra import config as rc
-from resdyn.infra import data, hub, io, models
+from resdyn import io
+from resdyn.lm import corpus, hub, models
+from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -262,16 +262,16 @@ def test_bad_hub_input_stops_snakemake_before_any_job(offline, tmp_path):
 
 def test_hub_dataset_loads_offline_from_the_cache(offline):
     spec = {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG, "split": "test"}
-    docs = data.load_documents(spec)
+    docs = corpus.load_documents(spec)
     expected = hubcache.documents()
     assert docs == expected[: len(expected) // 4]
-    train = data.load_documents({**spec, "split": "train", "max_documents": 5})
+    train = corpus.load_documents({**spec, "split": "train", "max_documents": 5})
     assert train == expected[len(expected) // 4:][:5]
 
 
 def test_hub_dataset_missing_from_cache(offline):
     with pytest.raises(RuntimeError) as err:
-        data.load_documents({"source": "hf", "name": "nobody/none", "config": "c1", "revision": "r1"})
+        corpus.load_documents({"source": "hf", "name": "nobody/none", "config": "c1", "revision": "r1"})
     msg = str(err.value)
     assert "'nobody/none'" in msg and "'c1'" in msg and "'r1'" in msg
     assert "`hf download --repo-type dataset nobody/none --revision r1`" in msg
@@ -286,14 +286,14 @@ def test_local_datasets_save_to_disk_and_parquet(tmp_path):
     datasets.Dataset.from_dict({"text": texts[:2]}).to_parquet(str(tmp_path / "pq" / "a.parquet"))
     datasets.Dataset.from_dict({"text": texts[2:]}).to_parquet(str(tmp_path / "pq" / "b.parquet"))
     kept = [t for t in texts if t]
-    assert data.load_documents({"source": "hf", "path": "one"}, tmp_path) == kept
-    assert data.load_documents({"source": "hf", "path": "dict", "split": "test", "text_field": "body"}, tmp_path) == kept
-    assert data.load_documents({"source": "hf", "path": "pq"}, tmp_path) == kept
-    assert data.load_documents({"source": "hf", "path": "pq/b.parquet"}, tmp_path) == kept[1:]
+    assert corpus.load_documents({"source": "hf", "path": "one"}, tmp_path) == kept
+    assert corpus.load_documents({"source": "hf", "path": "dict", "split": "test", "text_field": "body"}, tmp_path) == kept
+    assert corpus.load_documents({"source": "hf", "path": "pq"}, tmp_path) == kept
+    assert corpus.load_documents({"source": "hf", "path": "pq/b.parquet"}, tmp_path) == kept[1:]
     with pytest.raises(ValueError, match="no split 'train'; it has \\['test'\\]"):
-        data.load_documents({"source": "hf", "path": "dict", "split": "train"}, tmp_path)
+        corpus.load_documents({"source": "hf", "path": "dict", "split": "train"}, tmp_path)
     with pytest.raises(ValueError, match="no text field 'text'"):
-        data.load_documents({"source": "hf", "path": "dict", "split": "test"}, tmp_path)
+        corpus.load_documents({"source": "hf", "path": "dict", "split": "test"}, tmp_path)
 
 
 def test_local_dataset_path_is_checked_at_validation(offline, tmp_path):
@@ -411,7 +411,7 @@ def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(datasets, "load_dataset", flaky)
-    docs = data.load_documents({"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
+    docs = corpus.load_documents({"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
                                 "split": "test"})
     assert calls[0] == hubcache.DATASET and Path(calls[1]).parent.name == "snapshots"
     assert docs == hubcache.documents()[: len(hubcache.documents()) // 4]

@@ -1,4 +1,4 @@
-"""resdyn.infra.io.write_json: JSON has no NaN/Inf, so a non-finite number is refused unless declared."""
+"""resdyn.io.write_json: JSON has no NaN/Inf, so a non-finite number is refused unless declared."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resdyn.infra import io
+from resdyn import io
 
 
 def test_plain_and_numpy_values_round_trip(tmp_path):

@@ -13,16 +13,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch
-
 import sigkill
-from resdyn import artifacts
-from resdyn.infra import arch
-from resdyn.study_a import jacobian
+import torch
 from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     FAMILIES,
-    PARALLEL,
     LENGTH,
+    PARALLEL,
     WINDOW,
     attn_half_oracle,
     call_layer,
@@ -33,6 +29,10 @@ from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     single_thread,
 )
 
+from resdyn import artifacts
+from resdyn.lm import decompose, structure
+from resdyn.study_a import jacobian
+
 REPO = Path(__file__).resolve().parents[1]
 POSITIONS = [LENGTH - 1, 4]
 
@@ -40,10 +40,10 @@ POSITIONS = [LENGTH - 1, 4]
 def hf_oracles(name: str, model, ids: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
     """Full (T, d, T, d) Jacobians of HF's attention half, MLP half and whole layer."""
     calls = capture_layer_calls(model, ids)
-    hf_layer = arch.decoder_layers(model)[layer]
-    states = arch.residual_states(model, ids)[0]
+    hf_layer = structure.decoder_layers(model)[layer]
+    states = structure.residual_states(model, ids)[0]
     h = states[layer]
-    m = arch.boundary_states(model, ids)[2 * layer + 1]
+    m = decompose.boundary_states(model, ids)[2 * layer + 1]
 
     def jac(fn, x):
         return torch.autograd.functional.jacobian(fn, x, vectorize=True)
@@ -108,8 +108,8 @@ def parallel_case():
 def parallel_oracles(model, ids: torch.Tensor, layer: int) -> dict[str, torch.Tensor]:
     """Full (T, d, T, d) Jacobians of HF's GPT-NeoX layer and of its two branches at h_L."""
     calls = capture_layer_calls(model, ids)
-    hf_layer = arch.decoder_layers(model)[layer]
-    h = arch.residual_states(model, ids)[0][layer]
+    hf_layer = structure.decoder_layers(model)[layer]
+    h = structure.residual_states(model, ids)[0][layer]
 
     def attention_branch(x):
         box = {}
@@ -209,7 +209,7 @@ def test_kv_shared_layer_depends_on_query_only():
     oracle's (which reads HF's shared K/V) — checked above — and differs from treating the
     layer's own projections as K/V."""
     model = make_model("gemma4")
-    adapters = arch.sublayers(model)
+    adapters = decompose.sublayers(model)
     assert adapters[2].shares_kv and adapters[2].kv_source == 0
 
 
@@ -315,7 +315,7 @@ def test_store_dtype_float64_and_string_ids(tmp_path):
 def test_non_finite_jacobian_raises_and_writes_nothing(tmp_path):
     model = make_model("llama")
     with torch.no_grad():
-        arch.decoder_layers(model)[1].mlp.up_proj.weight[0, 0] = float("nan")
+        structure.decoder_layers(model)[1].mlp.up_proj.weight[0, 0] = float("nan")
     paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in (0, 1)}
     with pytest.raises(FloatingPointError) as err:
         jacobian.write_layer_block(model, _samples(2), [7, 8], [0, 1], paths, attrs=ATTRS, progress=False)

@@ -1,4 +1,4 @@
-"""Rule logs that last (resdyn.infra.joblog via provenance.step): progress and INFO lines reach the log
+"""Rule logs that last (resdyn.pipeline.joblog via provenance.step): progress and INFO lines reach the log
 file on success, the traceback on failure, and the process's own stdout/stderr come back after."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 from tqdm import tqdm
 
-from resdyn.infra import io, joblog, provenance
+from resdyn import io
+from resdyn.pipeline import joblog
+from resdyn.provenance import sidecars
 
 
 class Named(list):
@@ -44,7 +46,7 @@ def fake_job(tmp_path, rule="demo"):
 
 def test_success_log_has_progress_and_info_lines(tmp_path, capfd):
     sm = fake_job(tmp_path)
-    with provenance.step(sm):
+    with sidecars.step(sm):
         for _ in tqdm(range(5), desc="work"):
             pass
         print("a line on stdout")
@@ -74,7 +76,7 @@ def test_success_log_has_progress_and_info_lines(tmp_path, capfd):
 def test_failure_log_has_the_traceback_and_restores_the_streams(tmp_path, capfd):
     sm = fake_job(tmp_path, rule="broken")
     with pytest.raises(ZeroDivisionError):
-        with provenance.step(sm):
+        with sidecars.step(sm):
             1 / 0
     text = (tmp_path / "logs" / "job.log").read_text()
     assert "ERROR resdyn.rule.broken: rule broken failed after" in text and "ZeroDivisionError" in text
@@ -96,11 +98,11 @@ def test_warnings_reach_the_log_after_an_earlier_job_in_the_same_process(tmp_pat
     # an earlier step inside a catch_warnings block (as pytest runs every test) must not stop
     # the next step's warnings from reaching its log
     with warnings.catch_warnings():
-        with provenance.step(fake_job(tmp_path / "first")):
+        with sidecars.step(fake_job(tmp_path / "first")):
             pass
     sm = fake_job(tmp_path / "second")
     with warnings.catch_warnings(record=True):
-        with provenance.step(sm):
+        with sidecars.step(sm):
             warnings.warn("the second job's warning")
             io.write_tsv(pd.DataFrame({"x": [1]}), sm.output.out)
     assert "the second job's warning" in (tmp_path / "second" / "logs" / "job.log").read_text()

@@ -14,13 +14,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import sigkill
 import torch
 import torch.nn.functional as F
-from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+)
 
-import sigkill
 from resdyn import artifacts
-from resdyn.infra import arch
+from resdyn.lm import structure
 from resdyn.study_b import lens as L
 
 VOCAB, D, N_LAYERS = 100, 32, 4
@@ -120,7 +127,7 @@ def test_logit_lens_at_last_index_is_the_models_own_logits(models, heldout_data,
     ids = heldout_data[0]
     with torch.no_grad():
         own = model(input_ids=ids).logits
-        states = arch.residual_states(model, ids)
+        states = structure.residual_states(model, ids)
         got = L.logit_lens_logits(model, states[:, N_LAYERS], N_LAYERS)
     torch.testing.assert_close(got, own, atol=1e-6, rtol=0)
 
@@ -133,7 +140,7 @@ def test_cached_states_reproduce_the_models_output(models, heldout_data, family)
     with torch.no_grad():
         states = L.layer_major_states(model, ids)  # (n+1, B·T, d)
         want = model(input_ids=ids).logits.reshape(-1, VOCAB)
-        assert torch.equal(states, arch.residual_states(model, ids).permute(1, 0, 2, 3).reshape(N_LAYERS + 1, -1, D))
+        assert torch.equal(states, structure.residual_states(model, ids).permute(1, 0, 2, 3).reshape(N_LAYERS + 1, -1, D))
         torch.testing.assert_close(L.logit_lens_logits(model, states[N_LAYERS], N_LAYERS), want, atol=1e-6, rtol=0)
 
 
@@ -142,7 +149,7 @@ def test_tuned_lens_reference_index_is_identity(llama, llama_lens, heldout_data)
     np.testing.assert_array_equal(llama_lens.translator_matrix(N_LAYERS), np.eye(D))
     np.testing.assert_array_equal(llama_lens.translator_bias(N_LAYERS), np.zeros(D))
     with torch.no_grad():
-        h = arch.residual_states(llama, ids)[:, N_LAYERS]
+        h = structure.residual_states(llama, ids)[:, N_LAYERS]
         assert torch.equal(llama_lens.logits(h, N_LAYERS), L.logit_lens_logits(llama, h, N_LAYERS))
         torch.testing.assert_close(llama_lens.logits(h, N_LAYERS), llama(input_ids=ids).logits, atol=1e-6, rtol=0)
 
@@ -151,7 +158,7 @@ def test_logit_lens_is_the_zero_translator(llama, heldout_data):
     """W = 0, b = 0 through the tuned-lens path reproduces the logit lens at every layer."""
     zero = L.Lens(llama, torch.zeros(N_LAYERS, D, D), torch.zeros(N_LAYERS, D))
     with torch.no_grad():
-        states = arch.residual_states(llama, heldout_data[0])
+        states = structure.residual_states(llama, heldout_data[0])
         for layer in range(N_LAYERS + 1):
             h = states[:, layer]
             ref = L.logit_lens_logits(llama, h, layer)
@@ -200,7 +207,7 @@ def test_identity_layer_translator_stays_identity(train_data, heldout_data):
     W = 0 vanishes, and the trained translator n−1 stays the identity.
     """
     model = build("llama", pretrain_steps=150)
-    last = arch.decoder_layers(model)[-1]
+    last = structure.decoder_layers(model)[-1]
     with torch.no_grad():
         last.self_attn.o_proj.weight.zero_()
         last.mlp.down_proj.weight.zero_()
@@ -251,12 +258,12 @@ def test_all_layers_in_one_pass_equal_a_per_layer_loop(llama, train_data, scope)
     for p in llama.parameters():
         p.requires_grad_(False)
     for ids in train_data[:steps]:
-        states = arch.residual_states(llama, ids)
+        states = structure.residual_states(llama, ids)
         with torch.no_grad():
-            logp = torch.log_softmax(arch.unembed_logits(llama, states[:, N_LAYERS]), -1)
+            logp = torch.log_softmax(structure.unembed_logits(llama, states[:, N_LAYERS]), -1)
         for layer, t in enumerate(translators):
             h = states[:, layer]
-            logq = torch.log_softmax(arch.unembed_logits(llama, h + t(h)), -1)
+            logq = torch.log_softmax(structure.unembed_logits(llama, h + t(h)), -1)
             F.kl_div(logq.flatten(0, 1), logp.flatten(0, 1), log_target=True, reduction="batchmean").backward()
         for g, o in zip(groups, opts):
             torch.nn.utils.clip_grad_norm_(g, clip)
@@ -466,7 +473,7 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
     pd.testing.assert_frame_equal(back.curves, llama_lens.curves, check_dtype=False, check_exact=True)
     pd.testing.assert_frame_equal(back.convergence, llama_lens.convergence, check_dtype=False, check_exact=True)
     assert back.options == llama_lens.options and back.meta == llama_lens.meta
-    h = arch.residual_states(llama, heldout_data[0])[:, 1]
+    h = structure.residual_states(llama, heldout_data[0])[:, 1]
     assert torch.equal(back.logits(h, 1), llama_lens.logits(h, 1))
 
 
@@ -609,7 +616,7 @@ def test_load_with_another_model_raises(llama_lens, tmp_path):
 def test_unembed_hash_covers_norm_and_softcap(llama):
     base = L.unembed_hash(llama)
     assert L.unembed_hash(llama) == base
-    norm = arch.final_norm(llama)
+    norm = structure.final_norm(llama)
     with torch.no_grad():
         norm.weight[0] += 1e-3
     try:
@@ -629,9 +636,9 @@ def test_gemma_softcap_readout(train_data, heldout_data):
     ids = heldout_data[0]
     with torch.no_grad():
         own = model(input_ids=ids).logits
-        states = arch.residual_states(model, ids)
+        states = structure.residual_states(model, ids)
         got = L.logit_lens_logits(model, states[:, N_LAYERS], N_LAYERS)
-        uncapped = model.lm_head(arch.final_norm(model)(states[:, N_LAYERS]))
+        uncapped = model.lm_head(structure.final_norm(model)(states[:, N_LAYERS]))
     torch.testing.assert_close(got, own, atol=1e-6, rtol=0)
     assert got.abs().max() < cap < uncapped.abs().max()  # the cap is active on this model
     torch.testing.assert_close(got, cap * torch.tanh(uncapped / cap), atol=1e-6, rtol=0)
@@ -675,7 +682,7 @@ def test_export_loads_in_tuned_lens_package(models, train_data, tmp_path, family
     # Any family, softcap included: our readout in the shape of tuned-lens's Unembed.
     theirs = tl.TunedLens.from_unembed_and_pretrained(L.TunedLensReadout(model), str(tmp_path / "tl"))
     assert len(theirs) == N_LAYERS and not list(theirs.unembed.parameters())
-    h = arch.residual_states(model, train_data[0])
+    h = structure.residual_states(model, train_data[0])
     with torch.no_grad():
         for i in range(N_LAYERS):
             torch.testing.assert_close(theirs.transform_hidden(h[:, i], i), ours.transform(h[:, i], i), atol=1e-6, rtol=1e-6)

@@ -12,11 +12,11 @@ import shutil
 
 import pytest
 import torch
-
-from resdyn.infra import arch
-from resdyn.study_b import lens_import
-from resdyn.study_b import lens as L
 from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
+
+from resdyn.lm import structure
+from resdyn.study_b import lens as L
+from resdyn.study_b import lens_import
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_round_trip_gives_identical_translators(pythia, trained, tmp_path):
     imported.save(tmp_path / "lens")
     again = L.Lens.load(tmp_path / "lens", pythia)
     assert torch.equal(again.weight, trained.weight) and torch.equal(again.bias, trained.bias)
-    h = arch.residual_states(pythia, sample_ids()[None])[0, 2]
+    h = structure.residual_states(pythia, sample_ids()[None])[0, 2]
     torch.testing.assert_close(again.logits(h, 2), trained.logits(h, 2), atol=0, rtol=0)
 
 
@@ -51,7 +51,6 @@ def test_refuses_a_lens_of_another_model(trained, tmp_path):
     with pytest.raises(ValueError, match="unembed_hash .* does not match"):
         lens_import.import_tuned_lens(folder, other)
     import transformers as tf
-
     from test_arch import NEOX_CONFIG
 
     shallower = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**{**NEOX_CONFIG, "num_hidden_layers": 3})).eval()
@@ -121,7 +120,7 @@ def test_lens_saved_by_tuned_lens_imports(pythia, tmp_path):
             translator.bias.copy_(0.05 * torch.randn(translator.bias.shape, generator=gen))
     theirs.save(tmp_path / "native")
     ours = lens_import.import_tuned_lens(tmp_path / "native", pythia)
-    h = arch.residual_states(pythia, sample_ids()[None])[0]
+    h = structure.residual_states(pythia, sample_ids()[None])[0]
     with torch.no_grad():
         for i in range(4):
             torch.testing.assert_close(ours.transform(h[i], i), theirs.transform_hidden(h[i], i), atol=1e-6, rtol=1e-6)
@@ -131,7 +130,7 @@ def test_lens_saved_by_tuned_lens_imports(pythia, tmp_path):
 def test_config_lens_import_spec_and_validation(tmp_path, trained):
     """lens.source: tuned_lens fills {model}/{ckpt}/{repo} per model; a local folder without the
     two files stops validation with one line naming the folder."""
-    from resdyn.infra import config as rc
+    from resdyn.pipeline import config as rc
 
     cfg = {"datasets": {"e": {"source": "embedded"}},
            "models": {"m": {"source": "train", "dataset": "e", "family": "llama", "n_layers": 8, "d_model": 32,
@@ -156,7 +155,8 @@ def test_offline_hub_lens_must_be_cached(tmp_path, monkeypatch):
     """HF_HUB_OFFLINE with a hub lens that is not in the cache stops validation with one line
     naming the repository, the folder and the download command."""
     import hubcache
-    from resdyn.infra import config as rc
+
+    from resdyn.pipeline import config as rc
 
     cache = tmp_path / "hub"
     from safetensors.torch import save_file

@@ -1,4 +1,4 @@
-"""resdyn.infra.linalg: the kernels shared by spectral, schur, bootstrap and readout, against oracles."""
+"""resdyn.numerics.linalg: the kernels shared by spectral, schur, bootstrap and readout, against oracles."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from resdyn.infra import linalg
-
+from resdyn.numerics import linalg
 
 # --------------------------------------------------------------------------------------------
 # fraction -> k
@@ -209,7 +208,7 @@ def test_normalised_product_on_torch_tensors_matches_numpy():
 
 def test_cost_model_sizes_k_by_the_same_rule():
     """d = 10, fraction 0.25: k = 3 (half up), where Python's round would give 2."""
-    from resdyn.infra import cost
+    from resdyn.cluster import cost
     from resdyn.study_b import readout
 
     assert readout.k_from_fraction is linalg.k_from_fraction
@@ -264,12 +263,12 @@ def test_no_other_fraction_to_k_rounding():
 
     repo = Path(__file__).resolve().parents[1]
     held = "round(heldout_fraction * len(docs))"  # a document count, not a k
-    allowed = {("resdyn/infra/data.py", held), ("resdyn/infra/data.py", f"int({held})")}
+    allowed = {("resdyn/lm/corpus.py", held), ("resdyn/lm/corpus.py", f"int({held})")}
     found = []
     for folder in ("resdyn", "workflow/scripts", "benchmarks"):
         for path in sorted((repo / folder).rglob("*.py")):
             rel = str(path.relative_to(repo))
-            if rel == "resdyn/infra/linalg.py":
+            if rel == "resdyn/numerics/linalg.py":
                 continue
             found += [f"{rel}: {call}" for call in _fraction_roundings(path.read_text()) if (rel, call) not in allowed]
     assert not found, found

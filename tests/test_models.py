@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers
 
-from resdyn.infra import data, io, models, zoo
+from resdyn import io
+from resdyn.lm import corpus, models, zoo
 
 FAMILY_CONFIGS = {
     "llama": transformers.LlamaConfig,
@@ -22,7 +23,7 @@ FAMILY_CONFIGS = {
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    data.train_tokenizer(data.kjv_chapters()[:50], 300, out)
+    corpus.train_tokenizer(corpus.kjv_chapters()[:50], 300, out)
     return out
 
 
@@ -32,7 +33,7 @@ def _save_tiny(cls_config, folder, tok_dir, vocab=300):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(folder)
-    data.load_tokenizer(tok_dir).save_pretrained(folder)
+    corpus.load_tokenizer(tok_dir).save_pretrained(folder)
     return model
 
 
@@ -152,7 +153,7 @@ def test_tokenizer_copy_matches_every_checkpoint_record(tmp_path, tok_dir, monke
     assert digest == io.sha256_tree(copied, models.TOKENIZER_PATTERNS)
     assert not any(p.is_symlink() for p in copied.rglob("*")) and (copied / "config.json").is_file()
     text = "In the beginning God created the heaven and the earth."
-    assert data.load_tokenizer(copied).encode(text) == data.load_tokenizer(tok_dir).encode(text)
+    assert corpus.load_tokenizer(copied).encode(text) == corpus.load_tokenizer(tok_dir).encode(text)
     assert models.tokenizer_identity(specs[1]) == {"repo": "org/tiny"}
 
     local = tmp_path / "local"
@@ -318,8 +319,8 @@ def test_training_attention_is_sdpa_in_float32():
 
 
 def _train(tok_dir, tmp_path, tag, steps=12, state_every=100, precision="float32"):
-    tok = data.load_tokenizer(tok_dir)
-    stream = data.token_stream(tok, data.kjv_chapters()[:40])
+    tok = corpus.load_tokenizer(tok_dir)
+    stream = corpus.token_stream(tok, corpus.kjv_chapters()[:40])
     arch = zoo.Architecture("llama", 2, 32, 4, 2, 64, 64)
     return zoo.train_zoo_model(
         arch, stream[:20000], stream[20000:], tok_dir, {0: tmp_path / tag / "s0", steps: tmp_path / tag / "final"},

@@ -4,7 +4,6 @@ the DAG, the cost model and shown by `resdyn plan`."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import subprocess
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resdyn.infra import config as rc
-from resdyn.infra import cost, plan
+from resdyn.pipeline import config as rc
+from resdyn.pipeline import dag, plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,19 +46,19 @@ def test_the_cost_model_prices_a_model_with_its_own_values():
     same["causal"]["n_samples"] = min(same["causal"]["n_samples"], 8)
     w = {"model": "llama8", "ckpt": "step600", "block": rc.layer_blocks(cfg, "llama8")[0]}
     for rule in ("jacobians", "activations", "lens_metrics", "causal"):
-        assert cost.job_cost(cfg, rule, w).work == cost.job_cost(same, rule, w).work, rule
+        assert dag.job_cost(cfg, rule, w).work == dag.job_cost(same, rule, w).work, rule
     # the other models keep the global samples
     w12 = {"model": "llama12", "ckpt": "step600"}
-    assert cost.job_cost(cfg, "activations", w12).work != cost.job_cost(same, "activations", w12).work
+    assert dag.job_cost(cfg, "activations", w12).work != dag.job_cost(same, "activations", w12).work
 
 
 def test_a_model_s_gpu_kind_and_device_price_its_jobs():
     cfg = rc.validate_config(_default(gpu_kind="l40s"))
     w = {"model": "llama8", "ckpt": "step600"}
-    assert not cost.job_cost(cfg, "spectra", w, "h100").gpu  # l40s: weak FP64, on the CPU
-    assert cost.job_cost(cfg, "spectra", {"model": "llama12", "ckpt": "step600"}, "h100").gpu
+    assert not dag.job_cost(cfg, "spectra", w, "h100").gpu  # l40s: weak FP64, on the CPU
+    assert dag.job_cost(cfg, "spectra", {"model": "llama12", "ckpt": "step600"}, "h100").gpu
     cpu = rc.validate_config(_default(device="cpu"))
-    assert not cost.job_cost(cpu, "lens", w).gpu and cost.resources(cpu, "lens", w)["gpu"] == 0
+    assert not dag.job_cost(cpu, "lens", w).gpu and dag.resources(cpu, "lens", w)["gpu"] == 0
     text = plan.render(cfg, "h100")
     assert "model llama8 overrides: gpu_kind=l40s" in text
 
@@ -88,8 +87,8 @@ def test_one_model_imports_a_published_lens_while_the_others_train(tmp_path):
     cfg = rc.validate_config(_default(lens={"source": "tuned_lens", "path": str(tmp_path / "lens" / "{model}")}))
     assert rc.lens_import_spec(cfg, "llama8", "step600")["path"] == str(folder)
     assert rc.lens_import_spec(cfg, "llama12", "step600") is None
-    assert cost.job_cost(cfg, "lens", {"model": "llama8", "ckpt": "step600"}).work.keys() == {"stream"}  # imported
-    assert "gemm32" in cost.job_cost(cfg, "lens", {"model": "llama12", "ckpt": "step600"}).work  # trained
+    assert dag.job_cost(cfg, "lens", {"model": "llama8", "ckpt": "step600"}).work.keys() == {"stream"}  # imported
+    assert "gemm32" in dag.job_cost(cfg, "lens", {"model": "llama12", "ckpt": "step600"}).work  # trained
     missing = _default(lens={"source": "tuned_lens", "path": str(tmp_path / "nowhere")})
     with pytest.raises(rc.ConfigError, match="tuned-lens folder .*nowhere.* \\(model llama8"):
         rc.validate_config(missing)

@@ -53,7 +53,7 @@ def _clean_env() -> dict:
 def test_installed_package_validates_a_config_and_plans(installed, tmp_path):
     shutil.copy(ROOT / "configs" / "smoke.yaml", tmp_path / "smoke.yaml")
     py = installed / "bin" / "python"
-    check = ("import resdyn, resdyn.infra.config as rc; "
+    check = ("import resdyn, resdyn.pipeline.config as rc; "
              "print(resdyn.__file__); print(rc.SCHEMA_PATH); "
              "cfg = rc.load_config('smoke.yaml'); print(cfg['samples']['n'], cfg['jacobian']['positions'])")
     out = subprocess.run([py, "-c", check], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True)

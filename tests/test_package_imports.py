@@ -1,6 +1,6 @@
 """No module reaches into another module's private names.
 
-Shared helpers get a public name in the module that owns them (e.g. :mod:`resdyn.infra.linalg`);
+Shared helpers get a public name in the module that owns them (e.g. :mod:`resdyn.numerics.linalg`);
 a leading underscore means "only this module uses it". Checked statically on resdyn/, the
 workflow scripts and the benchmarks: ``from resdyn.X import _name`` and ``X._name`` where X is
 bound to a resdyn module by an import.
@@ -9,6 +9,7 @@ bound to a resdyn module by an import.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("resdyn", "workflow/scripts", "benchmarks")
 
-# Known cross-module private uses (none left: bootstrap.py uses resdyn.infra.linalg.on_cuda).
+# Known cross-module private uses (none left: bootstrap.py uses resdyn.numerics.linalg.on_cuda).
 ALLOWED: set[tuple[str, str]] = set()
 
 
@@ -104,7 +105,7 @@ def test_no_module_uses_another_modules_private_names():
         ("import resdyn.study_a.spectral as s\ns._svd(a)\n", ["spectral._svd"]),
         ("from resdyn import _secret\n", ["resdyn._secret"]),
         # not violations: public names, dunders, private attributes of objects, other packages
-        ("from resdyn.infra.linalg import svd\nfrom resdyn.study_a import spectral\nspectral.__name__\n", []),
+        ("from resdyn.numerics.linalg import svd\nfrom resdyn.study_a import spectral\nspectral.__name__\n", []),
         ("lens = make()\nlens._params(0)\nimport numpy as np\nnp._NoValue\n", []),
     ],
 )
@@ -118,20 +119,30 @@ def test_own_private_names_are_allowed():
     assert private_uses(src, own_module="resdyn.study_a.schur") == ["spectral._check_tol", "spectral._svd"]
 
 
-#: What each layer of the package may import (besides itself): imports only go downward, and the
-#: two studies never import each other.
+#: The package's layers, bottom first: a module may import its own package and the packages of
+#: the layers below it that its row names (docs/design.md, "Layout"). The two studies never
+#: import each other.
 LAYERS = {
-    "infra": {"infra"},
-    "artifacts": {"infra"},
-    "study_a": {"infra", "artifacts"},
-    "study_b": {"infra", "artifacts"},
-    "beyond": {"infra", "artifacts", "study_a", "study_b"},
-    "plots": {"infra", "artifacts", "study_a", "study_b", "beyond"},
-    "results": {"infra", "artifacts"},  # collect / load: the tables of a run
-    "compare": {"infra", "artifacts", "results"},
-    "cli": {"infra", "artifacts", "results", "compare"},
+    "io": set(),
+    "numerics": set(),
+    "lm": {"io", "numerics"},
+    "artifacts": {"io"},
+    "cluster": {"io", "numerics", "lm"},
+    "pipeline": {"io", "numerics", "lm", "cluster"},
+    "provenance": {"io", "numerics", "lm", "cluster", "pipeline"},
+    "study_a": {"io", "numerics", "lm", "artifacts"},
+    "study_b": {"io", "numerics", "lm", "artifacts"},
+    "beyond": {"io", "numerics", "lm", "artifacts", "cluster", "study_a", "study_b"},
+    "plots": {"io", "numerics", "lm", "artifacts", "pipeline", "provenance", "study_a", "study_b", "beyond"},
+    "results": {"io", "lm", "artifacts", "provenance"},  # collect / load: the tables of a run
+    "compare": {"io", "artifacts", "results"},
+    "cli": {"io", "lm", "artifacts", "cluster", "pipeline", "provenance", "results", "compare"},
     "": {"results"},  # the package itself: resdyn.load
 }
+
+#: A "package.module:Name" string (the family table's adapters): resolved at run time, so an
+#: import edge like any other.
+_NAMED_OBJECT = re.compile(r"resdyn(?:\.\w+)+(?=:\w+\Z)")
 
 
 def _layer(module: str) -> str:
@@ -139,30 +150,100 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_layers_import_only_downward():
-    from resdyn.infra.codeversion import imported_modules
+def module_edges(package_dir: Path) -> dict[str, set[str]]:
+    """module -> the resdyn modules it imports (at any depth, function bodies included) or names
+    in a "module:Name" string; packages count only through the modules they hold."""
+    from resdyn.provenance.codeversion import imported_modules, module_file
 
-    files = sorted((REPO / "resdyn").rglob("*.py"))
-    assert {_layer(_module_name(p)) for p in files} >= set(LAYERS) - {""}
+    edges: dict[str, set[str]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        found = set(imported_modules(path, module, package_dir=package_dir))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                m = _NAMED_OBJECT.match(node.value)
+                if m and module_file(m.group(0), package_dir) is not None:
+                    found.add(m.group(0))
+        edges[module] = {t for t in found if t != module and module_file(t, package_dir).name != "__init__.py"}
+    return edges
+
+
+def import_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of the import graph as [a, b, ..., a], or [] when it has none (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def layering_violations(edges: dict[str, set[str]]) -> list[str]:
     bad = []
-    for path in files:
-        module = _module_name(path).removesuffix(".__init__")
+    for module, targets in edges.items():
         own = _layer(module)
-        for target in imported_modules(path, module):
+        for target in targets:
             layer = _layer(target)
-            if layer and layer != own and layer not in LAYERS.get(own, set()):
+            if layer != own and layer not in LAYERS.get(own, set()):
                 bad.append(f"{module} imports {target}")
-    assert not bad, "imports against the layering (see docs/design.md, Layout):\n" + "\n".join(sorted(bad))
+    return sorted(bad)
+
+
+def test_layers_import_only_downward():
+    edges = module_edges(REPO / "resdyn")
+    assert {_layer(m) for m in edges} == set(LAYERS), "a package without a layer (add it to LAYERS and docs/design.md)"
+    bad = layering_violations(edges)
+    assert not bad, "imports against the layering (see docs/design.md, Layout):\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    edges = module_edges(REPO / "resdyn")
+    assert edges["resdyn.lm.families"] >= {"resdyn.lm.sublayers", "resdyn.lm.adapters.qwen3"}  # the adapter strings
+    cycle = import_cycle(edges)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "resdyn"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+        init = (pkg / rel).parent / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+    return pkg
 
 
 def test_layer_check_sees_a_violation(tmp_path):
-    pkg = tmp_path / "resdyn"
-    (pkg / "study_a").mkdir(parents=True)
-    (pkg / "study_b").mkdir()
-    for f in ("__init__.py", "study_a/__init__.py", "study_b/__init__.py", "study_b/phases.py"):
-        (pkg / f).write_text("")
-    (pkg / "study_a" / "spectral.py").write_text("from resdyn.study_b import phases\n")
-    from resdyn.infra.codeversion import imported_modules
+    pkg = _package(tmp_path, {"study_b/phases.py": "", "study_a/spectral.py": "from resdyn.study_b import phases\n"})
+    assert layering_violations(module_edges(pkg)) == ["resdyn.study_a.spectral imports resdyn.study_b.phases"]
 
-    found = imported_modules(pkg / "study_a" / "spectral.py", "resdyn.study_a.spectral", package_dir=pkg)
-    assert "resdyn.study_b.phases" in found and "study_b" not in LAYERS["study_a"]
+
+def test_cycle_check_sees_a_planted_cycle(tmp_path):
+    """A cycle hidden in a function body, and one closed by a "module:Class" string."""
+    pkg = _package(tmp_path, {
+        "lm/a.py": "def f():\n    from resdyn.lm import b\n",
+        "lm/b.py": "from resdyn.lm import a\n",
+    })
+    assert import_cycle(module_edges(pkg)) == ["resdyn.lm.a", "resdyn.lm.b", "resdyn.lm.a"]
+    pkg2 = _package(tmp_path / "two", {
+        "lm/table.py": 'TABLE = {"x": "resdyn.lm.adapter:X"}\n',
+        "lm/adapter.py": "from resdyn.lm.table import TABLE\n\nclass X:\n    pass\n",
+    })
+    assert import_cycle(module_edges(pkg2)) == ["resdyn.lm.adapter", "resdyn.lm.table", "resdyn.lm.adapter"]
+    (pkg2 / "lm" / "adapter.py").write_text("class X:\n    pass\n")
+    assert import_cycle(module_edges(pkg2)) == []

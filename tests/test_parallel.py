@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 from resdyn import artifacts
 from resdyn.beyond import bridge, causal
-from resdyn.infra import arch
+from resdyn.lm import structure
 from resdyn.study_a import activations, jacobian, schur, spectral, topology
-from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 N_LAYERS, D = 4, 32
 
@@ -74,7 +74,7 @@ def test_activations_and_coupling_use_the_single_boundary(parallel_files, tmp_pa
     ids = np.stack([sample_ids(seed).numpy() for seed in range(3)])
     states = activations.collect_boundary_states(model, ids, 1, progress=False)
     paths = artifacts.Activations.write(
-        states, np.arange(3), 1, tmp_path, "float32", {}, arch.residual_kind(model)
+        states, np.arange(3), 1, tmp_path, "float32", {}, structure.residual_kind(model)
     )
     assert artifacts.Activations.boundaries(paths[0]) == ("pre_attn",)
     X = artifacts.Activations.read_boundary(paths[1], "pre_attn")
@@ -99,7 +99,7 @@ def test_continuation_runs_the_parallel_layers_like_hf():
         reference = model(input_ids=x, use_cache=False).logits
     for L in range(N_LAYERS + 1):
         final = cont.run(cont.stream(L), L)
-        torch.testing.assert_close(arch.unembed_logits(model, final), reference, atol=1e-5, rtol=0)
+        torch.testing.assert_close(structure.unembed_logits(model, final), reference, atol=1e-5, rtol=0)
 
 
 def test_plots_style_the_layer_operator(parallel_files):
@@ -117,7 +117,7 @@ def test_cost_model_prices_parallel_layers_and_imported_lenses():
     training."""
     import copy
 
-    from resdyn.infra import cost
+    from resdyn.cluster import cost
 
     base = {"samples": {"n": 8, "length": 16}, "jacobian": {"positions": "last", "store_first_n": 2,
                                                              "store_dtype": "float32"},

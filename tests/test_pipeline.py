@@ -7,7 +7,6 @@ a config change must schedule exactly the jobs that depend on it.
 
 from __future__ import annotations
 
-import json
 import modulefinder
 import os
 import re
@@ -17,11 +16,11 @@ import sys
 from pathlib import Path
 
 import h5py
-import pandas as pd
 import pytest
 import yaml
 
-from resdyn.infra import io, provenance
+from resdyn import io
+from resdyn.provenance import sidecars
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -93,7 +92,7 @@ def test_every_artifact_exists_and_parses(smoke):
             with h5py.File(p, "r") as f:
                 assert len(f.keys()) > 0, p
         elif p.suffix == ".png":
-            assert provenance.read(p)["rule"].startswith("figure"), p
+            assert sidecars.read(p)["rule"].startswith("figure"), p
     for model in ("tiny_llama",):
         for rel in ("checkpoints.tsv", "step30/spectra.tsv", "step30/bottleneck.tsv", "step30/schur.tsv",
                     "step30/coupling.tsv", "step0/coupling.tsv", "step30/lens_metrics.tsv", "step30/rss.tsv",
@@ -206,7 +205,7 @@ def test_provenance_chain_reaches_model_and_data(smoke, monkeypatch):
         assert f"rule {rule} " in out, rule
     assert "weights sha256" in out and "samples sha256" in out
     monkeypatch.chdir(smoke)
-    rules = [prov["rule"] for _, prov in provenance.chain(fig.relative_to(smoke))]
+    rules = [prov["rule"] for _, prov in sidecars.chain(fig.relative_to(smoke))]
     assert rules[0] == "figure_ckpt" and "zoo_train" in rules
 
 
@@ -295,7 +294,7 @@ def rule_scripts(work: Path) -> dict[str, str]:
 
 def reached_modules(work: Path, script: str) -> set[str]:
     """resdyn modules a script reaches, by the standard library's modulefinder (bytecode), the
-    oracle for resdyn.infra.codeversion's ast walk."""
+    oracle for resdyn.provenance.codeversion's ast walk."""
     finder = modulefinder.ModuleFinder(path=[str(work)])  # only the copy's resdyn is findable
     finder.run_script(str(work / script))
     return {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")}
@@ -344,12 +343,12 @@ NO_RERUN_EDITS = [
     ("resdyn/artifacts.py", "class SpectraTable(", "# a comment\nclass SpectraTable("),
     ("resdyn/study_a/jacobian.py", "other positions frozen.", "every other position held fixed."),
     ("resdyn/study_a/jacobian.py", "def attn_jacobian(", "def _unused_helper():\n    return 1\n\n\ndef attn_jacobian("),
-    ("resdyn/infra/adapters/newfam.py", None,
-     "from resdyn.infra.arch import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n"
+    ("resdyn/lm/adapters/newfam.py", None,
+     "from resdyn.lm.sublayers import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n"
      "    mlp_post = \"post_feedforward_layernorm\"\n"),
-    ("resdyn/infra/families.py", "FAMILIES: dict[str, Family] = {",
+    ("resdyn/lm/families.py", "FAMILIES: dict[str, Family] = {",
      "FAMILIES: dict[str, Family] = {\n    \"newfam\": Family((\"newfam\",), \"NewLayer\", "
-     "\"resdyn.infra.adapters.newfam:NewSublayers\"),"),
+     "\"resdyn.lm.adapters.newfam:NewSublayers\"),"),
 ]
 
 FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
@@ -361,7 +360,7 @@ def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tm
     artifact class or helper in artifacts.py only the figure rules; editing the body of
     attn_jacobian exactly the rules whose scripts reach it, among those that import its module
     (modulefinder, the oracle), and a dry run plans only them and their consumers."""
-    from resdyn.infra import codeversion
+    from resdyn.provenance import codeversion
 
     work = edited_copy(smoke, tmp_path / "wf")
     assert params_changed(work) == set()
@@ -409,7 +408,7 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
     tokenizer, not on which checkpoint comes first); reordering them, or removing the one the
     tokenizer was copied from, plans nothing."""
-    from resdyn.infra import changes
+    from resdyn.provenance import changes
 
     work = edited_copy(smoke, tmp_path / "wf")
     shutil.copytree(work / "models" / "tiny_llama" / "weights" / "step0", work / "extra_ckpt")
@@ -558,9 +557,9 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
     copy whose step30 bootstrap was redone with another seed, and run the example notebook on it."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from notebooks import run_notebook
 
     import resdyn
-    from notebooks import run_notebook
     from resdyn import artifacts as A
 
     def cli(*args):
@@ -590,7 +589,7 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
     side = io.read_json(io.prov_path(boot))
     side["params"]["seed"] = side["params"].get("seed", 0) + 1
     A.BootstrapTable.write(table, boot)
-    side["artifact"] = provenance.fingerprint(boot)
+    side["artifact"] = sidecars.fingerprint(boot)
     io.write_json(side, io.prov_path(boot))
     out = cli("compare", "results", str(other))
     assert out.returncode == 1, out.stdout + out.stderr

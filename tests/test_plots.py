@@ -17,9 +17,19 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from resdyn.infra import provenance
-from resdyn.plots import (bridge, catalogue, common, render, study_a_spectra, study_a_topology, study_b, style,
-                          trajectory, zoo)
+from resdyn.plots import (
+    bridge,
+    catalogue,
+    common,
+    render,
+    study_a_spectra,
+    study_a_topology,
+    study_b,
+    style,
+    trajectory,
+    zoo,
+)
+from resdyn.provenance import sidecars
 
 # One namespace over the figure modules (the tests below predate the split of resdyn/plots.py).
 plots = SimpleNamespace(**{k: v for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge,
@@ -736,12 +746,12 @@ def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
     with Image.open(png) as im:
         assert im.format == "PNG"
         assert json.loads(im.text[plots.PROVENANCE_KEY]) == PROV_JSON
-    assert provenance.read(png) == PROV_JSON  # no sidecar: read from the PNG
-    # the sidecar a rule writes with resdyn.infra.io holds the same record
-    from resdyn.infra import io as rio
+    assert sidecars.read(png) == PROV_JSON  # no sidecar: read from the PNG
+    # the sidecar a rule writes with resdyn.io holds the same record
+    from resdyn import io as rio
 
     rio.write_json(PROV, rio.prov_path(png), nan_as_null=("bad",))  # io refuses NaN unless declared
-    assert provenance.read(png) == PROV_JSON
+    assert sidecars.read(png) == PROV_JSON
     rio.prov_path(png).unlink()
     raw = pdf.read_bytes()
     assert raw.startswith(b"%PDF")
@@ -824,7 +834,7 @@ def test_catalogue_names_existing_functions_and_every_figure_module():
         assert callable(fn) and fn.__module__ == spec.module, spec.name
     assert {f.module for f in catalogue.FIGURES} == {m.__name__ for m in FIGURE_MODULES}
     # the figure script imports every figure module statically: its rule's code version covers them
-    from resdyn.infra import codeversion
+    from resdyn.provenance import codeversion
 
     closure = codeversion.import_closure(Path(__file__).parent.parent / "workflow" / "scripts" / "figure.py")
     assert {f.module for f in catalogue.FIGURES} | {catalogue.RENDER_MODULE} <= closure
@@ -885,7 +895,7 @@ def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_pa
     assert {n for n in after if after[n] != edited[n]} == {
         f.name for f in catalogue.FIGURES if f.module == "resdyn.plots.study_b"}
     # the shared helpers, the render module and what they import: every figure
-    for rel in ("plots/common.py", "plots/render.py", "infra/io.py"):
+    for rel in ("plots/common.py", "plots/render.py", "io.py"):
         (pkg / rel).write_text((pkg / rel).read_text() + "\n# edited\n")
         now = _versions(pkg)
         assert all(now[n] != edited[n] for n in now), rel
@@ -901,7 +911,7 @@ def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> 
         png, pdf = work / f"{name}.png", work / f"{name}.pdf"
         for out in (png, pdf):
             out.unlink(missing_ok=True)
-        inputs = {str(work / Path(p).name): provenance.hash_path(work / Path(p).name) for p in spec.inputs}
+        inputs = {str(work / Path(p).name): sidecars.hash_path(work / Path(p).name) for p in spec.inputs}
         version = (code or {}).get(name) or catalogue.figure_code_version(name)
         drawn[name] = render.render(name, spec.plot, inputs, str(png), str(pdf), f"m · {name}", spec.caption, 60,
                                     version, {"rule": "figure_ckpt", "start": repr(np.random.rand())}, cache)
@@ -909,7 +919,7 @@ def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> 
 
 
 def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_path):
-    from resdyn.infra import io as rio
+    from resdyn import io as rio
 
     work, cache = tmp_path / "results" / "figures", tmp_path / "results" / "figures" / ".cache"
     work.mkdir(parents=True)
@@ -917,7 +927,7 @@ def test_figure_job_redraws_exactly_the_figures_whose_input_or_code_changed(tmp_
     rio.write_tsv(schur_df(), work / "schur.tsv")
     assert _figure_job(work, cache) == {"funnel": True, "schur": True}
     first = {p.name: p.read_bytes() for p in work.glob("*.p*")}
-    assert len(first) == 4 and all(provenance.read(work / f"{n}.png")["figure"] == n for n in ("funnel", "schur"))
+    assert len(first) == 4 and all(sidecars.read(work / f"{n}.png")["figure"] == n for n in ("funnel", "schur"))
     # nothing changed: both restored byte for byte (the provenance's start time would differ if drawn)
     assert _figure_job(work, cache) == {"funnel": False, "schur": False}
     assert {p.name: p.read_bytes() for p in work.glob("*.p*")} == first

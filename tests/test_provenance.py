@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from resdyn.infra import io, provenance
+from resdyn import io
+from resdyn.provenance import sidecars
 
 
 def _sm(rule: str, inputs: list[Path], outputs: list[Path], log: Path) -> SimpleNamespace:
@@ -23,7 +24,7 @@ def _sm(rule: str, inputs: list[Path], outputs: list[Path], log: Path) -> Simple
 
 
 def _run(rule, inputs, outputs, body, tmp):
-    with provenance.step(_sm(rule, inputs, outputs, tmp / "logs" / f"{rule}.log")):
+    with sidecars.step(_sm(rule, inputs, outputs, tmp / "logs" / f"{rule}.log")):
         body()
 
 
@@ -44,7 +45,7 @@ def chain(tmp_path, monkeypatch):
 
 
 def _problems(roots=("results",)) -> list[str]:
-    return provenance.audit(list(roots))[1]
+    return sidecars.audit(list(roots))[1]
 
 
 def test_sidecar_records_outputs_and_a_folder_manifest(chain):
@@ -66,7 +67,7 @@ def test_sidecar_records_outputs_and_a_folder_manifest(chain):
 
 
 def test_clean_chain_has_no_problem(chain):
-    assert provenance.audit(["results"]) == (3, [])
+    assert sidecars.audit(["results"]) == (3, [])
 
 
 def test_hidden_files_are_not_part_of_an_artifact(chain):
@@ -94,7 +95,7 @@ def test_file_changed_inside_a_folder_output_is_named(chain):
 def test_changed_source_input(chain):
     src, a, _, _ = chain
     src.write_text("bye\n")
-    assert _problems() == [provenance.problem(
+    assert _problems() == [sidecars.problem(
         "changed input", a, f"input {src} changed since it was made "
         f"(sha256 {hashlib.sha256(b'hello' + bytes([10])).hexdigest()[:12]}… → "
         f"{hashlib.sha256(b'bye' + bytes([10])).hexdigest()[:12]}…)")]
@@ -105,7 +106,7 @@ def test_stale_chain_when_an_input_was_rebuilt(chain, tmp_path):
     src.write_text("bye\n")
     _run("make_a", [src], [a], lambda: io.write_tsv(__import__("pandas").DataFrame({"v": [3.0]}), a), tmp_path)
     lines = _problems()
-    assert lines == [provenance.problem("stale chain", b, f"made from a version of {a} that no longer exists "
+    assert lines == [sidecars.problem("stale chain", b, f"made from a version of {a} that no longer exists "
                                         "(it was rebuilt since by rule make_a)")]
 
 
@@ -114,8 +115,8 @@ def test_missing_sidecar_and_sidecar_without_artifact(chain):
     io.prov_path(b).unlink()
     c.unlink()
     lines = _problems()
-    assert provenance.problem("missing sidecar", b, "no provenance sidecar b.prov.json") in lines
-    assert provenance.problem("sidecar without artifact", io.prov_path(c), f"its artifact {c} is missing") in lines
+    assert sidecars.problem("missing sidecar", b, "no provenance sidecar b.prov.json") in lines
+    assert sidecars.problem("sidecar without artifact", io.prov_path(c), f"its artifact {c} is missing") in lines
     assert len(lines) == 2  # the folder is reported once, not once per file
 
 
@@ -128,7 +129,7 @@ def test_unreadable_sidecar(chain):
 def test_a_step_refuses_an_input_its_rule_did_not_write(chain, tmp_path):
     _, _, b, c = chain
     (b / "layer000.txt").write_text("corrupt")
-    with pytest.raises(provenance.InputChanged, match=r"input results/b differs from what its rule wrote "
+    with pytest.raises(sidecars.InputChanged, match=r"input results/b differs from what its rule wrote "
                                                       r"\(changed layer000.txt\)"):
         _run("make_c", [b], [c], lambda: c.write_text("c2\n"), tmp_path)
     assert c.read_text() == "c\n"  # nothing rewritten, the old sidecar still names the good input
@@ -137,7 +138,7 @@ def test_a_step_refuses_an_input_its_rule_did_not_write(chain, tmp_path):
 
 def test_chain_ends_in_source_records(chain):
     src, a, b, c = chain
-    steps = provenance.chain(c)
+    steps = sidecars.chain(c)
     assert [p for p, _ in steps] == [str(c), str(b), str(a), str(src)]
     assert steps[-1][1] == {"rule": None, "source": True, "sha256": hashlib.sha256(b"hello\n").hexdigest()}
 
@@ -148,11 +149,11 @@ def test_source_files_and_logs_are_not_artifacts(chain, tmp_path):
     src, a, b, c = chain
     Path("README.md").write_text("# a workflow\n")
     (tmp_path / "logs" / "extra.log").write_text("x\n")
-    assert provenance.audit(["."]) == (3, [])
+    assert sidecars.audit(["."]) == (3, [])
     for path in (src, Path("README.md"), Path("logs"), tmp_path / "logs" / "make_a.log"):
-        checked, lines = provenance.audit([path])
+        checked, lines = sidecars.audit([path])
         assert checked == 0 and len(lines) == 1 and lines[0].startswith(f"not an artifact: {path}:"), lines
         assert "delete" not in lines[0]
     a.with_name("stray.tsv").write_text("x\n")  # a file under results/ without a sidecar is still found
-    assert provenance.audit(["."])[1] == [provenance.problem(
+    assert sidecars.audit(["."])[1] == [sidecars.problem(
         "missing sidecar", Path("results/stray.tsv"), "no provenance sidecar stray.tsv.prov.json")]

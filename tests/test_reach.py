@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hubcache
 import pytest
 import yaml
 
-import hubcache
-from resdyn.infra import config as rc
-from resdyn.infra import cost, families, plan
+from resdyn.cluster import cost
+from resdyn.lm import families
+from resdyn.pipeline import config as rc
+from resdyn.pipeline import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

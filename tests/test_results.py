@@ -16,8 +16,8 @@ import pytest
 
 import resdyn
 from resdyn import artifacts as A
-from resdyn import compare, results
-from resdyn.infra import io, provenance
+from resdyn import compare, io, results
+from resdyn.provenance import sidecars
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def sidecar(path: Path, run: Path, rule: str, params: dict, inputs: dict | None 
     """A sidecar as provenance.Step.finish writes it (artifact fingerprint included)."""
     prov = {"rule": rule, "wildcards": {}, "params": params, "inputs": inputs or {}, "checkpoint": checkpoint,
             "git": {"commit": "abc123", "dirty": False}, "versions": {"resdyn": "9.9.9", "torch": torch},
-            "device": device, "artifact": provenance.fingerprint(path)}
+            "device": device, "artifact": sidecars.fingerprint(path)}
     io.write_json(prov, io.prov_path(path))
 
 
@@ -59,7 +59,7 @@ def make_run(tmp: Path, seed: int = 0) -> Path:
                          "is_boundary": False, "layer": 0, "boundary": "h"})
     A.CommunityPartitions.write(part, A.CommunityPartitions.layer_file(folder, 0))
     io.write_json({"rule": "communities", "params": {"code": "c0de"}, "inputs": {},
-                   "artifact": provenance.fingerprint(folder)}, io.prov_path(folder))
+                   "artifact": sidecars.fingerprint(folder)}, io.prov_path(folder))
     return run
 
 
@@ -129,7 +129,7 @@ def test_a_table_made_from_a_rebuilt_input_is_stale(tmp_path):
     layout = results.run_layout(run)
     sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): "0" * 64})
     assert results.sidecar_problem(down, layout).startswith("stale: made from an older results/m/main/rss.tsv")
-    sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): provenance.hash_path(up)})
+    sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): sidecars.hash_path(up)})
     assert results.sidecar_problem(down, layout) == ""
 
 
@@ -264,7 +264,7 @@ def test_one_version_everywhere():
     import yaml
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert resdyn.__version__ == version == provenance.versions()["resdyn"]
+    assert resdyn.__version__ == version == sidecars.versions()["resdyn"]
     assert cli("--version").stdout.strip() == f"resdyn {version}"
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert cff["version"] == version and cff["cff-version"] == "1.2.0" and cff["type"] == "software"

@@ -7,13 +7,13 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import hubcache
 import pytest
 import yaml
 
-import hubcache
 from resdyn import cli
-from resdyn.infra import config as rc
-from resdyn.infra import hub, revisions
+from resdyn.lm import hub, revisions
+from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parent.parent
 OLMO, PYTHIA = "org/olmo-style", "org/pythia-style"

@@ -1,4 +1,4 @@
-"""Site settings of the SLURM profile (resdyn.infra.site, profiles/slurm/config.yaml): QOS,
+"""Site settings of the SLURM profile (resdyn.cluster.site, profiles/slurm/config.yaml): QOS,
 constraints and extra sbatch flags for GPU and CPU jobs, per-rule overrides, the constraint table."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yte
 
-from resdyn.infra import site
+from resdyn.cluster import site
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM_PROFILE = REPO / "profiles" / "slurm"
 LOCAL_PROFILE = REPO / "profiles" / "local"
 GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics")
-# rules that load no model but run their decompositions on the GPU (resdyn.infra.cost.GPU_LINALG_RULES)
+# rules that load no model but run their decompositions on the GPU (resdyn.cluster.cost.GPU_LINALG_RULES)
 GPU_LINALG_RULES = ("spectra", "bootstrap")
 # the plugin's first status check comes this many seconds after a submission; the local
 # cluster's MinJobAge must be >= 3x this or the plugin falls back to sacct (no accounting here)

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-
 import tamper as T
-from resdyn.infra import io
+import yaml
 
 pytestmark = pytest.mark.slow
 

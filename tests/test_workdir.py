@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resdyn.infra import site
+from resdyn.cluster import site
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -27,7 +27,7 @@ On every replicate:
   every sublayer's mean Jacobian (:func:`resdyn.study_a.spectral.henrici_departure`,
   :func:`resdyn.study_a.spectral.complex_fraction`);
 - ``cum_erank_full_depth``: effective rank of P = J_{S−1} ⋯ J_0 over all S sublayers
-  (Frobenius-rescaled after each product, like :func:`resdyn.study_a.spectral.cumulative_spectrum`, with :class:`resdyn.infra.linalg.NormalisedProduct`);
+  (Frobenius-rescaled after each product, like :func:`resdyn.study_a.spectral.cumulative_spectrum`, with :class:`resdyn.numerics.linalg.NormalisedProduct`);
 - ``complex_fraction_early_minus_late`` and ``henrici_early_minus_late``: the mean over the
   first third of sublayers minus the mean over the last third (:func:`early_late`).
 
@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts
-from resdyn.infra import linalg
+from resdyn.numerics import linalg
 from resdyn.study_a import spectral
 
 __all__ = [
@@ -516,9 +516,9 @@ def jacobian_bootstrap(
         n_samples_total: N of ``means`` (default n).
         memory_budget: bytes of (d, d) replicate matrices held at once; replicates beyond it are
             processed in further passes over the files (each pass reloads and decompresses
-            every sublayer). Default :func:`resdyn.infra.cost.bootstrap_memory_budget`: every row in
+            every sublayer). Default :func:`resdyn.cluster.cost.bootstrap_memory_budget`: every row in
             one pass up to 16 GiB (one pass at d = 4096, R = 50), the size the job requests.
-        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.infra.linalg.eigen_henrici`).
+        device: None/"cpu" or a CUDA device for the eigenvalues (:func:`resdyn.numerics.linalg.eigen_henrici`).
         method: ``exact`` (every replicate decomposed) or ``perturbative`` (replicate spectra of
             each sublayer from one decomposition of its n-sample mean, :func:`perturbative_rows`;
             a sublayer where that does not apply or fails its a-posteriori check is decomposed
@@ -535,7 +535,7 @@ def jacobian_bootstrap(
     Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
     (eigenvalues and Henrici from the same factor; before, a Schur factor *and* eigvals: 2×),
     torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
-    (:func:`resdyn.infra.cost.cost_bootstrap`).
+    (:func:`resdyn.cluster.cost.cost_bootstrap`).
     """
     R = _check_int(n_resamples, "n_resamples", 1)
     seed = _check_int(seed, "seed", 0)
@@ -577,7 +577,7 @@ def jacobian_bootstrap(
     how = [method] * S
     why = [""] * S
     if memory_budget is None:
-        from resdyn.infra.cost import bootstrap_memory_budget
+        from resdyn.cluster.cost import bootstrap_memory_budget
 
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))

@@ -7,8 +7,8 @@ it should change the model's output more than removing a random k-subspace does.
 
 Interventions on the stream h_L (B, T, d), applied at every position of every sequence, after
 which layers L … n−1 run on the modified stream (the model's own sublayers,
-:func:`resdyn.infra.arch.sublayers`, exactly as :func:`resdyn.infra.arch.forward_boundaries` runs them) and
-the final raw state is read out by the model's own head (:func:`resdyn.infra.arch.unembed_logits`):
+:func:`resdyn.lm.decompose.sublayers`, exactly as :func:`resdyn.lm.decompose.forward_boundaries` runs them) and
+the final raw state is read out by the model's own head (:func:`resdyn.lm.structure.unembed_logits`):
 
 - **project**: ``h ← h − (h V) Vᵀ`` — the component in S is removed;
 - **patch**: ``h ← h + ((h' − h) V) Vᵀ`` (= h − VVᵀh + VVᵀh'), h' the same layer's stream of a
@@ -55,9 +55,9 @@ import torch
 from torch import nn
 
 from resdyn import artifacts
-from resdyn.infra import arch
-from resdyn.study_b import phases as ph
 from resdyn.beyond.bridge import haar_subspace
+from resdyn.lm import decompose, structure
+from resdyn.study_b import phases as ph
 from resdyn.study_b.readout import readout_subspace
 
 __all__ = [
@@ -196,7 +196,7 @@ class Reference:
 
     def _chunk(self, start: int) -> _ReferenceChunk:
         rows = self.final[start: start + self._cont.chunk_tokens]
-        return _ReferenceChunk.of(arch.unembed_logits(self._cont.model, rows))
+        return _ReferenceChunk.of(structure.unembed_logits(self._cont.model, rows))
 
     def chunks(self):
         """(start row, reference chunk) over the tokens."""
@@ -212,7 +212,7 @@ class Continuation:
     """One batch of sequences, its residual streams, and the model run from any layer on.
 
     ``Continuation(model, input_ids)`` runs the model's sublayers once (no grad, the same
-    calls as :func:`resdyn.infra.arch.forward_boundaries`) and keeps the streams h_0 … h_n
+    calls as :func:`resdyn.lm.decompose.forward_boundaries`) and keeps the streams h_0 … h_n
     (B, T, d each; the pre-MLP states are not kept). :meth:`run` continues from layer L with a
     given stream; Gemma 4 KV-shared layers whose source layer lies before L attend over the
     source's original keys/values (the intervention happened after them).
@@ -223,17 +223,17 @@ class Continuation:
             raise ValueError(f"input_ids must be a (B, T) tensor, got {type(input_ids).__name__} "
                              f"{tuple(getattr(input_ids, 'shape', ()))}")
         self.model = model
-        self.adapters = arch.sublayers(model)
+        self.adapters = decompose.sublayers(model)
         self.n_layers = len(self.adapters)
         if chunk_elements is None:
-            chunk_elements = default_chunk_elements(arch.input_device(model))
+            chunk_elements = default_chunk_elements(structure.input_device(model))
         self.chunk_elements = int(chunk_elements)
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
         #: tokens per readout chunk
         self.chunk_tokens = max(1, self.chunk_elements // max(1, self.vocab))
         self._sources = {a.kv_source for a in self.adapters if a.kv_source != a.index}
         with torch.no_grad():
-            self.ctx = arch.prepare(model, input_ids)
+            self.ctx = decompose.prepare(model, input_ids)
             self._streams = [self.ctx.embeddings]
             self._run(self.ctx.embeddings, 0, {}, self._streams)
         self.batch, self.length, self.d = self._streams[0].shape
@@ -283,7 +283,7 @@ class Continuation:
             raise ValueError(f"final states differ in shape: {tuple(ref.final.shape)} vs {tuple(mod.shape)}")
         kl, flips = [], []
         for i, chunk in ref.chunks():
-            k_, f_ = _token_kl_and_flips(chunk, arch.unembed_logits(self.model, mod[i: i + self.chunk_tokens]))
+            k_, f_ = _token_kl_and_flips(chunk, structure.unembed_logits(self.model, mod[i: i + self.chunk_tokens]))
             kl.append(k_)
             flips.append(f_)
         kl_all = torch.cat(kl)
@@ -368,10 +368,10 @@ def causal_table(
         raise ValueError(f"n_random must be an integer ≥ 2 (for a mean and sd), got {n_random!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer ≥ 0, got {seed!r}")
-    n = arch.n_layers(model)
+    n = structure.n_layers(model)
     if len(translators) != n:
         raise ValueError(f"got {len(translators)} translators; the model has {n} layers (A_0 … A_{n - 1})")
-    d = arch.hidden_size(model)
+    d = structure.hidden_size(model)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
         raise ValueError(f"k must be an integer in [1, {d}] (d = hidden size), got {k!r}")
     layers = list(range(n)) if layers is None else [int(L) for L in layers]
@@ -379,7 +379,7 @@ def causal_table(
     if out_of_range:
         raise ValueError(f"layers {out_of_range} out of range; allowed 0..{n - 1} (streams with a translator)")
 
-    device = arch.input_device(model)
+    device = structure.input_device(model)
     cont = Continuation(model, ids.to(device=device, dtype=torch.long))
     labels = _phase_labels(phases, n)
     rows = []

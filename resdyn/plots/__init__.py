@@ -20,7 +20,7 @@ Layout (imports go one way: figure modules → common → style; none of them ba
 Conventions
 -----------
 * Every figure function takes the pipeline's tables (as read from TSV with
-  :func:`resdyn.infra.io.read_tsv`) and a title naming the model/checkpoint, and returns a new
+  :func:`resdyn.io.read_tsv`) and a title naming the model/checkpoint, and returns a new
   :class:`~matplotlib.figure.Figure` drawn on an Agg canvas. Figures are created without
   ``pyplot`` (no global figure registry, no interactive backend, nothing to leak).
 * Style: seaborn's ``whitegrid`` / context ``paper`` and colour-blind-safe ``colorblind``

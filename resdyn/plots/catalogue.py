@@ -36,7 +36,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from resdyn.infra.codeversion import PACKAGE_DIR, import_closure, module_file
+from resdyn.provenance.codeversion import PACKAGE_DIR, import_closure, module_file
 
 __all__ = ["FigureSpec", "FIGURES", "SCOPES", "TRAJECTORY_SCOPES", "CATEGORIES", "by_name", "of_scope",
            "studies_on", "enabled", "require_studies", "output_path", "input_paths", "trajectory_inputs",
@@ -185,7 +185,7 @@ def of_scope(scope: str, config: dict | None = None) -> tuple[FigureSpec, ...]:
 
 def require_studies(config: dict, name: str, path: str = "") -> None:
     """Stop with one line when figure ``name`` needs a study that ``config['studies']`` leaves out."""
-    from resdyn.infra.config import ConfigError
+    from resdyn.pipeline.config import ConfigError
 
     missing = sorted(by_name(name).studies - studies_on(config))
     if missing:

@@ -22,7 +22,15 @@ from matplotlib.ticker import LogFormatter
 
 from resdyn import artifacts
 from resdyn.plots.style import (
-    B_LABEL, CKPT_COLUMNS, KIND_STYLE, METRIC_LABELS, PHASE_COLORS, PHASE_NAMES, PROVENANCE_KEY, RC, new_figure,
+    B_LABEL,
+    CKPT_COLUMNS,
+    KIND_STYLE,
+    METRIC_LABELS,
+    PHASE_COLORS,
+    PHASE_NAMES,
+    PROVENANCE_KEY,
+    RC,
+    new_figure,
 )
 
 
@@ -235,7 +243,7 @@ def reason_note(fig: Figure, phases: Mapping[str, Any] | None) -> None:
 
 
 def _plain(obj: Any) -> Any:
-    """JSON-ready copy, as :func:`resdyn.infra.io.write_json` writes sidecars: numpy → Python,
+    """JSON-ready copy, as :func:`resdyn.io.write_json` writes sidecars: numpy → Python,
     paths → str, non-finite floats → None (strict JSON); anything else unknown → str."""
     if isinstance(obj, Mapping):
         return {str(k): _plain(v) for k, v in obj.items()}
@@ -278,7 +286,7 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     Args:
         fig: the figure (from this module or pyplot).
         png_path, pdf_path: destinations.
-        provenance: JSON-serialisable record (see :mod:`resdyn.infra.provenance`).
+        provenance: JSON-serialisable record (see :mod:`resdyn.provenance.sidecars`).
         dpi: resolution of the PNG (and of rasterized artists in the PDF).
     """
     if not isinstance(fig, Figure):

@@ -42,11 +42,11 @@ def trajectory_table(tables: Sequence[Any], pairs: Sequence[tuple[str, str]]) ->
     """The tables of one trajectory input, one per (model, ckpt) of ``pairs`` (config and training
     order), as one DataFrame with ``model``, ``ckpt``, ``ckpt_index`` (the checkpoint's position
     in its model's training order) and ``step`` (the training step the checkpoint name carries,
-    :func:`resdyn.infra.hub.revision_step`; NaN for ``main`` or a local model) in front."""
+    :func:`resdyn.lm.hub.revision_step`; NaN for ``main`` or a local model) in front."""
     import numpy as np
     import pandas as pd
 
-    from resdyn.infra.hub import revision_step
+    from resdyn.lm.hub import revision_step
 
     if len(tables) != len(pairs):
         raise ValueError(f"trajectory input: {len(tables)} tables for {len(pairs)} (model, checkpoint) pairs")

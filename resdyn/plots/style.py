@@ -14,7 +14,7 @@ from cycler import cycler
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-#: PNG text-chunk key of the embedded provenance JSON (read by :func:`resdyn.infra.provenance.read`).
+#: PNG text-chunk key of the embedded provenance JSON (read by :func:`resdyn.provenance.sidecars.read`).
 PROVENANCE_KEY = "resdyn_provenance"
 
 

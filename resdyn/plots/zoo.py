@@ -15,7 +15,7 @@ def training_curve(df: pd.DataFrame, title: str) -> Figure:
     """Train and held-out loss vs step; unigram baseline dashed.
 
     Columns: ``step``, ``train_loss``, ``heldout_loss`` and optionally ``unigram_loss``
-    (:func:`resdyn.infra.zoo.train_zoo_model`). One axes.
+    (:func:`resdyn.lm.zoo.train_zoo_model`). One axes.
     """
     df = check_frame(df, "training curve")
     xl, yl = "training step", "cross-entropy loss (nats/token)"

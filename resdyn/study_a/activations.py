@@ -1,6 +1,6 @@
 """Residual-stream states at every sublayer boundary of a model, streamed into per-layer files.
 
-States come from :func:`resdyn.infra.arch.boundary_states` — the same sublayer split the Jacobian
+States come from :func:`resdyn.lm.decompose.boundary_states` — the same sublayer split the Jacobian
 engine differentiates — so activations and Jacobians describe the same boundaries. The files
 (``activations/layer{L:03d}.h5``, schema ``resdyn.activations/1``), their writers and readers
 are :class:`resdyn.artifacts.Activations`; this module runs the model.
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from resdyn.infra import arch
 from resdyn.artifacts import Activations
+from resdyn.lm import decompose, structure
 
 
 def _require_finite(states: torch.Tensor, sample: int, where: str) -> None:
@@ -43,7 +43,7 @@ def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, p
     device = next(model.parameters()).device
     out = []
     for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
-        states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
+        states = decompose.boundary_states(model, torch.as_tensor(ids, device=device))
         _require_finite(states, i, where)
         out.append(states[:, skip_positions:].float().cpu().numpy())
     return np.stack(out)
@@ -62,13 +62,13 @@ def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray
     """
     if not 0 <= skip_positions < input_ids.shape[1]:
         raise ValueError(f"skip_positions={skip_positions} must be in [0, {input_ids.shape[1]}) (sample length)")
-    n_layers, d = arch.n_layers(model), arch.hidden_size(model)
+    n_layers, d = structure.n_layers(model), structure.hidden_size(model)
     n, length = input_ids.shape[0], input_ids.shape[1] - skip_positions
     device = next(model.parameters()).device
     with Activations.stream(out_dir, n_layers, n, length, d, dtype, sample_ids, skip_positions, attrs,
                             residual) as put:
         for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
-            states = arch.boundary_states(model, torch.as_tensor(ids, device=device))
+            states = decompose.boundary_states(model, torch.as_tensor(ids, device=device))
             _require_finite(states, i, where)
             put(i, states[:, skip_positions:].float().cpu().numpy())
     return [Activations.layer_file(out_dir, layer) for layer in range(n_layers)]

@@ -18,15 +18,15 @@ layer):
   the d input directions with ``vmap``; W_o is one GEMM. MLP: closed form
   ``W_down (diag(act'(g) ⊙ up) W_gate + diag(act(g)) W_up)``, one GEMM instead of three.
 * "jvp": forward mode through the whole per-token function
-  (:meth:`resdyn.infra.arch.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
+  (:meth:`resdyn.lm.sublayers.LayerSublayers.attn_token_fn` / ``mlp_token_fn``), the simple reference.
 
 The differentiated sublayer runs in fp32 (bf16 weights are upcast on a copy of the layer, TF32
 is disabled); the boundary states come from one forward pass per sample in the model's dtype
-(:func:`resdyn.infra.arch.forward_boundaries`).
+(:func:`resdyn.lm.decompose.forward_boundaries`).
 
 Files: the per-layer HDF5 schema (``layer{L:03d}.h5``, "resdyn.jacobian/1") and its reader are
 :class:`resdyn.artifacts.JacobianBlocks`; this module only computes. Parallel-residual layers
-(GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.infra.arch`) have one boundary, h_L, and
+(GPT-NeoX ``use_parallel_residual``, Pythia; see :mod:`resdyn.lm.sublayers`) have one boundary, h_L, and
 store the operator J_L = ∂h_{L+1}[t]/∂h_L[t] = I + J_A + J_F as kind ``layer`` beside the branch
 Jacobians ``attn_branch`` (J_A = ∂A(ln_in(h))[t]/∂h[t]) and ``mlp_branch`` (J_F =
 ∂F(ln_post_attn(h))[t]/∂h[t]); downstream the operator (L, 'layer') takes the depth slot
@@ -55,9 +55,8 @@ import torch
 from torch import nn
 
 from resdyn.artifacts import JacobianBlocks, JacobianSums
-from resdyn.infra import arch
-from resdyn.infra.io import sha256_array
-
+from resdyn.io import sha256_array
+from resdyn.lm import decompose, norms, structure, sublayers
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
@@ -65,7 +64,7 @@ PARALLEL_KINDS = JacobianBlocks.PARALLEL_KINDS
 OPERATOR_KINDS = JacobianBlocks.OPERATOR_KINDS
 
 
-def layer_kinds(adapter: arch.LayerSublayers) -> tuple[str, ...]:
+def layer_kinds(adapter: sublayers.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
 SCHEMA = JacobianBlocks.SCHEMA
@@ -160,7 +159,7 @@ def rms_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor
     ``J_N(x) = diag(w)/r − (w ⊙ x) xᵀ / (d r³)`` (diagonal plus rank one), so for a (k, d):
     ``a J_N = (a ⊙ w/r) − (a (w ⊙ x)) xᵀ / (d r³)`` in O(k·d).
     """
-    weight, eps = arch.rms_norm_params(norm)
+    weight, eps = norms.rms_norm_params(norm)
     d = x.shape[-1]
     inv_r = torch.rsqrt(x.pow(2).mean() + eps)
     w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
@@ -170,7 +169,7 @@ def rms_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor
 
 def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``J_N(z) @ a`` for an RMSNorm at z (d,) and a (d, k): ``(w/r) ⊙ a − (w ⊙ z)(zᵀ a) / (d r³)``."""
-    weight, eps = arch.rms_norm_params(norm)
+    weight, eps = norms.rms_norm_params(norm)
     d = z.shape[-1]
     inv_r = torch.rsqrt(z.pow(2).mean() + eps)
     w = torch.ones_like(z) if weight is None else weight.to(z.dtype)
@@ -180,7 +179,7 @@ def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 def _layer_norm_stats(x: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(w/σ, x̂) of a LayerNorm at x (d,): σ = sqrt(var(x) + eps) (biased var), x̂ = (x − μ)/σ."""
-    weight, _, eps = arch.layer_norm_params(norm)
+    weight, _, eps = norms.layer_norm_params(norm)
     centred = x - x.mean()
     inv_s = torch.rsqrt(centred.pow(2).mean() + eps)
     w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
@@ -225,15 +224,15 @@ def _elementwise_derivative(act: nn.Module, g: torch.Tensor) -> tuple[torch.Tens
     return torch.func.jvp(act, (g,), (torch.ones_like(g),))
 
 
-def gated_mlp_jacobian(mlp: nn.Module | arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
+def gated_mlp_jacobian(mlp: nn.Module | sublayers.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
     """∂F/∂u (d_out, d_in) of ``F(u) = W_d (act(W_g u + b_g) ⊙ (W_u u + b_u)) + b_d`` at u (d,).
 
     ``= W_d M`` with ``M = diag(act'(g) ⊙ up) W_g + diag(act(g)) W_u`` (d_ff, d): one GEMM of
     2·d_out·d_ff·d FLOPs (forward mode through F would cost three such GEMMs). The projections
-    come from :meth:`resdyn.infra.arch.LayerSublayers.gated_mlp` (separate or fused gate|up) when
+    come from :meth:`resdyn.lm.sublayers.LayerSublayers.gated_mlp` (separate or fused gate|up) when
     ``mlp`` is an adapter; a bare module must have ``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``.
     """
-    parts = mlp.gated_mlp() if isinstance(mlp, arch.LayerSublayers) else arch.gated_mlp_parts(mlp)
+    parts = mlp.gated_mlp() if isinstance(mlp, sublayers.LayerSublayers) else sublayers.gated_mlp_parts(mlp)
     gate, up_proj, down, act_fn, fused = parts
     if fused:
         g, up = gate(u).split(fused, dim=-1)
@@ -256,8 +255,8 @@ def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tens
     return w2 @ (w1 * dact[:, None])
 
 
-def mlp_branch_jacobian(adapter: arch.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
-    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.infra.arch.LayerSublayers.plain_mlp`)."""
+def mlp_branch_jacobian(adapter: sublayers.LayerSublayers, u: torch.Tensor) -> torch.Tensor:
+    """∂F/∂u of the layer's MLP (gated or plain, see :meth:`resdyn.lm.sublayers.LayerSublayers.plain_mlp`)."""
     plain = adapter.plain_mlp()
     if plain is None:
         return gated_mlp_jacobian(adapter, u)
@@ -271,11 +270,11 @@ def _input_tangents(weight: torch.Tensor, x: torch.Tensor, pre: nn.Module | None
 
 
 def attn_jacobian(
-    adapter: arch.LayerSublayers,
+    adapter: sublayers.LayerSublayers,
     h: torch.Tensor,
     t: int,
-    ctx: arch.SequenceContext,
-    kv: arch.KV | None = None,
+    ctx: sublayers.SequenceContext,
+    kv: sublayers.KV | None = None,
     chunk_size: int | None = None,
     residual: bool = True,
 ) -> torch.Tensor:
@@ -321,7 +320,7 @@ def attn_jacobian(
 
 
 def mlp_jacobian(
-    adapter: arch.LayerSublayers, m: torch.Tensor, t: int, ctx: arch.SequenceContext, residual: bool = True
+    adapter: sublayers.LayerSublayers, m: torch.Tensor, t: int, ctx: sublayers.SequenceContext, residual: bool = True
 ) -> torch.Tensor:
     """J = ∂h_{L+1}[t]/∂m[t] (d, d) of the MLP half, in closed form.
 
@@ -362,7 +361,7 @@ def mlp_jacobian(
     return jac
 
 
-def _attn_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
+def _attn_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
     """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`: per tangent
     ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations."""
     heads = adapter.n_heads
@@ -370,7 +369,7 @@ def _attn_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
     return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
 
 
-def _jvp_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
+def _jvp_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
     """Tangent chunk for the reference forward-mode path: per tangent ≈ 4 bytes ×
     (8·d_ff + 8·d + 8·H·(T+1))."""
     d_ff = max(max(p.shape) for p in adapter.layer.parameters() if p.dim() == 2)
@@ -382,7 +381,7 @@ def _jvp_chunk(adapter: arch.LayerSublayers, length: int, d: int) -> int:
 METHODS = ("structured", "jvp")
 
 
-def _sample_context(ctx: arch.SequenceContext, b: int) -> arch.SequenceContext:
+def _sample_context(ctx: sublayers.SequenceContext, b: int) -> sublayers.SequenceContext:
     """Sample b of a batch's context (its embeddings and per-layer inputs; rotary tables shared)."""
     per = ctx.per_layer_inputs
     batch = ctx.embeddings.shape[0]
@@ -434,7 +433,7 @@ class JacobianEngine:
             raise ValueError(f"method={method!r}: allowed are {METHODS}")
         self.model = model
         self.method = method
-        self.adapters = arch.sublayers(model)
+        self.adapters = decompose.sublayers(model)
         n = len(self.adapters)
         self.layers = list(range(n)) if layers is None else [int(x) for x in layers]
         bad = [x for x in self.layers if not 0 <= x < n]
@@ -445,7 +444,7 @@ class JacobianEngine:
         needed = set(self.layers) | {self.adapters[x].kv_source for x in self.layers}
         self.fp32 = {x: self.adapters[x].to_float32() for x in sorted(needed)}
         self.chunk_size = chunk_size
-        self.d = arch.hidden_size(model)
+        self.d = structure.hidden_size(model)
         #: generic path: forward mode through HF's modules, self-checked on the first sample
         self.generic = bool(getattr(self.adapters[0], "generic", False))
         self.self_check_errors: dict[int, dict[str, float]] | None = None
@@ -473,8 +472,8 @@ class JacobianEngine:
             raise ValueError(f"input_ids must be a batch (B, T), got shape {tuple(input_ids.shape)}")
         pos = resolve_positions(positions, input_ids.shape[1])
         with torch.no_grad():
-            ctx = arch.prepare(self.model, input_ids.long())
-            states = arch.forward_boundaries(self.adapters, ctx, upto=max(self.layers)).float()
+            ctx = decompose.prepare(self.model, input_ids.long())
+            states = decompose.forward_boundaries(self.adapters, ctx, upto=max(self.layers)).float()
         results = []
         for b in range(input_ids.shape[0]):
             one = ctx if input_ids.shape[0] == 1 else _sample_context(ctx, b)
@@ -487,10 +486,10 @@ class JacobianEngine:
             results.append(out)
         return results
 
-    def _self_check(self, states: torch.Tensor, ctx: arch.SequenceContext, t: int, jacs: dict) -> None:
+    def _self_check(self, states: torch.Tensor, ctx: sublayers.SequenceContext, t: int, jacs: dict) -> None:
         """Generic path: check every layer's Jacobians at position t against reverse-mode
-        autograd through HF's decoder layer (:func:`resdyn.infra.generic.self_check`)."""
-        from resdyn.infra import generic
+        autograd through HF's decoder layer (:func:`resdyn.lm.generic.self_check`)."""
+        from resdyn.lm import generic
 
         errors = {}
         with full_fp32_matmul():
@@ -510,7 +509,7 @@ class JacobianEngine:
         """Kinds :meth:`compute` returns for ``layer`` (:func:`layer_kinds`)."""
         return layer_kinds(self.adapters[layer])
 
-    def _parallel_layer(self, layer: int, states: torch.Tensor, ctx: arch.SequenceContext, pos: list[int]):
+    def _parallel_layer(self, layer: int, states: torch.Tensor, ctx: sublayers.SequenceContext, pos: list[int]):
         """Parallel residual: J_A, J_F at h_L[t] and the operator I + J_A + J_F."""
         adapter = self.fp32[layer]
         h = states[2 * layer]
@@ -527,7 +526,7 @@ class JacobianEngine:
             full = torch.stack([forward_jacobian(adapter.layer_token_fn(h, t, ctx), h[t], chunk) for t in pos])
         return {(layer, "layer"): full, (layer, "attn_branch"): ja, (layer, "mlp_branch"): jm}
 
-    def _layer(self, layer: int, states: torch.Tensor, ctx: arch.SequenceContext, pos: list[int]):
+    def _layer(self, layer: int, states: torch.Tensor, ctx: sublayers.SequenceContext, pos: list[int]):
         adapter = self.fp32[layer]
         if adapter.parallel:
             return self._parallel_layer(layer, states, ctx, pos)
@@ -725,9 +724,9 @@ def write_layer_block(
         raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
     pos = resolve_positions(positions, length)
     engine = JacobianEngine(model, layers, chunk_size, method)
-    device = arch.input_device(model)
+    device = structure.input_device(model)
     d = engine.d
-    fam = arch.family(model)
+    fam = decompose.family(model)
 
     batch = int(batch_size or default_batch_size(device, d))
     if batch < 1:

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn.infra.linalg import (
+from resdyn.numerics.linalg import (
     NormalisedProduct,
     as_square,
     as_values,

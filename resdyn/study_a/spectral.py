@@ -36,12 +36,12 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
-from resdyn.infra.linalg import (
+from resdyn.numerics.linalg import (
     NormalisedProduct,
     as_square,
     as_values,
-    eigen_henrici,
     effective_rank,
+    eigen_henrici,
     k_from_fraction,
     nonnormal_norm_from_schur,
     participation_ratio,
@@ -561,13 +561,13 @@ def sublayer_metrics(
     (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
-    ``k_frac`` = :func:`resdyn.infra.linalg.k_from_fraction` (d, k_fraction) and ``self_alignment_kfrac``;
+    ``k_frac`` = :func:`resdyn.numerics.linalg.k_from_fraction` (d, k_fraction) and ``self_alignment_kfrac``;
     ``self_alignment_k1``; ``k_erank`` = max(1, round(erank_J)) and ``self_alignment_kerank``;
     ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
     Rounding is half-up.
 
     Cost: one real Schur factor (no vectors: eigenvalues and ‖N‖_F both come from it), one SVD
-    with vectors, singular values of J − I (nominal 10 d³ + 22 d³ + 8/3 d³, resdyn.infra.cost).
+    with vectors, singular values of J − I (nominal 10 d³ + 22 d³ + 8/3 d³, resdyn.cluster.cost).
 
     Args:
         J: (d, d) matrix (cast to float64).

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from resdyn.infra.linalg import effective_rank
+from resdyn.numerics.linalg import effective_rank
 
 __all__ = [
     "hidden_singular_values",

@@ -65,8 +65,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from resdyn import artifacts
-from resdyn.infra import arch
 from resdyn.artifacts import LensCheckpoint, LensFolder
+from resdyn.lm import structure
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def apply_translator(hidden: torch.Tensor, weight: torch.Tensor | None, bias: to
 
 def lens_readout(model: nn.Module, hidden: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """Lens logits ``unembed_logits(model, T(h))`` (..., V); W = b = None gives the logit lens."""
-    return arch.unembed_logits(model, apply_translator(hidden, weight, bias))
+    return structure.unembed_logits(model, apply_translator(hidden, weight, bias))
 
 
 def logit_lens_logits(model: nn.Module, hidden: torch.Tensor, layer: int) -> torch.Tensor:
@@ -227,7 +227,7 @@ def logit_lens_logits(model: nn.Module, hidden: torch.Tensor, layer: int) -> tor
     The identity translator (W = 0, b = 0) read out through the model's own head; the same code
     path as the tuned lens (:func:`lens_readout`). At ``layer = n`` it equals the model's logits.
     """
-    _check_layer(layer, len(arch.decoder_layers(model)), allow_reference=True)
+    _check_layer(layer, len(structure.decoder_layers(model)), allow_reference=True)
     return lens_readout(model, hidden, None, None)
 
 
@@ -375,7 +375,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 def n_layers_of(model: nn.Module) -> int:
     """Number of decoder layers n (translators 0..n−1, reference index n)."""
-    return len(arch.decoder_layers(model))
+    return len(structure.decoder_layers(model))
 
 
 @contextmanager
@@ -401,8 +401,8 @@ def frozen(model: nn.Module) -> Iterator[nn.Module]:
 def _readout_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     head = model.get_output_embeddings()
     named = [(f"lm_head.{k}", v) for k, v in head.named_parameters()]
-    named += [(f"final_norm.{k}", v) for k, v in arch.final_norm(model).named_parameters()]
-    named += [(f"final_norm.{k}", v) for k, v in arch.final_norm(model).named_buffers()]
+    named += [(f"final_norm.{k}", v) for k, v in structure.final_norm(model).named_parameters()]
+    named += [(f"final_norm.{k}", v) for k, v in structure.final_norm(model).named_buffers()]
     return named
 
 
@@ -431,7 +431,7 @@ def unembed_hash(model: nn.Module) -> str:
         for start in range(0, flat.shape[0], 4096):
             h.update(flat[start : start + 4096].to("cpu", torch.float32).contiguous().numpy().tobytes())
     h.update(f"softcap={_softcap(model)!r}".encode())
-    if arch.readout_scale(model) is not None:  # Granite (absent elsewhere: earlier hashes unchanged)
+    if structure.readout_scale(model) is not None:  # Granite (absent elsewhere: earlier hashes unchanged)
         h.update(f"logits_scaling={arch.readout_scale(model)!r}".encode())
     return h.hexdigest()
 
@@ -463,7 +463,7 @@ class TunedLensReadout(nn.Module):
         super().__init__()
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "unembedding", model.get_output_embeddings())
-        object.__setattr__(self, "final_norm", arch.final_norm(model))
+        object.__setattr__(self, "final_norm", structure.final_norm(model))
 
     def unembedding_hash(self) -> str:
         """tuned-lens's hash of the unembedding matrix (:func:`tuned_lens_unembed_hash`)."""
@@ -471,7 +471,7 @@ class TunedLensReadout(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """``softcap(lm_head(final_norm(h)))`` — the model's own readout."""
-        return arch.unembed_logits(self.model, h)
+        return structure.unembed_logits(self.model, h)
 
 
 def model_info(model: nn.Module) -> dict[str, Any]:
@@ -524,7 +524,7 @@ def _decoder_only(model: nn.Module) -> nn.Module:
     getter = getattr(model, "get_decoder", None)
     try:
         decoder = getter() if callable(getter) else None
-        if decoder is not None and arch.decoder_layers(decoder) is arch.decoder_layers(model):
+        if decoder is not None and structure.decoder_layers(decoder) is structure.decoder_layers(model):
             return decoder
     except (AttributeError, ValueError, NotImplementedError):
         pass
@@ -550,7 +550,7 @@ def layer_major_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tenso
     Row L < n is the stream entering layer L, row n the last layer's raw output
     (:func:`arch.residual_states`). Layer-major so that a chunk of layers is contiguous.
     """
-    states = arch.residual_states(_decoder_only(model), input_ids.to(model_device(model)))  # (B, n+1, T, d)
+    states = structure.residual_states(_decoder_only(model), input_ids.to(model_device(model)))  # (B, n+1, T, d)
     b, l1, t, d = states.shape
     return states.permute(1, 0, 2, 3).reshape(l1, b * t, d)
 
@@ -645,7 +645,7 @@ def linear_readout_weight(model: nn.Module, dtype: torch.dtype) -> torch.Tensor 
     (Gemma's softcap, Granite's logits_scaling)."""
     head = model.get_output_embeddings()
     if (not isinstance(head, nn.Linear) or head.bias is not None or _softcap(model) is not None
-            or arch.readout_scale(model) is not None):
+            or structure.readout_scale(model) is not None):
         return None
     return head.weight.detach().to(dtype)
 
@@ -716,7 +716,7 @@ def _train_step_kl(
     n, n_tok = weight.shape[0], states.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]
     kl_sum = torch.zeros(n, dtype=torch.float64, device=weight.device)
-    norm = arch.final_norm(model)
+    norm = structure.final_norm(model)
     for ts, groups in _blocks(n, n_tok, vocab, budget):
         tgt = _final_target(model, states[-1, ts]) if teacher is None or head_w is None else None
         for ls in groups:

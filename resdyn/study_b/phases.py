@@ -554,7 +554,7 @@ def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
     >>> profile_at(t, 0.25), profile_at(t, 0.4)
     (([0.6, 0.7], 2), ([0.9, 0.95], 4))
     """
-    from resdyn.infra.linalg import k_from_fraction
+    from resdyn.numerics.linalg import k_from_fraction
 
     if not isinstance(rss, pd.DataFrame):
         raise ValueError(f"rss must be a pandas DataFrame (an rss.tsv table), got {type(rss).__name__}")

@@ -32,7 +32,7 @@ import pandas as pd
 from resdyn import artifacts
 
 # The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
-from resdyn.infra.linalg import k_from_fraction
+from resdyn.numerics.linalg import k_from_fraction
 
 __all__ = [
     "RSS_COLUMNS",

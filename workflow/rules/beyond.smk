@@ -72,7 +72,7 @@ rule causal:
         n_random=config["causal"]["n_random"],
         n_samples=of_model("causal", "n_samples"),
         seed=config["causal"]["seed"],
-        placement=setting(lambda w: rcost.placement_param(config, "causal", w)),
+        placement=setting(lambda w: dag.placement_param(config, "causal", w)),
         device=setting(of_model("device")),
         code=code("causal", family=model_family),
     script:

@@ -1,10 +1,11 @@
-# Validation and lookups. The logic lives in resdyn.infra.config, where pytest reaches it.
-from resdyn.infra import config as rc
-from resdyn.infra import cost as rcost
-from resdyn.infra import io as rio
-from resdyn.infra import models as rmodels
-from resdyn.infra.codeversion import cached_code_version
-from resdyn.infra.site import check_workdir
+# Validation and lookups. The logic lives in resdyn.pipeline.config, where pytest reaches it.
+from resdyn.pipeline import config as rc
+from resdyn.pipeline import dag
+from resdyn.cluster import cost as rcost
+from resdyn import io as rio
+from resdyn.lm import models as rmodels
+from resdyn.provenance.codeversion import cached_code_version
+from resdyn.cluster.site import check_workdir
 from resdyn.plots import catalogue as figs
 from resdyn.beyond.scorecard import scaling_group
 from resdyn.artifacts import ClaimsTable
@@ -12,7 +13,7 @@ from resdyn.artifacts import ClaimsTable
 # Duplicate keys first: Snakemake's YAML loading keeps the last one silently.
 rc.check_config_files(workflow.configfiles)
 rc.validate_config(config)
-rcost.check_fits(
+dag.check_fits(
     config
 )  # a GPU job that fits no node of RESDYN_GPU_KIND stops here, not in the queue
 check_workdir(os.getcwd())  # `--directory DIR`: everything is written under DIR
@@ -53,11 +54,11 @@ wildcard_constraints:
 
 
 def cost(rule, what):
-    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.infra.cost), the numbers
+    """Resource ``what`` of a job of ``rule`` from the cost model (resdyn.cluster.cost), the numbers
     `resdyn plan` prints; memory and runtime grow with the attempt."""
 
     def value(wildcards, attempt):
-        return rcost.resources(config, rule, dict(wildcards.items()), attempt)[what]
+        return dag.resources(config, rule, dict(wildcards.items()), attempt)[what]
 
     return value
 
@@ -100,7 +101,7 @@ CODE_CACHE = ".snakemake/resdyn/code"
 
 def code(script, family=None):
     """Code version of a rule: the normalised code workflow/scripts/<script>.py reaches, symbol by
-    symbol (resdyn.infra.codeversion); family=model_family: only the job's family's adapter.
+    symbol (resdyn.provenance.codeversion); family=model_family: only the job's family's adapter.
     """
     path = f"{workflow.basedir}/workflow/scripts/{script}.py"
     if family is None:

@@ -49,7 +49,7 @@ rule activations:
     params:
         skip_positions=config["activations"]["skip_positions"],
         dtype=config["activations"]["dtype"],
-        placement=setting(lambda w: rcost.placement_param(config, "activations", w)),
+        placement=setting(lambda w: dag.placement_param(config, "activations", w)),
         device=setting(of_model("device")),
         code=code("activations", family=model_family),
     script:

@@ -38,7 +38,7 @@ rule lens:
         source=lambda w: rc.lens_import_spec(config, w.model, w.ckpt),
         n_train=of_model("lens", "n_train_blocks"),
         checkpoint_every=setting(of_model("lens", "checkpoint_every")),
-        placement=setting(lambda w: rcost.placement_param(config, "lens", w)),
+        placement=setting(lambda w: dag.placement_param(config, "lens", w)),
         device=setting(of_model("device")),
         code=code("lens"),
     script:
@@ -75,7 +75,7 @@ rule lens_metrics:
         runtime=cost("lens_metrics", "runtime"),
         gpu=cost("lens_metrics", "gpu"),
     params:
-        placement=setting(lambda w: rcost.placement_param(config, "lens_metrics", w)),
+        placement=setting(lambda w: dag.placement_param(config, "lens_metrics", w)),
         device=setting(of_model("device")),
         code=code("lens_metrics"),
     script:

@@ -2,9 +2,10 @@
 
 from resdyn import artifacts
 from resdyn.beyond import bootstrap
-from resdyn.infra import models, provenance
+from resdyn.lm import models
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     table, replicates = bootstrap.jacobian_bootstrap_files(
         snakemake.input.blocks, n_resamples=p.n_resamples, seed=p.seed, level=p.ci, complex_tol=p.complex_tol,

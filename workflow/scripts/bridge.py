@@ -2,10 +2,10 @@
 
 from resdyn import artifacts
 from resdyn.beyond import bridge
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_b import phases, readout
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)

@@ -2,10 +2,10 @@
 counts (layers, boundaries as detail) and community partitions compared with the final and the first checkpoint."""
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_a import partitions, spectral, topology
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     names, inp = snakemake.params.ckpts, snakemake.input
     table = spectral.checkpoint_table(
         {c: artifacts.SpectraTable.read(f) for c, f in zip(names, inp.spectra)},

@@ -5,10 +5,10 @@ from pathlib import Path
 import pandas as pd
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_a import topology
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     out, summaries = Path(snakemake.output.folder), []
     for layer, path in artifacts.Activations.layers(snakemake.input[0]):

@@ -1,12 +1,13 @@
 """Load a dataset's documents and split them into train / held-out (seeded, whole documents)."""
 
 from resdyn import artifacts
-from resdyn.infra import data, provenance
+from resdyn.lm import corpus
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     spec = snakemake.params.spec
-    docs = data.load_documents(spec, name=snakemake.wildcards.dataset)
-    train, heldout = data.split_documents(docs, spec["heldout_fraction"], spec["seed"])
+    docs = corpus.load_documents(spec, name=snakemake.wildcards.dataset)
+    train, heldout = corpus.split_documents(docs, spec["heldout_fraction"], spec["seed"])
     step.extra["dataset"] = {"name": snakemake.wildcards.dataset, **spec}
     artifacts.Corpus.write(train, snakemake.output.train)
     artifacts.Corpus.write(heldout, snakemake.output.heldout)

@@ -2,10 +2,10 @@
 layer (Simes over its boundaries, BH over layers: the unit study A counts)."""
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_a import topology
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     jacobians, _ = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     table = topology.coupling_from_tables(
         artifacts.CommunityPartitions.read_folder(snakemake.input.communities), jacobians,

@@ -6,14 +6,21 @@ cache (resdyn.plots.render), so only figures whose inputs, params or code change
 
 import logging
 
-from resdyn.infra import provenance
-from resdyn.plots import catalogue, render
-
 # Every figure module, imported here so that the rule's code version covers them (render
 # reaches them by name).
-from resdyn.plots import bridge, study_a_spectra, study_a_topology, study_b, trajectory, zoo  # noqa: F401
+from resdyn.plots import (  # noqa: F401
+    bridge,
+    catalogue,
+    render,
+    study_a_spectra,
+    study_a_topology,
+    study_b,
+    trajectory,
+    zoo,
+)
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     log = logging.getLogger(f"resdyn.rule.{snakemake.rule}")
     base = step.provenance()

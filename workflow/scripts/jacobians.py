@@ -1,10 +1,12 @@
 """Mean sublayer Jacobians of one layer block over the model's samples (resumable)."""
 
 from resdyn import artifacts
-from resdyn.infra import config, models, provenance
+from resdyn.lm import models
+from resdyn.pipeline import config
+from resdyn.provenance import sidecars
 from resdyn.study_a import jacobian
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)

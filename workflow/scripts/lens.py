@@ -3,10 +3,11 @@
 from pathlib import Path
 
 from resdyn import artifacts
-from resdyn.infra import models, provenance
+from resdyn.lm import models
+from resdyn.provenance import sidecars
 from resdyn.study_b import lens, lens_import
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device, placement=p.placement)

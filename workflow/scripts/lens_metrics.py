@@ -1,10 +1,11 @@
 """KL, cross-entropy, Hit@1/Hit@5 per layer for the tuned lens and the logit lens (held-out samples)."""
 
 from resdyn import artifacts
-from resdyn.infra import models, provenance
+from resdyn.lm import models
+from resdyn.provenance import sidecars
 from resdyn.study_b import lens
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, snakemake.params.device, placement=snakemake.params.placement)
     fitted = lens.Lens.load(snakemake.input.lens, model)

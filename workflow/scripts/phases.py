@@ -2,10 +2,10 @@
 at every k of the middle resolution regime (from the Pareto frontier) to report their agreement."""
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_b import phases
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     rss = artifacts.RssProfile.read(snakemake.input.rss)
     profile, k = phases.profile_at(rss, p.k_fraction)

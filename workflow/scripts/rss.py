@@ -1,10 +1,10 @@
 """RSS profile: mean principal-angle cosine between consecutive readout subspaces, per k."""
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_b import readout
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])
     d = translators[0].shape[0]
     ks = sorted({readout.k_from_fraction(d, f) for f in snakemake.params.k_fractions})

@@ -1,15 +1,16 @@
 """Tokenise a split and draw fixed-length samples (held-out samples, or lens-fitting windows)."""
 
 from resdyn import artifacts
-from resdyn.infra import data, provenance
+from resdyn.lm import corpus
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     docs_path = snakemake.input.get("heldout") or snakemake.input.train
-    tokenizer = data.load_token_encoder(snakemake.input.tokenizer)
-    stream = data.token_stream(tokenizer, artifacts.Corpus.read(docs_path))
+    tokenizer = corpus.load_token_encoder(snakemake.input.tokenizer)
+    stream = corpus.token_stream(tokenizer, artifacts.Corpus.read(docs_path))
     keys = "samples.n" if snakemake.input.get("heldout") else "lens.n_train_blocks + lens.n_heldout_blocks"
-    ids, sample_ids = data.draw_blocks(stream, p.n, p.length, p.seed, f"dataset {p.dataset!r} ({docs_path})", keys)
+    ids, sample_ids = corpus.draw_blocks(stream, p.n, p.length, p.seed, f"dataset {p.dataset!r} ({docs_path})", keys)
     step.extra["samples_hash"] = artifacts.Samples.write(
         snakemake.output[0], ids, sample_ids,
         {"dataset": p.dataset, "split_file": docs_path, "seed": p.seed, "stream_tokens": len(stream)},

@@ -3,10 +3,10 @@
 import pandas as pd
 
 from resdyn import artifacts
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_b import geometry, phases
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     model_of = {m: g for g, members in p.groups.items() for m in members}
     rows = []

@@ -2,10 +2,10 @@
 
 from resdyn import artifacts
 from resdyn.beyond import scorecard
-from resdyn.infra import provenance
+from resdyn.provenance import sidecars
 from resdyn.study_b import phases
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     inp = snakemake.input
 

@@ -1,10 +1,11 @@
 """Spectra and operator-type metrics of every sublayer's mean Jacobian, and the bottleneck."""
 
 from resdyn import artifacts
-from resdyn.infra import models, provenance
+from resdyn.lm import models
+from resdyn.provenance import sidecars
 from resdyn.study_a import spectral
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     p = snakemake.params
     jacobians, attrs = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
     table, arrays = spectral.spectra_table(

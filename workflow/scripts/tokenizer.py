@@ -1,7 +1,8 @@
 """Train the zoo's byte-level BPE tokenizer on a dataset's train split."""
 
 from resdyn import artifacts
-from resdyn.infra import data, provenance
+from resdyn.lm import corpus
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
-    data.train_tokenizer(artifacts.Corpus.read(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])
+with sidecars.step(snakemake) as step:
+    corpus.train_tokenizer(artifacts.Corpus.read(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])

@@ -4,13 +4,14 @@ import shutil
 from pathlib import Path
 
 from resdyn import artifacts
-from resdyn.infra import data, provenance, zoo
+from resdyn.lm import corpus, zoo
+from resdyn.provenance import sidecars
 
-with provenance.step(snakemake) as step:
+with sidecars.step(snakemake) as step:
     arch, t = snakemake.params.arch, snakemake.params.train
-    tokenizer = data.load_tokenizer(snakemake.input.tokenizer)
-    train_stream = data.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.train))
-    heldout_stream = data.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.heldout))
+    tokenizer = corpus.load_tokenizer(snakemake.input.tokenizer)
+    train_stream = corpus.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.train))
+    heldout_stream = corpus.token_stream(tokenizer, artifacts.Corpus.read(snakemake.input.heldout))
     weights = Path(snakemake.output.weights)
     # Checkpoints and the resumable state live outside the declared output until training ends:
     # Snakemake clears outputs of an incomplete job, which would lose checkpoints already saved.
