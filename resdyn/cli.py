@@ -104,9 +104,14 @@ def _collect(args: argparse.Namespace) -> int:
     except results.NotAResultsTree as err:
         print(f"resdyn collect: error: {err}", file=sys.stderr)
         return 2
+    try:
+        results.check_collect_target(got, args.out, args.force)
+    except results.CollectRefused as err:
+        print(f"resdyn collect: error: {err}", file=sys.stderr)
+        return 2
     for line in got.skipped:
         print(line)
-    catalog = results.write_collected(got, args.out)
+    catalog = results.write_collected(got, args.out, args.force)
     rows = sum(len(t) for t in got.tables.values())
     print(f"collected {len(got.tables)} tables ({rows} rows) from {got.run} into {catalog.parent} in "
           f"{time.perf_counter() - start:.1f} s; {len(got.skipped)} file(s) skipped", file=sys.stderr)
@@ -195,6 +200,8 @@ def _parser() -> argparse.ArgumentParser:
                         "checkpoint, step and provenance columns, and catalog.json (see docs/notebooks.md)")
     co.add_argument("results", help="the run's results/ folder (or the run folder holding it)")
     co.add_argument("-o", "--out", required=True, help="folder for the parquet files and catalog.json")
+    co.add_argument("--force", action="store_true", help="overwrite same-named files in the output folder that "
+                    "no earlier resdyn collect wrote there")
     co.add_argument("--allow-stale", action="store_true", help="keep tables whose provenance sidecar is missing "
                     "or does not match (their 'stale' column says why) instead of skipping them")
     co.set_defaults(func=_collect)

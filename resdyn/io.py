@@ -39,11 +39,37 @@ def atomic_path(path: PathLike, suffix: str | None = None) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        publish_modes(tmp_path)
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def publish_modes(path: PathLike) -> None:
+    """Give a finished temporary file (or folder tree) the modes a plain ``open``/``mkdir`` would:
+    ``0o666 & ~umask`` for files, ``0o777 & ~umask`` for folders (0644/0755 under umask 022).
+
+    ``tempfile.mkstemp``/``mkdtemp`` create 0600/0700 so no other process sees a half-written
+    file; the rename keeps those modes, which would hide every result from the user's group.
+    """
+    mask = current_umask()
+    path = Path(path)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            os.chmod(root, 0o777 & ~mask)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o666 & ~mask)
+    elif path.exists():
+        os.chmod(path, 0o666 & ~mask)
 
 
 def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:

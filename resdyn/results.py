@@ -266,7 +266,10 @@ def _provenance(path: Path, layout: RunLayout) -> dict[str, Any]:
         prov = io.read_json(side) if side.is_file() else {}
     except ValueError:
         prov = {}
-    params = dict(prov.get("params") or {})
+    if not isinstance(prov, dict):  # a sidecar that is JSON but not a record: no provenance columns
+        prov = {}
+    params = prov.get("params") if isinstance(prov.get("params"), dict) else {}
+    params = dict(params)
     versions = prov.get("versions") or {}
     return {
         "resdyn_version": versions.get("resdyn"),
@@ -384,11 +387,42 @@ def catalog_entry(name: str, table: pd.DataFrame, files: list[str]) -> dict[str,
             "description": doc[0] if doc else "", "rows": int(len(table)), "sources": files, "columns": cols}
 
 
-def write_collected(collected: Collected, out: PathLike) -> Path:
+class CollectRefused(ValueError):
+    """``resdyn collect -o DIR`` would write into the results tree or over files it did not write."""
+
+
+def check_collect_target(collected: Collected, out: PathLike, force: bool = False) -> None:
+    """Refuse an output folder inside the run's results tree (its parquets would become files
+    without sidecars there), and, unless ``force``, same-named files in ``out`` that no earlier
+    ``resdyn collect`` wrote (its ``catalog.json`` lists the tables it wrote: that is its manifest)."""
+    out, run = Path(out).resolve(), Path(collected.run).resolve()
+    if out == run or run in out.parents:
+        raise CollectRefused(f"{out} is inside the results tree {run}: choose a folder outside it")
+    wanted = [f"{name}.parquet" for name in collected.tables] + [CATALOG]
+    present = [name for name in wanted if (out / name).exists()]
+    if force or not present:
+        return
+    ours: set[str] = set()
+    try:
+        catalog = io.read_json(out / CATALOG) if (out / CATALOG).is_file() else None
+    except ValueError:
+        catalog = None
+    if isinstance(catalog, dict) and catalog.get("format") == "resdyn.collected/1" and isinstance(
+            catalog.get("tables"), dict):
+        ours = {CATALOG, *(f"{name}.parquet" for name in catalog["tables"])}
+    foreign = [name for name in present if name not in ours]
+    if foreign:
+        raise CollectRefused(f"{out} holds {', '.join(foreign[:5])}{' …' if len(foreign) > 5 else ''}, which no "
+                             "resdyn collect wrote there: choose another folder, or pass --force to overwrite")
+
+
+def write_collected(collected: Collected, out: PathLike, force: bool = False) -> Path:
     """One ``<table>.parquet`` per table kind and ``catalog.json`` in ``out`` (each written atomically;
-    the catalog last, so its presence marks a complete folder). Returns the catalog's path."""
+    the catalog last, so its presence marks a complete folder). Returns the catalog's path.
+    :func:`check_collect_target` first: :class:`CollectRefused` before anything is written."""
     from importlib.metadata import version
 
+    check_collect_target(collected, out, force)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tables = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 #: shape keys of a model entry -> the config.json field they come from (text config for
@@ -36,6 +37,19 @@ _GPT2_FIELDS: dict[str, str] = {
     "max_position_embeddings": "n_positions",
 }
 
+#: Allowed range of each config.json shape field: far beyond any released decoder, so only a
+#: broken or hostile file is refused (0 layers, a negative width, a 10^12-token vocabulary).
+SHAPE_RANGES: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 1024),
+    "hidden_size": (1, 1 << 17),
+    "num_attention_heads": (1, 1 << 12),
+    "num_key_value_heads": (1, 1 << 12),
+    "intermediate_size": (1, 1 << 20),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 24),
+    "head_dim": (1, 1 << 12),
+}
+
 _TRUE = ("1", "true", "yes", "on")
 
 #: Names of the torch dtypes a checkpoint may be stored in (torch.float32, …).
@@ -57,10 +71,9 @@ def datasets_offline() -> bool:
 
 
 def download_command(repo: str, revision: str | None, repo_type: str = "model") -> str:
-    """The ``hf`` CLI command that puts ``repo@revision`` into the local cache."""
-    kind = "" if repo_type == "model" else f"--repo-type {repo_type} "
-    rev = f" --revision {revision}" if revision else ""
-    return f"hf download {kind}{repo}{rev}"
+    """The ``hf`` CLI command that puts ``repo@revision`` into the local cache (shell-quoted)."""
+    args = ["hf", "download", *([] if repo_type == "model" else ["--repo-type", repo_type]), repo]
+    return shlex.join([*args, *(["--revision", revision] if revision else [])])
 
 
 def cached_snapshot(repo: str, revision: str | None, repo_type: str = "model") -> Path | None:
@@ -159,8 +172,17 @@ def family_of(model_type: str | None, outer_type: str | None = None, settings: d
     return "generic" if generic else families.family_of_type(model_type, outer_type)
 
 
-def architecture(cfg: dict, generic: bool = False) -> dict:
-    """Family and shape keys (``SHAPE_FIELDS``) of a parsed config.json.
+def check_shape(key: str, value: int, allowed: tuple[int, int], source: str) -> None:
+    """Raise :class:`HubError` (one line: the file, the key, the value, the range) unless
+    ``allowed[0] <= value <= allowed[1]``."""
+    low, high = allowed
+    if not low <= value <= high:
+        raise HubError(f"{source}: key '{key}' = {value}; allowed {low} to {high}")
+
+
+def architecture(cfg: dict, generic: bool = False, source: str = "config.json") -> dict:
+    """Family and shape keys (``SHAPE_FIELDS``) of a parsed config.json (``source``: its path, for
+    messages). Every shape value must lie in :data:`SHAPE_RANGES` (else :class:`HubError`).
 
     Multimodal wrappers keep the decoder in ``text_config``. ``n_kv_heads`` defaults to
     ``n_heads`` (multi-head attention) when the file has no ``num_key_value_heads``; a field
@@ -171,11 +193,18 @@ def architecture(cfg: dict, generic: bool = False) -> dict:
     out: dict = {"model_type": text.get("model_type") or cfg.get("model_type")}
     out["family"] = family_of(text.get("model_type"), cfg.get("model_type"), text, bool(cfg.get("auto_map")), generic)
     for key, field in SHAPE_FIELDS.items():
+        name = field
         value = text.get(field)
         if value is None and field in _GPT2_FIELDS:  # GPT-2's config.json keeps its own names
-            value = text.get(_GPT2_FIELDS[field])
+            name, value = _GPT2_FIELDS[field], text.get(_GPT2_FIELDS[field])
         if isinstance(value, int) and not isinstance(value, bool):
+            check_shape(name, value, SHAPE_RANGES[field], source)
             out[key] = value
+    if isinstance(text.get("head_dim"), int) and not isinstance(text["head_dim"], bool):
+        check_shape("head_dim", text["head_dim"], SHAPE_RANGES["head_dim"], source)
+    if out.get("n_kv_heads", 0) > out.get("n_heads", 1 << 30):
+        raise HubError(f"{source}: key 'num_key_value_heads' = {out['n_kv_heads']} exceeds num_attention_heads = "
+                       f"{out['n_heads']}; allowed 1 to {out['n_heads']}")
     if out["family"] == "gpt2" and "d_ff" not in out and "d_model" in out:
         out["d_ff"] = 4 * out["d_model"]  # n_inner: null means 4·n_embd
     if "n_kv_heads" not in out and "n_heads" in out:

@@ -71,7 +71,7 @@ def _hub_snapshot(repo: str, revision: str) -> Path:
         raise RuntimeError(
             f"model {repo!r} at revision {revision!r} is not in the local Hugging Face cache and "
             "cannot be downloaded (offline?). Pre-download it on a machine with internet: "
-            f"`hf download {repo} --revision {revision}` and copy ~/.cache/huggingface "
+            f"`{hub.download_command(repo, revision)}` and copy ~/.cache/huggingface "
             "(or set HF_HOME), or save it with save_pretrained and point the model at the folder "
             "with `source: local`."
         ) from err
@@ -168,6 +168,7 @@ def copy_tokenizer(spec: dict, dest: Path) -> str:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / rel, staging / rel)  # follows the hub cache's blob links
         digest = io.sha256_tree(staging, TOKENIZER_PATTERNS)
+        io.publish_modes(staging)
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -390,8 +391,10 @@ def load_model(record: dict, device: str = "auto", verify_hash: bool = True, pla
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as err:
-        raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: {err}") from err
+    except Exception as err:  # transformers refuses pickled weights, remote code and bad headers in many types
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: "
+                           f"{first} ({type(err).__name__})") from err
     if "device_map" not in kwargs:
         model.to(target)
     model.eval()

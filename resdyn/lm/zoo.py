@@ -227,6 +227,22 @@ def _save_checkpoint(model, tokenizer_dir: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
+def load_training_state(path: Path) -> dict:
+    """A resume state written by :func:`train_zoo_model`, loaded with ``weights_only=True``: tensors,
+    numbers, strings and containers only, so a planted file cannot run code. Anything else (a
+    pickled object, a corrupt file) raises ValueError naming the file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for objects, RuntimeError/EOFError for corrupt files
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: not a training state resdyn wrote ({first}); delete it to train from "
+                         "step 0") from err
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a training state resdyn wrote (a {type(state).__name__}); delete it to "
+                         "train from step 0")
+    return state
+
+
 def train_zoo_model(
     arch: Architecture,
     train_stream: np.ndarray,
@@ -288,7 +304,7 @@ def train_zoo_model(
     state_path = Path(state_path)
     start, rows, running = 0, [], []
     if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
+        state = load_training_state(state_path)
         if state.get("fingerprint") == fingerprint:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])

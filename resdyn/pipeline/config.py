@@ -356,7 +356,8 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
     for where, cfg in configs:
         try:
             found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg),
-                                     generic=m.get("family") == "generic")
+                                     generic=m.get("family") == "generic",
+                                     source="config.json" if isinstance(cfg, dict) else str(cfg))
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
         if seen is not None and found != seen[1]:

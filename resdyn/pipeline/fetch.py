@@ -38,6 +38,11 @@ class Download:
     cached: bool = False
     size: int | None = None  # bytes of the included files (online only)
 
+    def printable(self) -> bool:
+        """Whether every value of the command is printable (a newline in a revision, say, is not:
+        even quoted it would split the script's one-command-per-line layout)."""
+        return all(v.isprintable() for v in (self.repo, self.repo_type, self.revision or "", *self.include))
+
     def command(self) -> str:
         """The ``hf download`` command line (shell-quoted)."""
         args = ["hf", "download", self.repo]
@@ -133,19 +138,30 @@ def _size(n: int | None) -> str:
     return ""  # pragma: no cover
 
 
+def comment(text: str) -> str:
+    """A shell comment line holding ``text``: control characters (a newline would end the comment
+    and start a command) are written as escapes."""
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(downloads: list[Download]) -> str:
-    """A shell script: one comment (what, size) and one command per download still needed."""
+    """A shell script: one comment (what, size) and one command per download still needed. Every
+    value from the config or the hub is quoted in commands and escaped in comments, so the script
+    runs exactly the downloads it lists whatever the names hold."""
     lines = []
     todo = [d for d in downloads if not d.cached]
     for d in downloads:
         if d.cached:
-            lines.append(f"# cached already: {d.what} ({d.repo}{'@' + d.revision if d.revision else ''})")
+            lines.append(comment(f"cached already: {d.what} ({d.repo}{'@' + d.revision if d.revision else ''})"))
     for d in todo:
-        lines.append(f"# {d.what}: {_size(d.size)}")
+        if not d.printable():
+            lines.append(comment(f"refused: {d.what}: a name holds a control character ({d.repo!r} @ {d.revision!r})"))
+            continue
+        lines.append(comment(f"{d.what}: {_size(d.size)}"))
         lines.append(d.command())
     known = [d.size for d in todo if d.size is not None]
     total = _size(sum(known) if known else None) + (" + unknown" if known and len(known) < len(todo) else "")
-    lines.append(f"# {len(todo)} download(s), {total}; then export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1")
+    lines.append(comment(f"{len(todo)} download(s), {total}; then export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1"))
     return "\n".join(lines)
 
 
@@ -180,6 +196,10 @@ def command(args: argparse.Namespace) -> int:
         print(f"resdyn fetch: error: {line}", file=sys.stderr)
     if not args.run:
         return 1 if unresolved else 0
+    for d in downloads:
+        if not d.cached and not d.printable():
+            print(f"resdyn fetch: error: {d.what}: a name holds a control character", file=sys.stderr)
+            return 1
     for d in downloads:
         if not d.cached:
             print(f"+ {d.command()}", file=sys.stderr)

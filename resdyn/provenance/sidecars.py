@@ -83,16 +83,78 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
     return {"path": str(path), "sha256": io.sha256_file(p) if p.is_file() else None, "files": None}
 
 
+class SidecarError(ValueError):
+    """A provenance sidecar exists but does not hold what a sidecar must (one line: the file and why)."""
+
+
+#: Keys a sidecar may hold, with the JSON type each must have when present.
+_SIDECAR_TYPES: dict[str, type | tuple[type, ...]] = {
+    "rule": (str, type(None)), "wildcards": dict, "params": dict, "inputs": dict, "outputs": dict,
+    "artifact": dict, "start": (str, type(None)), "end": (str, type(None)),
+}
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def check_input_path(name: str, side: Path, root: Path | None = None) -> None:
+    """Refuse an input path a sidecar lists that no rule could have read: a folder outside the run
+    folder ``root`` that contains it or is a file-system root (hashing it would walk the disk).
+
+    Inputs inside the run folder are artifacts or staged data; outside it, rules read source
+    files (corpus text, local model files) and local data-set folders, never a parent of the run.
+    """
+    root = (root or Path.cwd()).resolve()
+    target = Path(name) if Path(name).is_absolute() else root / name
+    try:
+        resolved = target.resolve()
+    except (OSError, RuntimeError) as err:
+        raise SidecarError(f"sidecar {side}: input {name!r} cannot be resolved ({err})") from err
+    if _inside(resolved, root):
+        return
+    if resolved.is_dir() and (_inside(root, resolved) or resolved == Path(resolved.anchor)):
+        raise SidecarError(f"sidecar {side}: input {name!r} is a folder above the run folder {root} "
+                           "(no rule reads it): the sidecar was edited — delete the artifact and its sidecar "
+                           "and rerun snakemake")
+
+
+def load_sidecar(side: str | Path) -> dict:
+    """A sidecar's record, checked: valid JSON, an object, each known key of its JSON type, inputs
+    a map of confined paths to hashes (:func:`check_input_path`); else :class:`SidecarError`."""
+    side = Path(side)
+    try:
+        rec = io.read_json(side)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SidecarError(f"sidecar {side}: not valid JSON ({err})") from err
+    if not isinstance(rec, dict):
+        raise SidecarError(f"sidecar {side}: holds a JSON {type(rec).__name__}, not an object")
+    for key, kind in _SIDECAR_TYPES.items():
+        if key in rec and not isinstance(rec[key], kind):
+            raise SidecarError(f"sidecar {side}: '{key}' is a JSON {type(rec[key]).__name__}, not the "
+                               f"{'object' if kind is dict else 'string'} a sidecar holds")
+    art = rec.get("artifact")
+    if art is not None and not isinstance(art.get("sha256"), (str, type(None))):
+        raise SidecarError(f"sidecar {side}: 'artifact.sha256' is not a string")
+    for name, digest in (rec.get("inputs") or {}).items():
+        if not isinstance(digest, (str, type(None))):
+            raise SidecarError(f"sidecar {side}: the hash of input {name!r} is not a string")
+        check_input_path(name, side)
+    return rec
+
+
 def _recorded(path: str | Path) -> dict | None:
-    """The ``artifact`` fingerprint the sidecar of ``path`` recorded when it was written (or None)."""
+    """The ``artifact`` fingerprint the sidecar of ``path`` recorded when it was written; None only
+    when there is no sidecar. A sidecar that exists but cannot be read, or records no hash of its
+    artifact, raises :class:`SidecarError`: an unreadable sidecar must not switch the check off."""
     side = io.prov_path(path)
     if not side.is_file():
         return None
-    try:
-        art = io.read_json(side).get("artifact")
-    except (ValueError, AttributeError):
-        return None
-    return art if isinstance(art, dict) and art.get("sha256") else None
+    art = load_sidecar(side).get("artifact")
+    if not isinstance(art, dict) or not art.get("sha256"):
+        raise SidecarError(f"sidecar {side}: records no hash of {path}, so its content cannot be checked — "
+                           f"delete {path} and its sidecar and rerun snakemake to rebuild it")
+    return art
 
 
 def _diff(path: str | Path, was: dict, now: dict) -> str:
@@ -137,7 +199,7 @@ def _upstream(inputs: list[str], key: str) -> Any:
                                             "resolved_commit", "folder", "content_hash", "tokenizer_hash")}
         side = io.prov_path(inp)
         if side.is_file():
-            value = io.read_json(side).get(key)
+            value = load_sidecar(side).get(key)
             if value:
                 return value
     return None
@@ -256,7 +318,7 @@ def read(path: str | Path) -> dict:
     """The provenance of an artifact: its sidecar, or the JSON embedded in a PNG."""
     side = io.prov_path(path)
     if side.is_file():
-        return io.read_json(side)
+        return load_sidecar(side)
     if str(path).endswith(".png"):
         from PIL import Image
 
@@ -348,7 +410,11 @@ class Auditor:
             if cur["sha256"] is None:
                 problems.append(problem("missing input", path, f"input {inp} no longer exists"))
             elif digest is not None and cur["sha256"] != digest:
-                up = _recorded(inp)
+                try:
+                    up = _recorded(inp)
+                except SidecarError as err:
+                    problems.append(problem("unreadable sidecar", inp, str(err)))
+                    continue
                 if up is not None and up["sha256"] == cur["sha256"]:
                     problems.append(problem("stale chain", path, f"made from a version of {inp} that no longer "
                                             f"exists (it was rebuilt since by rule {read(inp).get('rule')})"))
@@ -416,9 +482,9 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
                 problems.append(problem("missing sidecar", artifact, f"no provenance sidecar {side.name}"))
                 continue
             try:  # what downstream sidecars name tells which folder a stray file belongs to
-                referenced.update(str(Path(i)) for i in (io.read_json(side).get("inputs") or {}))
-            except (ValueError, AttributeError):
-                pass
+                referenced.update(str(Path(i)) for i in (load_sidecar(side).get("inputs") or {}))
+            except SidecarError:
+                pass  # reported by the artifact's own check below
             if not artifact.exists():
                 problems.append(problem("sidecar without artifact", side, f"its artifact {artifact} is missing"))
                 continue
