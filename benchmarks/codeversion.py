@@ -3,7 +3,7 @@ family where the rule passes one, as Snakemake computes them.
 
     python benchmarks/codeversion.py [--families llama olmo2]
 
-Prints seconds for: the old module-level hash (script + every module of its import closure),
+Prints seconds for: a module-level hash (script + every module of its import closure, the baseline),
 the symbol-level closure cold (every file parsed), warm in-process (parsed files cached), and
 from the on-disk cache in a new process (only stat calls), and the symbols and modules reached.
 """
@@ -23,7 +23,7 @@ FAMILY_RULES = ("jacobians", "activations", "causal")  # code(..., family=model_
 
 
 def module_level_version(script: Path) -> str:
-    """The version before issue 27: the script's bytes and every reached module's bytes."""
+    """A coarser version, for comparison: the script's bytes and every reached module's bytes."""
     h = hashlib.sha256(script.read_bytes())
     for name in sorted(cv.import_closure(script)):
         h.update(cv.module_file(name).read_bytes())

@@ -1,4 +1,4 @@
-"""The Python API holds together (issue 29): each public table-making function, called with its
+"""The Python API holds together: each public table-making function, called with its
 optional inputs left at their defaults (and at the edge cases they allow: a flat profile, one
 depth, no bootstrap), gives a result its own artifact writer accepts and its reader returns
 unchanged. The lens (train_lens without held-out batches) is in tests/test_lens.py; resdyn.load

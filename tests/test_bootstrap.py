@@ -525,7 +525,7 @@ def test_scorecard_paired_difference_uses_the_studentized_interval():
     rb = ra.assign(value=[2.0, 4.0, 5.0, 9.0])
     ci, source, n = scorecard.paired_difference_ci(row, ra, row.assign(estimate=3.0), rb, "m", 0.9)
     assert ci == pytest.approx(bs.studentized_ci([1.0, 2.0, 2.0, 5.0], 2.0, 0.9), rel=1e-12) and n == 9
-    # without the column (tables written before the option): percentile, as before
+    # a table without the interval column is read as percentile intervals
     ci, _, _ = scorecard.paired_difference_ci(row.drop(columns="interval"), ra, row.drop(columns="interval"), rb,
                                               "m", 0.9)
     assert ci == bs.percentile_ci(np.array([1.0, 2.0, 2.0, 5.0]), 0.9)

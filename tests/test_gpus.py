@@ -43,7 +43,7 @@ def test_the_table_has_every_kind_with_sources_and_prices_h100_as_before():
         assert g.source and "datasheet" in g.source, kind
         assert g.memory_mib > 0 and g.bf16_tflops > g.fp32_tflops > 0 and g.hbm_tb_s > 0, kind
         assert gpu_kinds.DEVICES[kind].kind == "gpu"
-    # the H100's rates from the table equal the assumptions cost.py used before kinds were data
+    # the H100's rates from the table equal the cost model's reference H100 rates (the efficiencies are fitted to them)
     before = {"gemm32": 4.5e13, "gemm16": 6.0e14, "gemm64": 4.5e13, "jvp": 2.0e13, "eig": 2.3e11, "svd": 3.8e11,
               "svdvals": 1.2e11, "stream": 2.5e12}
     for op, rate in before.items():

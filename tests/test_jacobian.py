@@ -627,7 +627,7 @@ NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "granite", "smollm3"]
 
 @pytest.mark.parametrize("name", NEW_FAMILIES)
 def test_new_families_match_float64_autograd(name):
-    """Issue #28's families in float64: the engine (which differentiates fp32 copies of the
+    """Qwen3, Gemma 2/3, Phi-3, Granite and SmolLM3 in float64: the engine (which differentiates fp32 copies of the
     layers) against autograd through HF's float64 decoder layer, both halves and their product,
     to 1e-5 (HF's own fp32 upcasts — Gemma's norms, the eager softmax — bound the oracle too)."""
     model = make_model(name).double()

@@ -20,7 +20,7 @@ def rows_of(table: pd.DataFrame, claim: str) -> pd.DataFrame:
 
 
 def coupling_counts() -> pd.DataFrame:
-    # the CONTRACT of per-layer counts (issue 24, part 1): int n_significant_layers, n_layers per checkpoint
+    # the CONTRACT of per-layer counts: int n_significant_layers, n_layers per checkpoint
     return pd.DataFrame({"ckpt": ["step0", "step500", "step1000"], "n_significant": [0, 5, 9], "n_boundaries": 16,
                          "n_significant_layers": [0, 3, 6], "n_layers": 8, "sign_dependence_rho": -0.5,
                          "sign_dependence_p": 0.01, "model": "m"})

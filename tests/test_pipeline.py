@@ -99,7 +99,7 @@ def test_every_artifact_exists_and_parses(smoke):
                     "step30/resolution.tsv", "step30/phases.json", "step30/phase_metrics.tsv"):
             assert (smoke / "results" / model / rel).is_file(), rel
     assert (smoke / "results" / "scaling" / "phase_widths.tsv").is_file()
-    # study A's headline count is in layers (issue 24): every checkpoint, out of the model's 6 layers
+    # study A's headline count is in layers (as the paper states it): every checkpoint, out of the model's 6 layers
     counts = io.read_tsv(smoke / "results" / "tiny_llama" / "coupling_counts.tsv")
     assert counts["ckpt"].tolist() == ["step0", "step30"] and set(counts["n_layers"]) == {6}
     assert (counts["n_significant_layers"] <= counts["n_layers_tested"]).all()
@@ -117,7 +117,7 @@ def test_every_artifact_exists_and_parses(smoke):
 
 
 def test_paper_table_and_study_b_metrics(smoke):
-    """Issue 24: the paper table names every stated figure, with a value or a reason; the update
+    """The paper table names every stated figure, with a value or a reason; the update
     effective ranks, absolute norms, hit ratios and the middle regime's agreement are produced."""
     from resdyn import artifacts as A
 
@@ -133,7 +133,7 @@ def test_paper_table_and_study_b_metrics(smoke):
 
 def read_every_artifact(run: Path) -> set[Path]:
     """Read every file under ``run/results`` that an artifact class declares through that class
-    (issue 14: the schemas hold for real outputs); returns the files read."""
+    (the schemas hold for real outputs, not only for hand-made ones); returns the files read."""
     from resdyn import artifacts as A
 
     read: set[Path] = set()
@@ -210,7 +210,7 @@ def test_provenance_chain_reaches_model_and_data(smoke, monkeypatch):
 
 
 def test_every_rule_log_records_the_job_on_success(smoke):
-    """Issue 12 item 7: each job's log holds its INFO lines (inputs with shapes, threads, outputs,
+    """Each job's log holds its INFO lines (inputs with shapes, threads, outputs,
     seconds, device, peak memory) and its progress bars, although every job succeeded."""
     logs = sorted((smoke / "logs").rglob("*.log"))
     assert len(logs) >= 35  # one per job: 40 in the smoke DAG (figures: one job per checkpoint/model)
@@ -356,7 +356,7 @@ FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "fig
 
 
 def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tmp_path):
-    """Issue 27: a comment, a docstring, an unused helper or a new family reruns nothing; a new
+    """Code versions are per symbol: a comment, a docstring, an unused helper or a new family reruns nothing; a new
     artifact class or helper in artifacts.py only the figure rules; editing the body of
     attn_jacobian exactly the rules whose scripts reach it, among those that import its module
     (modulefinder, the oracle), and a dry run plans only them and their consumers."""
@@ -404,7 +404,7 @@ def test_settings_rerun_nothing(smoke):
 
 
 def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
-    """Issue 27: a local model whose checkpoints are folders (the zoo's weights), run up to its
+    """Revisions are planned per checkpoint: a local model whose checkpoints are folders (the zoo's weights), run up to its
     spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
     tokenizer, not on which checkpoint comes first); reordering them, or removing the one the
     tokenizer was copied from, plans nothing."""
@@ -511,7 +511,7 @@ def test_study_switch_selects_the_dag(studies, tmp_path):
 
 
 def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
-    """Issue 16: one figure job per checkpoint, yet per-figure rebuilds. After an edit of
+    """One figure job per checkpoint (fewer job start-ups), yet per-figure rebuilds. After an edit of
     funnel() every figure job reruns (its code version covers the figure modules), but only the
     funnel figures are drawn again: the others come back from the render cache byte for byte."""
     work = copy_workflow(tmp_path / "wf")
@@ -553,7 +553,7 @@ def test_dry_run_every_config(config, paper_hub_cache):
 
 
 def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path):
-    """Issue 29: collect the smoke run into parquet, load it back, compare it with itself and with a
+    """Collect the smoke run into parquet, load it back, compare it with itself and with a
     copy whose step30 bootstrap was redone with another seed, and run the example notebook on it."""
     import matplotlib.pyplot as plt
     import numpy as np

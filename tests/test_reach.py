@@ -1,4 +1,4 @@
-"""The families of issue #28 at the workflow level: the Qwen3/Gemma 3 preset validates, plans and
+"""Qwen3 and Gemma 3 at the workflow level: the Qwen3/Gemma 3 preset validates, plans and
 dry-runs against config.json stand-ins; ``family: generic`` is priced and flagged by the plan.
 Their tiny hub stand-ins (configs/reach-mini.yaml's models) run through the whole DAG offline in
 tests/test_user_configs.py (test_qwen3_and_gemma3_minis_run_the_whole_dag: one run serves both)."""

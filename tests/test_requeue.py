@@ -64,8 +64,8 @@ JOB = textwrap.dedent("""
 
 def _start_now(jobid: str, timeout_s: float = 60.0) -> None:
     """Let the requeued job start as soon as it is pending again: slurmctld holds a requeued job
-    back (its BeginTime about two minutes on; 125 s measured here), a delay that is cluster policy,
-    not what this test is about, and that was most of its run time."""
+    back (its BeginTime about two minutes on; 125 s on the test cluster), a delay that is cluster policy,
+    not what this test is about, and would be most of its run time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:  # requeued once the job's processes are gone: PENDING
         state = subprocess.run(["squeue", "-h", "-j", jobid, "-o", "%T"], capture_output=True, text=True).stdout

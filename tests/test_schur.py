@@ -81,7 +81,7 @@ def test_real_form_stays_real_complex_form_does_not():
     for a in (0.0, 0.4, 1.0, 1.5):
         Ja = sc.scale_nonnormal(J, a)
         assert Ja.dtype == np.float64
-    # the DESIGN.md complex form is genuinely complex for real J with complex pairs, α ≠ 1
+    # the docs/design.md complex form is genuinely complex for real J with complex pairs, α ≠ 1
     Jc0 = sc.scale_nonnormal(J, 0.0, "complex")
     assert Jc0.dtype == np.complex128 and np.abs(Jc0.imag).max() > 1e-3
     assert np.abs(sc.scale_nonnormal(J, 1.0, "complex").imag).max() < 1e-10

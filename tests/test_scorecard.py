@@ -253,8 +253,8 @@ def test_claims_of_a_study_not_run_say_not_run(ran, tmp_path):
 
 
 def test_scorecard_quotes_only_figures_of_the_claims_table():
-    """Every number in a study_value is in the claims table's stated figures (issue 24: the
-    scorecard once quoted "≈45 at alpha = 0", which the study never states)."""
+    """Every number in a study_value is in the claims table's stated figures (a number the
+    study never states, such as "≈45 at alpha = 0", must not be quoted as its value)."""
     import re
 
     from resdyn import artifacts as A

@@ -1,4 +1,4 @@
-"""Figures across checkpoints and models (issue 29): the catalogue's trajectory scopes, the
+"""Figures across checkpoints and models: the catalogue's trajectory scopes, the
 concatenated input tables, and what the plot functions draw (checked against the tables)."""
 
 from __future__ import annotations

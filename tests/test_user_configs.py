@@ -3,8 +3,8 @@ models of different families; no scaling groups; a group with one model; study A
 only) plan a DAG whose every job has its inputs, and (slow) run to the end, on tiny hub-cache
 models with OLMo-style and Pythia-style branch names (tests/hubcache.py USER_MODELS' repos and
 branches). The models behind those names are the tiny Qwen3 and Gemma 3 stand-ins of
-configs/reach-mini.yaml, so that the one full run is also the families of issue #28 through the
-whole DAG (the test formerly in tests/test_reach.py)."""
+configs/reach-mini.yaml, so that the one full run also takes those families through the whole
+DAG."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ GPU_USABLE_FRACTION = 0.9
 
 #: How well resdyn's code uses a GPU, per op class: (datasheet column, fraction of its peak). Documented
 #: assumptions (the same for every kind; ``benchmarks/gpu_check.sh`` measures them on a lent GPU),
-#: chosen so that the H100 SXM gets the rates this model used before GPU kinds were data: fp32 GEMM
+#: chosen so that the H100 SXM gets the cost model's reference H100 rates: fp32 GEMM
 #: without TF32 (the Jacobians disable it) ~67 % of peak; bf16 tensor-core GEMM with fp32
 #: accumulation ~60 % of the dense peak; fp64 GEMM ~67 % of the fp64 tensor-core peak (the vector
 #: peak where a GPU has none); the forward-mode attention core (batched small matmuls + softmax)
@@ -179,7 +179,7 @@ THREADS_ABOVE_S = 600.0
 GPU_HOST_THREADS = 8
 
 
-#: Fixed seconds per job: interpreter + imports (measured ≈ 4-6 s here), and reading weights.
+#: Fixed seconds per job: interpreter + imports (≈ 4-6 s on the 2-core CI-class machine), and reading weights.
 STARTUP_S = 15.0
 
 

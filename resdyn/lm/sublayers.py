@@ -322,7 +322,7 @@ class LayerSublayers:
     def to_float32(self) -> LayerSublayers:
         """This adapter over an fp32 copy of the layer (itself if the layer is already fp32).
 
-        Jacobians are taken in fp32 even for bf16 weights (DESIGN.md, Conventions)."""
+        Jacobians are taken in fp32 even for bf16 weights (docs/design.md, Conventions)."""
         tensors = [*self.layer.parameters(), *(b for b in self.layer.buffers() if b.is_floating_point())]
         if all(x.dtype == torch.float32 for x in tensors):
             return self

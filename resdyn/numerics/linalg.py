@@ -3,7 +3,7 @@
 
 Pure numpy/scipy on float64 (complex128 for complex input); torch only on request, for a CUDA
 device. Every function states its formula; the metric definitions that build on them live in
-:mod:`resdyn.study_a.spectral` (DESIGN.md "Definitions").
+:mod:`resdyn.study_a.spectral` (docs/design.md "Definitions").
 
 * validation: :func:`as_square`, :func:`as_values`; rounding: :func:`round_half_up`,
   :func:`k_from_fraction` (the one place a share of the width becomes a subspace dimension k);

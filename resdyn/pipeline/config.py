@@ -385,7 +385,7 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
 
 
 def _missing_weights(repo: str, revision: str, snapshot: Path) -> list[str]:
-    """Offline, a snapshot whose config.json is cached but whose weights are not is an error now."""
+    """Offline, a snapshot whose config.json is cached but whose weights are not is an error at validation."""
     if not hub.hub_offline() or any(next(snapshot.glob(p), None) for p in ("*.safetensors", "*.bin")):
         return []
     return [

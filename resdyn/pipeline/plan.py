@@ -112,7 +112,7 @@ def totals(jobs: pd.DataFrame, gpus: int, cores: int, device: str) -> Totals:
 
 
 def estimate(config: dict, device: str = "h100") -> pd.DataFrame:
-    """The per-rule table of :func:`rule_table` for a config (kept for callers of the old API)."""
+    """The per-rule table of :func:`rule_table` for a config (for callers that start from a config, not a job table)."""
     return rule_table(job_table(config, device))
 
 

@@ -1,6 +1,6 @@
 """Residual-stream geometry per layer, aggregated per phase, and phase-width depth scaling.
 
-Study B (phase metrics). Notation for one decoder layer ``L`` (see DESIGN.md, "Sublayers and
+Study B (phase metrics). Notation for one decoder layer ``L`` (see docs/design.md, "Sublayers and
 boundaries"): ``h_L`` is the stream entering layer L, ``m_L`` the pre-MLP boundary, and
 
 - ``Δ_attn = m_L − h_L``      (attention update),
