@@ -27,7 +27,7 @@ from resdyn.pipeline import config as rc
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_RULES = {"zoo_train", "jacobians", "activations", "lens", "lens_metrics", "causal"}
 JACOBIAN = "resdyn/study_a/jacobian.py"
-ARTIFACTS = "resdyn/artifacts.py"
+ARTIFACTS = "resdyn/artifacts/study_a.py"
 NEW_FIGURE = [
     ("resdyn/plots/zoo.py", "def training_curve(",
      "def training_copy(df, title):\n    return training_curve(df, title)\n\n\ndef training_curve("),
@@ -45,15 +45,16 @@ NEW_FAMILY = [  # (file, None, text): a new file
 #: (label, [(file, old, new)], config change or None)
 EDITS = [
     ("none (the checked-out code on the run's records)", [], None),
-    ("comment in resdyn/artifacts.py", [(ARTIFACTS, "class SpectraTable(", "# a comment\nclass SpectraTable(")], None),
+    ("comment in resdyn/artifacts/study_a.py",
+     [(ARTIFACTS, "class SpectraTable(", "# a comment\nclass SpectraTable(")], None),
     ("docstring of attn_jacobian reworded", [(JACOBIAN, "other positions frozen.", "every other position fixed.")], None),
     ("new unused helper in resdyn/study_a/jacobian.py",
      [(JACOBIAN, "def attn_jacobian(", "def _unused_helper():\n    return 1\n\n\ndef attn_jacobian(")], None),
-    ("new unused helper in resdyn/artifacts.py",
+    ("new unused helper in resdyn/artifacts/study_a.py",
      [(ARTIFACTS, "class SpectraTable(", "def _unused_helper():\n    return 1\n\n\nclass SpectraTable(")], None),
-    ("new artifact class in resdyn/artifacts.py", [(ARTIFACTS, "class SpectraTable(",
-                                                    'class NewTable(TsvArtifact):\n    relpath = _CKPT + "new.tsv"'
-                                                    "\n\n\nclass SpectraTable(")], None),
+    ("new artifact class in resdyn/artifacts/study_a.py",
+     [(ARTIFACTS, "class SpectraTable(",
+       'class NewTable(TsvArtifact):\n    relpath = CKPT_DIR + "new.tsv"\n\n\nclass SpectraTable(')], None),
     ("new figure (plot function + catalogue entry)", NEW_FIGURE, None),
     ("new family (adapter class + table entries)", NEW_FAMILY, None),
     ("jacobian/lens checkpoint_every changed", [],

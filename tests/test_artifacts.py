@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -38,6 +39,23 @@ def test_every_artifact_has_a_class():
         assert cls.__doc__.startswith(("``resdyn/data/",) if packaged else ("``results/", "``models/")), cls.__name__
         # a NaN-allowed column is a declared one, or an extra column of a class that takes extras
         assert cls.extra_columns or set(cls.allow_nan) <= set(cls.columns), cls.__name__
+
+
+def test_artifact_classes_register_themselves_and_are_re_exported():
+    """Artifact.__init_subclass__ fills the registry; the package re-exports every class its modules
+    define, and artifact_classes lists those with a path, module by module in MODULES order."""
+    defined = [c for m in A.MODULES for c in vars(m).values() if isinstance(c, type)
+               and issubclass(c, A.Artifact) and c is not A.Artifact and c.__module__ == m.__name__]
+    assert len(defined) > 35 and set(defined) <= set(A.base.registered())
+    assert all(getattr(A, c.__name__) is c and c.__name__ in A.__all__ for c in defined)
+    assert A.artifact_classes() == [c for c in defined if c.relpath]
+    assert A.by_relpath("results/{model}/{ckpt}/rss.tsv") is A.RssProfile
+
+    class Elsewhere(A.TsvArtifact):  # registers too, but is not one of the package's artifact classes
+        relpath = "results/{model}/{ckpt}/rss.tsv"
+
+    assert Elsewhere in A.base.registered() and Elsewhere not in A.artifact_classes()
+    assert A.by_relpath("results/{model}/{ckpt}/rss.tsv") is A.RssProfile
 
 
 def test_column_lists_have_one_home():
@@ -316,10 +334,16 @@ def test_folder_artifacts_paths(tmp_path):
 
 
 def test_artifacts_imports_nothing_heavy_or_conceptual():
-    """Every script imports this module: its imports enter every rule's code version and start-up."""
+    """Every script imports this package: its imports enter every rule's code version and start-up."""
     from resdyn.provenance import codeversion
 
-    assert codeversion.imported_modules(A.__file__, "resdyn.artifacts") == {"resdyn", "resdyn.io"}
+    package = Path(A.__file__).parent
+    files = sorted(package.glob("*.py"))
+    own = {f"resdyn.artifacts.{m.__name__.rsplit('.', 1)[1]}" for m in A.MODULES}
+    assert {f"resdyn.artifacts.{p.stem}" for p in files if p.stem != "__init__"} == own
+    for path in files:
+        name = "resdyn.artifacts" if path.stem == "__init__" else f"resdyn.artifacts.{path.stem}"
+        assert codeversion.imported_modules(path, name) <= {"resdyn", "resdyn.io", "resdyn.artifacts"} | own, path
     heavy = {"torch", "transformers", "matplotlib", "scipy"}
     # torch only inside the writers/readers of torch's own file formats, which the jobs that
     # train a lens call (they have torch loaded already); nowhere else, and never at import
@@ -335,7 +359,7 @@ def test_artifacts_imports_nothing_heavy_or_conceptual():
         return roots & heavy
 
     found = set()
-    for top in ast.parse(open(A.__file__).read()).body:
+    for top in (top for path in files for top in ast.parse(path.read_text()).body):
         if isinstance(top, ast.ClassDef):
             found |= {(top.name, fn.name, m) for fn in top.body if isinstance(fn, ast.FunctionDef)
                       for m in heavy_imports(fn)}

@@ -29,7 +29,10 @@ _RECEIVER_ONLY = {"load": {"np", "numpy", "torch", "json", "pickle"}, "save": {"
 
 #: Infrastructure and the model/data loaders: file access is their job.
 ALLOWED = frozenset({
-    "artifacts", "cli", "io", "provenance.sidecars", "pipeline.config", "provenance.codeversion", "pipeline.joblog",
+    # the artifacts layer: its modules that call file functions (beyond.py's tables go through base.TsvArtifact)
+    "artifacts.base", "artifacts.study_a", "artifacts.study_b", "artifacts.zoo_data", "artifacts.activations",
+    "artifacts.jacobians", "artifacts.figures",
+    "cli", "io", "provenance.sidecars", "pipeline.config", "provenance.codeversion", "pipeline.joblog",
     "lm.models", "lm.hub", "lm.corpus", "lm.zoo", "study_b.lens_import",  # the loaders
     "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
     "pipeline.fetch", "lm.revisions",  # read the HF cache's layout (refs, snapshots), like lm.hub

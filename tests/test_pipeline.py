@@ -336,11 +336,11 @@ def edit(path: Path, old: str | None, new: str) -> None:
 
 
 #: Edits that change no number: (file, old, new). A comment, a docstring, an unused helper and a
-#: new family (adapter class and table entries; the smoke model is a llama). resdyn/artifacts.py
-#: counts whole for the figure rules (render finds classes by path: docs/reruns.md), so a new
-#: helper or artifact class there reruns the figure jobs, which restore unchanged figures.
+#: new family (adapter class and table entries; the smoke model is a llama). Every module of
+#: resdyn/artifacts/ counts whole for the figure rules (render finds classes by path: docs/reruns.md),
+#: so a new helper or artifact class there reruns the figure jobs, which restore unchanged figures.
 NO_RERUN_EDITS = [
-    ("resdyn/artifacts.py", "class SpectraTable(", "# a comment\nclass SpectraTable("),
+    ("resdyn/artifacts/study_a.py", "class SpectraTable(", "# a comment\nclass SpectraTable("),
     ("resdyn/study_a/jacobian.py", "other positions frozen.", "every other position held fixed."),
     ("resdyn/study_a/jacobian.py", "def attn_jacobian(", "def _unused_helper():\n    return 1\n\n\ndef attn_jacobian("),
     ("resdyn/lm/adapters/newfam.py", None,
@@ -357,7 +357,7 @@ FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "fig
 
 def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tmp_path):
     """Code versions are per symbol: a comment, a docstring, an unused helper or a new family reruns nothing; a new
-    artifact class or helper in artifacts.py only the figure rules; editing the body of
+    artifact class or helper in resdyn/artifacts/study_a.py only the figure rules; editing the body of
     attn_jacobian exactly the rules whose scripts reach it, among those that import its module
     (modulefinder, the oracle), and a dry run plans only them and their consumers."""
     from resdyn.provenance import codeversion
@@ -374,10 +374,10 @@ def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tm
     for rel, text in originals.items():
         (work / rel).write_text(text)
 
-    edit(work / "resdyn/artifacts.py", "class SpectraTable(", "def _unused_helper():\n    return 1\n\n\n"
-         "class NewTable(TsvArtifact):\n    relpath = _CKPT + \"new.tsv\"\n\n\nclass SpectraTable(")
+    edit(work / "resdyn/artifacts/study_a.py", "class SpectraTable(", "def _unused_helper():\n    return 1\n\n\n"
+         "class NewTable(TsvArtifact):\n    relpath = CKPT_DIR + \"new.tsv\"\n\n\nclass SpectraTable(")
     assert params_changed(work) <= FIGURE_RULES
-    (work / "resdyn/artifacts.py").write_text(originals["resdyn/artifacts.py"])
+    (work / "resdyn/artifacts/study_a.py").write_text(originals["resdyn/artifacts/study_a.py"])
 
     in_dag = {row[2] for row in summary_rows(work)}
     scripts = {r: s for r, s in rule_scripts(work).items() if r in in_dag}
