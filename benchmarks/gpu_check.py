@@ -141,7 +141,8 @@ def main() -> int:
     toks = torch.randint(0, vocab, (2 * B // T, T))
     batches = lens.token_batches(toks, B // T)
     t_lens, _ = timed(lambda: lens.train_lens(lm, batches, steps=2, tokens_per_step=B, warmup_steps=0,
-                                              progress=False), dev)
+                                              optimizer="sgd_nesterov", lr=None, lr_schedule="constant",
+                                              eval_every=10, progress=False), dev)
     s2 = cost.Shape(2, d, heads, kv, d_ff, vocab, 2 if cuda else 4)
     lcfg = {"samples": {"length": T}, "lens": {"tokens_per_step": B, "steps": 2, "eval_every": 10**9,
                                                 "n_heldout_blocks": 0, "n_train_blocks": 2 * B // T,

@@ -197,6 +197,8 @@ def run_resdyn(model: nn.Module, batches: list[torch.Tensor], steps: int, **extr
         clip_grad_norm=SGD["clip"],
         clip_scope="global",
         lr_schedule="linear",
+        warmup_steps=0,
+        tokens_per_step=None,
         eval_every=steps,
         progress=False,
         **extra,

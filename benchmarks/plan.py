@@ -262,7 +262,9 @@ def core_lens(s, cfg):
         ids = torch.randint(0, s.vocab, (cfg["lens"]["n_train_blocks"], T))
         batches = lens.token_batches(ids, cfg["lens"]["tokens_per_step"] // T)
         return lambda: lens.train_lens(model, batches, steps=cfg["lens"]["steps"],
-                                       tokens_per_step=cfg["lens"]["tokens_per_step"], warmup_steps=0, progress=False)
+                                       tokens_per_step=cfg["lens"]["tokens_per_step"], warmup_steps=0,
+                                       optimizer="sgd_nesterov", lr=None, lr_schedule="constant", eval_every=10,
+                                       progress=False)
 
     return Setup(make), cost.cost_lens(cfg, s, gpu=False)
 

@@ -234,3 +234,22 @@ def read_tsv(path: PathLike) -> pd.DataFrame:
 def prov_path(path: PathLike) -> Path:
     """The provenance sidecar of an artifact: ``<path>.prov.json``."""
     return Path(str(path) + ".prov.json")
+
+
+#: The configuration's JSON Schema (package data); :func:`resdyn.pipeline.config.load_schema`
+#: validates configs against it, the library reads its defaults (:func:`schema_defaults`).
+CONFIG_SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
+
+
+def read_config_schema() -> dict[str, Any]:
+    """The configuration schema as written in resdyn/schemas/config.schema.yaml (YAML)."""
+    import yaml  # only the schema readers need it
+
+    return yaml.safe_load(CONFIG_SCHEMA_PATH.read_text())
+
+
+def schema_defaults(section: str) -> dict[str, Any]:
+    """``{key: default}`` of every property with a ``default`` in the schema's top-level ``section``
+    (e.g. ``"lens"``): the values a validated config fills in where it gives none."""
+    props = read_config_schema()["properties"][section]["properties"]
+    return {key: sub["default"] for key, sub in props.items() if "default" in sub}

@@ -7,6 +7,8 @@ of it), so that the final distribution is peaked and the lens has something to l
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import textwrap
 from pathlib import Path
@@ -29,9 +31,20 @@ from transformers import (
 from resdyn import artifacts
 from resdyn.lm import structure
 from resdyn.study_b import lens as L
+from resdyn.study_b.lens import trainer as LT
 
 VOCAB, D, N_LAYERS = 100, 32, 4
 FAST = dict(steps=400, eval_every=10, patience=5, tol=1e-2, progress=False)
+#: The options these tests fix where they give none (one batch per step, SGD-Nesterov at its
+#: effective step 1.0, no warmup, constant lr, eval every 10, patience 5, tol 1e-3), so that they
+#: do not follow the config schema's lens defaults (tests/test_lens.py::test_options_default_to_the_schema).
+PINNED = dict(steps=250, tokens_per_step=None, optimizer="sgd_nesterov", lr=None, warmup_steps=0, lr_schedule="constant",
+              eval_every=10, patience=5, tol=1e-3)
+
+
+def train_pinned(model, batches, **options):
+    """:func:`resdyn.study_b.lens.train_lens` with :data:`PINNED` under the given options."""
+    return L.train_lens(model, batches, **{**PINNED, **options})
 
 
 def synthetic_batches(n: int, seed: int, batch: int = 8, length: int = 32) -> list[torch.Tensor]:
@@ -110,7 +123,7 @@ def models(llama, olmo2):
 
 @pytest.fixture(scope="module")
 def llama_lens(llama, train_data, heldout_data):
-    return L.train_lens(llama, train_data, heldout_batches=heldout_data, model_id="tiny-llama", model_revision="r1", model_hash="abc", **FAST)
+    return train_pinned(llama, train_data, heldout_batches=heldout_data, model_id="tiny-llama", model_revision="r1", model_hash="abc", **FAST)
 
 
 def heldout_curve(lens: L.Lens) -> pd.DataFrame:
@@ -187,7 +200,7 @@ def test_bad_layer_index_raises(llama_lens, llama):
 
 @pytest.mark.parametrize("family", ["llama", "olmo2"])
 def test_heldout_kl_decreases_at_every_layer(models, llama_lens, train_data, heldout_data, family):
-    lens = llama_lens if family == "llama" else L.train_lens(models[family], train_data, heldout_batches=heldout_data, **FAST)
+    lens = llama_lens if family == "llama" else train_pinned(models[family], train_data, heldout_batches=heldout_data, **FAST)
     curve = heldout_curve(lens)
     assert curve.index[0] == 0  # step 0 = logit lens
     first, last = curve.iloc[0], curve.iloc[-1]
@@ -211,7 +224,7 @@ def test_identity_layer_translator_stays_identity(train_data, heldout_data):
     with torch.no_grad():
         last.self_attn.o_proj.weight.zero_()
         last.mlp.down_proj.weight.zero_()
-    lens = L.train_lens(model, train_data[:5], heldout_batches=heldout_data, steps=60, eval_every=10, patience=3, tol=1e-2, progress=False)
+    lens = train_pinned(model, train_data[:5], heldout_batches=heldout_data, steps=60, eval_every=10, patience=3, tol=1e-2, progress=False)
     w = lens.translator_matrix(N_LAYERS - 1) - np.eye(D)
     assert np.linalg.norm(w) < 1e-5
     assert np.linalg.norm(lens.translator_bias(N_LAYERS - 1)) < 1e-5
@@ -225,7 +238,7 @@ def test_identity_layer_translator_stays_identity(train_data, heldout_data):
 
 @pytest.mark.parametrize("optimizer", ["sgd_nesterov", "adam"])
 def test_both_optimizers_reduce_kl(llama, train_data, heldout_data, optimizer):
-    lens = L.train_lens(llama, train_data, heldout_batches=heldout_data, optimizer=optimizer, steps=40, eval_every=10, warmup_steps=5, progress=False)
+    lens = train_pinned(llama, train_data, heldout_batches=heldout_data, optimizer=optimizer, steps=40, eval_every=10, warmup_steps=5, progress=False)
     curve = heldout_curve(lens)
     assert (curve.iloc[-1] < curve.iloc[0]).all()
     assert lens.options["optimizer"] == optimizer
@@ -234,8 +247,8 @@ def test_both_optimizers_reduce_kl(llama, train_data, heldout_data, optimizer):
 
 def test_same_seed_gives_identical_translators(llama, train_data, heldout_data):
     kw = dict(steps=30, eval_every=10, tokens_per_step=100, progress=False, seed=7)
-    a = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
-    b = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
+    a = train_pinned(llama, train_data, heldout_batches=heldout_data, **kw)
+    b = train_pinned(llama, train_data, heldout_batches=heldout_data, **kw)
     assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
     pd.testing.assert_frame_equal(a.curves, b.curves)
 
@@ -248,7 +261,7 @@ def test_all_layers_in_one_pass_equal_a_per_layer_loop(llama, train_data, scope)
     tuned-lens's trainer (one clip over all translators, one optimizer step).
     """
     steps, clip, wd, lr, mom = 5, 1.0, 1e-3, 1.0, 0.9
-    ours = L.train_lens(llama, train_data, steps=steps, weight_decay=wd, lr=lr, momentum=mom, clip_grad_norm=clip, clip_scope=scope, progress=False)
+    ours = train_pinned(llama, train_data, steps=steps, weight_decay=wd, lr=lr, momentum=mom, clip_grad_norm=clip, clip_scope=scope, progress=False)
     translators = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(N_LAYERS))
     for t in translators:
         torch.nn.init.zeros_(t.weight)
@@ -279,8 +292,8 @@ def test_all_layers_in_one_pass_equal_a_per_layer_loop(llama, train_data, scope)
 def test_chunked_readout_matches_unchunked(llama, train_data):
     """A logits budget below one layer's tokens × vocab forces (layer, token) chunks."""
     kw = dict(steps=5, progress=False)
-    whole = L.train_lens(llama, train_data, **kw)
-    chunked = L.train_lens(llama, train_data, chunk_elements=3 * VOCAB * 17, **kw)
+    whole = train_pinned(llama, train_data, **kw)
+    chunked = train_pinned(llama, train_data, chunk_elements=3 * VOCAB * 17, **kw)
     torch.testing.assert_close(chunked.weight, whole.weight, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(chunked.bias, whole.bias, atol=1e-6, rtol=1e-4)
 
@@ -290,7 +303,7 @@ def test_token_stream_serves_exact_slices_in_order(llama, train_data):
     full = torch.cat([L.layer_major_states(llama, b) for b in batches + batches], dim=1)[:, :700]
     teacher = lambda final: (final * 2, final.sum(-1))  # any token-major statistics  # noqa: E731
     for cache in (0, 1 << 30):  # recomputed every epoch, or kept
-        stream = L._TokenStream(llama, batches, k=100, teacher=teacher, cache_bytes=cache)
+        stream = L.TokenStream(llama, batches, k=100, teacher=teacher, cache_bytes=cache)
         assert (stream.cache is None) == (cache == 0)
         parts = [stream.take() for _ in range(7)]  # 700 tokens: wraps once
         got = torch.cat([p[0] for p in parts], dim=1)
@@ -304,7 +317,7 @@ def test_model_is_left_untouched(llama, train_data):
     before = {k: v.clone() for k, v in llama.state_dict().items()}
     flags = [p.requires_grad for p in llama.parameters()]
     llama.train()
-    L.train_lens(llama, train_data, steps=3, progress=False)
+    train_pinned(llama, train_data, steps=3, progress=False)
     assert llama.training
     llama.eval()
     assert [p.requires_grad for p in llama.parameters()] == flags
@@ -338,7 +351,7 @@ def test_training_stops_when_converged(llama_lens):
 
 
 def test_without_heldout_runs_all_steps_and_reports_unconverged(llama, train_data, heldout_data, tmp_path):
-    lens = L.train_lens(llama, train_data, steps=12, eval_every=5, progress=False)
+    lens = train_pinned(llama, train_data, steps=12, eval_every=5, progress=False)
     assert lens.meta["steps_trained"] == 12 and lens.meta["stop_reason"] == "max_steps"
     assert not lens.convergence.converged.any()
     assert lens.convergence.final_heldout_kl.isna().all()
@@ -359,7 +372,31 @@ def test_lr_schedule():
     opt = L.LensOptions(steps=10, warmup_steps=4, lr_schedule="linear")
     assert [L.lr_factor(s, opt) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     assert L.lr_factor(9, opt) == pytest.approx(1 / 6)
-    assert L.lr_factor(3, L.LensOptions(warmup_steps=0)) == 1.0
+    assert L.lr_factor(3, L.LensOptions(warmup_steps=0, lr_schedule="constant")) == 1.0
+
+
+def test_options_default_to_the_schema(llama, train_data, heldout_data, monkeypatch):
+    """LensOptions's defaults are the config schema's lens defaults for every option both have, and
+    train_lens without options trains as the pipeline does: the schema's steps and optimizer."""
+    from resdyn.pipeline.config import load_schema
+
+    props = load_schema()["properties"]["lens"]["properties"]
+    schema = {key: sub["default"] for key, sub in props.items() if "default" in sub}
+    fields = {f.name: f.default for f in dataclasses.fields(L.LensOptions)}
+    shared = {L.SCHEMA_NAMES.get(key, key): value for key, value in schema.items() if L.SCHEMA_NAMES.get(key, key) in fields}
+    assert set(shared) == {"steps", "tokens_per_step", "optimizer", "lr", "weight_decay", "warmup_steps", "lr_schedule",
+                           "eval_every", "patience", "tol", "readout_dtype"}
+    assert {key: fields[key] for key in shared} == shared
+    assert inspect.signature(L.train_lens).parameters["checkpoint_every"].default == schema["checkpoint_every"]
+
+    made = []
+    make = LT._make_optimizer
+    monkeypatch.setattr(LT, "_make_optimizer", lambda params, opt: made.append(make(params, opt)) or made[-1])
+    lens = L.train_lens(llama, train_data, heldout_batches=heldout_data, progress=False)
+    assert lens.options["steps"] == schema["steps"] == 600 and lens.options["optimizer"] == schema["optimizer"] == "adam"
+    assert isinstance(made[0], torch.optim.AdamW) and made[0].defaults["lr"] == schema["lr"]
+    assert {key: lens.options[key] for key in shared} == shared
+    assert 0 < lens.meta["steps_trained"] <= schema["steps"]
 
 
 @pytest.mark.parametrize(
@@ -376,14 +413,14 @@ def test_lr_schedule():
 )
 def test_bad_options_raise(llama, train_data, options, message):
     with pytest.raises(ValueError, match=message):
-        L.train_lens(llama, train_data, **options)
+        train_pinned(llama, train_data, **options)
 
 
 def test_bad_batches_raise(llama):
     with pytest.raises(ValueError, match=r"token_batches\[0\]: expected an integer torch tensor"):
-        L.train_lens(llama, [torch.zeros(2, 3)])
+        train_pinned(llama, [torch.zeros(2, 3)])
     with pytest.raises(ValueError, match="token_batches: no batches given"):
-        L.train_lens(llama, [])
+        train_pinned(llama, [])
 
 
 # --- KL ------------------------------------------------------------------------------------------
@@ -392,7 +429,7 @@ def test_bad_batches_raise(llama):
 def test_fused_kl_value_and_gradient():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(3, 5, 11, generator=g, dtype=torch.float64, requires_grad=True)
-    target = L._Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64))
+    target = L.Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64))
     kl = L.fused_kl(z, target.p, target.neg_entropy)
     logp = torch.log(target.p)
     want = F.kl_div(torch.log_softmax(z, -1), logp.expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
@@ -415,7 +452,7 @@ def test_linear_head_kl_value_and_gradient():
     g = torch.Generator().manual_seed(1)
     y = torch.randn(3, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 7, generator=g, dtype=torch.float64)
-    target = L._Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64) * 2)
+    target = L.Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64) * 2)
     m = target.p @ w  # the teacher enters only through Wᵀ p and Σ p log p
 
     def reference(y):
@@ -434,9 +471,9 @@ def test_linear_head_kl_value_and_gradient():
 def test_linear_head_path_equals_the_full_readout_path(llama, train_data, heldout_data, monkeypatch):
     """The d-sized teacher statistics give the same training as the vocabulary-sized target."""
     kw = dict(steps=12, eval_every=4, tokens_per_step=200, progress=False)
-    fast = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
-    monkeypatch.setattr(L, "linear_readout_weight", lambda model, dtype: None)  # force _FusedKL
-    full = L.train_lens(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    fast = train_pinned(llama, train_data[:4], heldout_batches=heldout_data, **kw)
+    monkeypatch.setattr(LT, "linear_readout_weight", lambda model, dtype: None)  # force _FusedKL
+    full = train_pinned(llama, train_data[:4], heldout_batches=heldout_data, **kw)
     torch.testing.assert_close(fast.weight, full.weight, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(fast.bias, full.bias, atol=1e-6, rtol=1e-4)
     np.testing.assert_allclose(fast.curves.kl, full.curves.kl, rtol=1e-4, atol=1e-7)
@@ -445,8 +482,8 @@ def test_linear_head_path_equals_the_full_readout_path(llama, train_data, heldou
 def test_bfloat16_readout_trains_as_well_as_float32(llama, train_data, heldout_data):
     """bf16 rounds z and q (relative 2⁻⁹), not the teacher: same held-out KL within 1 %."""
     kw = dict(steps=60, eval_every=20, tokens_per_step=256, optimizer="adam", lr=3e-3, progress=False)
-    f32 = L.train_lens(llama, train_data, heldout_batches=heldout_data, **kw)
-    b16 = L.train_lens(llama, train_data, heldout_batches=heldout_data, readout_dtype="bfloat16", **kw)
+    f32 = train_pinned(llama, train_data, heldout_batches=heldout_data, **kw)
+    b16 = train_pinned(llama, train_data, heldout_batches=heldout_data, readout_dtype="bfloat16", **kw)
     assert b16.options["readout_dtype"] == "bfloat16"
     k32, k16 = heldout_curve(f32).iloc[-1].to_numpy(), heldout_curve(b16).iloc[-1].to_numpy()
     first = heldout_curve(f32).iloc[0].to_numpy()
@@ -480,7 +517,7 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
 def test_lens_shorter_than_the_convergence_window_saves_and_loads(llama, train_data, heldout_data, tmp_path):
     """Fewer evals than patience + 1: rel_change is NaN (no window yet); config.json stores it as
     null (JSON has no NaN) and load gives NaN back — the lens job must not die on it."""
-    short = L.train_lens(llama, train_data, heldout_batches=heldout_data, **{**FAST, "steps": 2, "eval_every": 1,
+    short = train_pinned(llama, train_data, heldout_batches=heldout_data, **{**FAST, "steps": 2, "eval_every": 1,
                                                                              "patience": 3})
     assert short.convergence["rel_change"].isna().all() and not short.convergence["converged"].any()
     short.save(tmp_path / "lens")
@@ -492,6 +529,7 @@ def test_lens_shorter_than_the_convergence_window_saves_and_loads(llama, train_d
 # --- resume ----------------------------------------------------------------------------------------
 
 RESUME = dict(steps=60, eval_every=10, patience=5, tol=1e-4, optimizer="adam", lr=3e-3, warmup_steps=5, tokens_per_step=100, progress=False)
+PINNED_RESUME = {**PINNED, **RESUME}
 
 
 class _Stop(Exception):
@@ -500,21 +538,21 @@ class _Stop(Exception):
 
 def test_resume_continues_bit_identically(llama, train_data, heldout_data, tmp_path, monkeypatch):
     # tokens_per_step=100 does not divide the 256-token batches: the stream resumes mid-batch.
-    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+    ref = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
     path = tmp_path / "lens.partial.pt"
-    save = L._Checkpointer.save
+    save = LT._Checkpointer.save
 
     def save_then_stop(self, state):
         save(self, state)
         if state["step"] == 28:
             raise _Stop
 
-    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    monkeypatch.setattr(LT._Checkpointer, "save", save_then_stop)
     with pytest.raises(_Stop):
-        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
-    monkeypatch.setattr(L._Checkpointer, "save", save)
+        train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    monkeypatch.setattr(LT._Checkpointer, "save", save)
     assert torch.load(path, weights_only=True)["stream"][1] > 0  # stopped inside a batch
-    got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
     assert not path.exists()
     assert torch.equal(got.weight, ref.weight) and torch.equal(got.bias, ref.bias)
     pd.testing.assert_frame_equal(got.curves, ref.curves, check_exact=True)
@@ -524,38 +562,39 @@ def test_resume_continues_bit_identically(llama, train_data, heldout_data, tmp_p
 
 def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path, monkeypatch):
     path = tmp_path / "lens.partial.pt"
-    save = L._Checkpointer.save
+    save = LT._Checkpointer.save
 
     def save_then_stop(self, state):
         save(self, state)
         raise _Stop
 
-    monkeypatch.setattr(L._Checkpointer, "save", save_then_stop)
+    monkeypatch.setattr(LT._Checkpointer, "save", save_then_stop)
     with pytest.raises(_Stop):  # a checkpoint of another learning rate
-        L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **{**RESUME, "lr": 1e-3})
-    monkeypatch.setattr(L._Checkpointer, "save", save)
-    ref = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
+        train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **{**RESUME, "lr": 1e-3})
+    monkeypatch.setattr(LT._Checkpointer, "save", save)
+    ref = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
     with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
-        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+        got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
     assert torch.equal(got.weight, ref.weight)
     path.write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
-        got = L.train_lens(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+        got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
     assert torch.equal(got.weight, ref.weight) and not path.exists()
     with pytest.raises(ValueError, match="checkpoint_every=0"):
-        L.train_lens(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
+        train_pinned(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
 
 
 _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
-    from test_lens import RESUME, build, synthetic_batches
+    from test_lens import PINNED_RESUME, build, synthetic_batches
+    from resdyn.study_b.lens import trainer as LT
     from resdyn.study_b import lens as L
 
     if slow:
-        sigkill.slow_down(L, "_train_step_kl", 0.1)
+        sigkill.slow_down(LT, "_train_step_kl", 0.1)
     model = build("llama", pretrain_steps=20)
     fitted = L.train_lens(
         model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
-        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, **RESUME,
+        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, **PINNED_RESUME,
     )
     fitted.save(out + "/lens")
     """)
@@ -642,7 +681,7 @@ def test_gemma_softcap_readout(train_data, heldout_data):
     torch.testing.assert_close(got, own, atol=1e-6, rtol=0)
     assert got.abs().max() < cap < uncapped.abs().max()  # the cap is active on this model
     torch.testing.assert_close(got, cap * torch.tanh(uncapped / cap), atol=1e-6, rtol=0)
-    lens = L.train_lens(model, train_data, heldout_batches=heldout_data, steps=30, eval_every=10, progress=False)
+    lens = train_pinned(model, train_data, heldout_batches=heldout_data, steps=30, eval_every=10, progress=False)
     curve = heldout_curve(lens)
     assert (curve.iloc[-1] < curve.iloc[0]).all()
     with torch.no_grad():
@@ -677,7 +716,7 @@ def test_export_tuned_lens_format(llama, llama_lens, tmp_path):
 def test_export_loads_in_tuned_lens_package(models, train_data, tmp_path, family):
     tl = pytest.importorskip("tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)")
     model = models[family] if family in models else build(family, pretrain_steps=20)
-    ours = L.train_lens(model, train_data, steps=10, progress=False)
+    ours = train_pinned(model, train_data, steps=10, progress=False)
     ours.export_tuned_lens(tmp_path / "tl")
     # Any family, softcap included: our readout in the shape of tuned-lens's Unembed.
     theirs = tl.TunedLens.from_unembed_and_pretrained(L.TunedLensReadout(model), str(tmp_path / "tl"))

@@ -13,6 +13,7 @@ import shutil
 import pytest
 import torch
 from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
+from test_lens import PINNED
 
 from resdyn.lm import structure
 from resdyn.study_b import lens as L
@@ -27,8 +28,8 @@ def pythia():
 @pytest.fixture(scope="module")
 def trained(pythia):
     batches = [torch.stack([sample_ids(seed + 10 * b) for seed in range(4)]) for b in range(3)]
-    return L.train_lens(pythia, batches, steps=6, eval_every=3, progress=False, model_id="tiny-pythia",
-                        model_revision="step8")
+    return L.train_lens(pythia, batches, **{**PINNED, "steps": 6, "eval_every": 3}, progress=False,
+                        model_id="tiny-pythia", model_revision="step8")
 
 
 def test_round_trip_gives_identical_translators(pythia, trained, tmp_path):

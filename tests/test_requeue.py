@@ -27,7 +27,7 @@ from test_slurm import SUBMITTED_RE, _env, require_slurm, write_test_profile
 REPO = Path(__file__).resolve().parents[1]
 #: the lens training of the job and of the reference (small, but ~tens of seconds on a loaded core)
 LENS = {"steps": 80, "tokens_per_step": 256, "lr": 1e-3, "optimizer": "adam", "eval_every": 20, "patience": 3,
-        "tol": 0.0, "seed": 0}  # tol 0: never converged early, all 80 steps
+        "tol": 0.0, "seed": 0, "warmup_steps": 0, "lr_schedule": "constant"}  # tol 0: never converged early, all 80 steps
 CHECKPOINT_EVERY = 5
 
 SNAKEFILE = textwrap.dedent("""

@@ -204,9 +204,9 @@ class LensCheckpoint(Artifact):
 
     A ``torch.save`` dict (loaded with ``weights_only=True``): ``format`` =
     "resdyn.lens-checkpoint/1", ``key`` (the fingerprint of everything the trajectory depends on,
-    :func:`resdyn.study_b.lens._fingerprint`), and the training loop's state (translators, optimizer state,
+    :func:`resdyn.study_b.lens.trainer._fingerprint`), and the training loop's state (translators, optimizer state,
     step, curve rows, held-out history, convergence counters, stream position;
-    :func:`resdyn.study_b.lens._fit`). :meth:`load` returns None for a missing file and, with a warning
+    :func:`resdyn.study_b.lens.trainer._fit`). :meth:`load` returns None for a missing file and, with a warning
     naming the file and the fault, for one of another format or key or that does not load.
     """
 

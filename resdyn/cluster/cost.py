@@ -517,7 +517,7 @@ def cost_communities(config: dict, s: Shape) -> Cost:
     sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
     per resolution (``graph``). Memory: the larger of the read (fp16 states and their float32
     upcast, 6·M·d, :meth:`resdyn.artifacts.Activations.read_boundary`) and the analysis (the float32 states,
-    two float64 token chunks of ``resdyn.study_a.topology._CHUNK_BYTES`` = 32 MiB: the chunk and its
+    two float64 token chunks of ``resdyn.study_a.topology.graph._CHUNK_BYTES`` = 32 MiB: the chunk and its
     shifted copy), plus R and its sparsified copy (2·8·d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, S = N * Tk, s.d, _n_sublayers(s)

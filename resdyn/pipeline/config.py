@@ -15,11 +15,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from resdyn import io
 from resdyn.cluster import gpu_kinds
 from resdyn.lm import hub, revisions
 
 # Package data, so that an installed (non-editable) resdyn validates configs too.
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = io.CONFIG_SCHEMA_PATH
 
 
 class ConfigError(ValueError):
@@ -32,7 +33,7 @@ def load_schema() -> dict:
     ``generic`` (any standard decoder layer, :mod:`resdyn.lm.generic`)."""
     from resdyn.lm.families import FAMILIES
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = io.read_config_schema()
     schema["$defs"]["model"]["properties"]["family"]["enum"] = [*FAMILIES, "generic"]  # generic: resdyn.lm.generic
     return schema
 
