@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-#@@SPLIT resdyn.cluster.cost cost  # noqa: E402
+from resdyn.cluster import cost, gpu_kinds  # noqa: E402
+from resdyn.lm import decompose, structure  # noqa: E402
 
 
 def sync(dev):

@@ -43,7 +43,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#@@SPLIT resdyn.lm.sublayers arch  # noqa: E402
+from resdyn.lm import structure  # noqa: E402
 from resdyn.study_b import lens as L  # noqa: E402
 
 # tuned-lens's trainer defaults (ingredients.Optimizer + train_loop): SGD-Nesterov, lr_scale 1,

@@ -54,7 +54,7 @@ import scipy.linalg  # noqa: E402
 import scipy.optimize  # noqa: E402
 import torch  # noqa: E402
 
-#@@SPLIT resdyn.cluster.cost cost  # noqa: E402
+from resdyn.cluster import cost, gpu_kinds  # noqa: E402
 
 torch.set_num_threads(1)
 EXCLUDE = ("gunzip",)  # file reads: the cores get arrays

@@ -120,13 +120,11 @@ def tamper_config(paths: list[str]) -> dict:
 
 def build(work: Path, cores: int = 2) -> Path:
     """Copy the workflow to ``work``, make the local model and corpus, run it to the end."""
-
     shutil.copytree(ROOT, work, ignore=IGNORE)
     paths = make_corpus(work)
     docs = [d for p in paths for d in (work / p).read_text().split("\n\n")]
     make_local_model(work / "local" / "m", docs)
     (work / CONFIG).write_text(yaml.safe_dump(tamper_config(paths), sort_keys=True))
-    del data
     proc = snakemake(work, "--cores", str(cores))
     if proc.returncode != 0:
         raise AssertionError(f"tamper run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
