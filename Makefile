@@ -74,15 +74,19 @@ smoke: bytecode
 test: setup
 	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
+# The unit and oracle tests: everything but the Snakemake workflow runs (`slow`) and SLURM (`slurm`).
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow and not slurm"
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not slow and not slurm"
 
 lint: setup
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 format: setup
 	$(BIN)/snakefmt Snakefile workflow/rules
+	$(BIN)/ruff format .
 
 # `snakemake --profile slurm` looks for a profile named slurm in ./ and the user config folder
 # ($XDG_CONFIG_HOME or ~/.config/snakemake), not in profiles/: link it there.

@@ -14,8 +14,8 @@ import argparse
 
 import numpy as np
 
-from resdyn.beyond import bootstrap as bs
 from resdyn import artifacts
+from resdyn.beyond import bootstrap as bs
 from resdyn.study_a import spectral
 
 
@@ -30,8 +30,10 @@ def main() -> None:
     per, _, info = artifacts.JacobianBlocks.read_per_sample(a.folders)
     n = info["n_bootstrap_samples"]
     W = np.stack([np.bincount(r, minlength=n) for r in bs.bootstrap_indices(n, a.resamples, a.seed)]) / n
-    print("| sublayer | d | n | pipeline | largest clusters | max abs dh | cf mismatches | CI dh / width |"
-          " CI dcf / width |")
+    print(
+        "| sublayer | d | n | pipeline | largest clusters | max abs dh | cf mismatches | CI dh / width |"
+        " CI dcf / width |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(per, key=lambda k: spectral.sublayer_index(*k)):
         X = per[key]()
@@ -56,9 +58,11 @@ def main() -> None:
             diff = max(abs(lo_p - lo_e), abs(hi_p - hi_e))
             return "0" if diff == 0 else (f"{diff / width:.2g}" if width > 0 else "inf")
 
-        print(f"| {key[0]}/{key[1]} | {X.shape[1]} | {n} | {decision} | {raw['cluster_sizes'][:3]} | "
-              f"{np.abs(hp - he).max():.2g} | {int((np.round(cp * X.shape[1]) != np.round(ce * X.shape[1])).sum())}"
-              f"/{len(W)} | {rel(hp, he)} | {rel(cp, ce)} |")
+        print(
+            f"| {key[0]}/{key[1]} | {X.shape[1]} | {n} | {decision} | {raw['cluster_sizes'][:3]} | "
+            f"{np.abs(hp - he).max():.2g} | {int((np.round(cp * X.shape[1]) != np.round(ce * X.shape[1])).sum())}"
+            f"/{len(W)} | {rel(hp, he)} | {rel(cp, ce)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from resdyn.cluster import cost, gpu_kinds  # noqa: E402
-from resdyn.lm import decompose, structure  # noqa: E402
 
 
 def sync(dev):
@@ -56,8 +55,15 @@ def timed(fn, dev, repeat=1, warm=None):
 def model(d, d_ff, heads, kv, layers, vocab, dtype, dev):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_attention_heads=heads, num_key_value_heads=kv,
-                      num_hidden_layers=layers, vocab_size=vocab, max_position_embeddings=1024)
+    cfg = LlamaConfig(
+        hidden_size=d,
+        intermediate_size=d_ff,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+    )
     torch.manual_seed(0)
     with torch.device(dev):
         m = LlamaForCausalLM(cfg)
@@ -67,7 +73,9 @@ def model(d, d_ff, heads, kv, layers, vocab, dtype, dev):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dry", action="store_true", help="CPU fallback at d = 256 (checks the script)")
-    ap.add_argument("--kind", default="h100", choices=tuple(gpu_kinds.GPU_KINDS), help="GPU kind of resdyn/data/gpus.yaml")
+    ap.add_argument(
+        "--kind", default="h100", choices=tuple(gpu_kinds.GPU_KINDS), help="GPU kind of resdyn/data/gpus.yaml"
+    )
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.dry
     dev = torch.device("cuda" if cuda else "cpu")
@@ -97,7 +105,7 @@ def main() -> int:
         del a
     big = torch.ones((2**28 if cuda else 2**24) // 8, device=dev, dtype=torch.float64)
     dst = torch.empty_like(big)
-    t, _ = timed(lambda: dst.copy_(big), dev, repeat=5)
+    t, _ = timed(lambda: dst.copy_(big), dev, repeat=5)  # noqa: F821 (del later)
     measured["stream"] = 2 * big.numel() * 8 / t
     row(f"copy {big.numel() * 8 / 2**20:.0f} MiB (read + write)", measured["stream"], "B/s", rates["stream"])
     del big, dst
@@ -108,10 +116,17 @@ def main() -> int:
     gm = model(d, d_ff, heads, kv, 1, vocab, torch.float32, dev)
     ids = torch.randint(0, vocab, (T,), generator=torch.Generator().manual_seed(0))
     eng = jacobian.JacobianEngine(gm, [0])
-    t_gpu, jac_gpu = timed(lambda: eng.compute(ids.to(dev), "last"), dev, repeat=2 if cuda else 1)
+    t_gpu, jac_gpu = timed(lambda: eng.compute(ids.to(dev), "last"), dev, repeat=2 if cuda else 1)  # noqa: F821 (del later)
     shape = cost.Shape(1, d, heads, kv, d_ff, vocab, 4)
-    c = cost.cost_jacobians({"samples": {"n": 1, "length": T}, "jacobian": {"positions": "last", "store_first_n": 0,
-                             "store_dtype": "float32"}}, shape, [0], gpu=cuda)
+    c = cost.cost_jacobians(
+        {
+            "samples": {"n": 1, "length": T},
+            "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"},
+        },
+        shape,
+        [0],
+        gpu=cuda,
+    )
     kind = args.kind if cuda else "cpu"
     row("jacobians: s/sample (attn+mlp, 1 layer)", t_gpu, "s", cost.seconds(c, kind) - c.fixed_s)
     row("jacobians: GEMM FLOP/s ÷ measured fp32 matmul", c.work["gemm32"] / t_gpu / measured["gemm32"], "fraction")
@@ -130,8 +145,12 @@ def main() -> int:
     for k in ("attn", "mlp"):
         ref = jac_cpu[(0, k)].double()
         delta = (jac_gpu[(0, k)].cpu().double() - ref).abs().max().item()
-        row(f"jacobians: max |Δ| {k} ({'CUDA vs CPU' if cuda else 'structured vs jvp'}), max |J| "
-            f"{ref.abs().max().item():.3g}", delta, "")
+        row(
+            f"jacobians: max |Δ| {k} ({'CUDA vs CPU' if cuda else 'structured vs jvp'}), max |J| "
+            f"{ref.abs().max().item():.3g}",
+            delta,
+            "",
+        )
     del gm, eng, jac_gpu, jac_cpu
 
     # 3. one bf16 lens training step (2 layers, the real vocabulary)
@@ -141,13 +160,33 @@ def main() -> int:
     B = 4096 if cuda else 256
     toks = torch.randint(0, vocab, (2 * B // T, T))
     batches = lens.token_batches(toks, B // T)
-    t_lens, _ = timed(lambda: lens.train_lens(lm, batches, steps=2, tokens_per_step=B, warmup_steps=0,
-                                              optimizer="sgd_nesterov", lr=None, lr_schedule="constant",
-                                              eval_every=10, progress=False), dev)
+    t_lens, _ = timed(
+        lambda: lens.train_lens(
+            lm,  # noqa: F821 (del later)
+            batches,
+            steps=2,
+            tokens_per_step=B,
+            warmup_steps=0,
+            optimizer="sgd_nesterov",
+            lr=None,
+            lr_schedule="constant",
+            eval_every=10,
+            progress=False,
+        ),
+        dev,
+    )
     s2 = cost.Shape(2, d, heads, kv, d_ff, vocab, 2 if cuda else 4)
-    lcfg = {"samples": {"length": T}, "lens": {"tokens_per_step": B, "steps": 2, "eval_every": 10**9,
-                                                "n_heldout_blocks": 0, "n_train_blocks": 2 * B // T,
-                                                "readout_dtype": "bfloat16"}}
+    lcfg = {
+        "samples": {"length": T},
+        "lens": {
+            "tokens_per_step": B,
+            "steps": 2,
+            "eval_every": 10**9,
+            "n_heldout_blocks": 0,
+            "n_train_blocks": 2 * B // T,
+            "readout_dtype": "bfloat16",
+        },
+    }
     lc = cost.cost_lens(lcfg, s2, gpu=cuda)
     row(f"lens: 2 steps of {B} tokens, 2 layers, V={vocab}", t_lens, "s", cost.seconds(lc, kind) - lc.fixed_s)
     del lm
@@ -196,19 +235,27 @@ def main() -> int:
         print("  two-GPU check skipped: one GPU visible", file=sys.stderr)
 
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
-    print(f"\nGPU check on {name}, torch {torch.__version__}, assumed rates: {kind}; "
-          f"{time.perf_counter() - t_all:.0f} s")
+    print(
+        f"\nGPU check on {name}, torch {torch.__version__}, assumed rates: {kind}; {time.perf_counter() - t_all:.0f} s"
+    )
     widths = [max(len(r[i]) for r in rows + [("what", "measured", "unit", "assumed", "ratio")]) for i in range(5)]
     for r in [("what", "measured", "unit", "assumed", "ratio")] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
-    print("\n# Measured rates in resdyn.cluster.cost's units (FLOP/s; B/s for stream). Each divided by the"
-          "\n# datasheet peak of resdyn/data/gpus.yaml is the efficiency resdyn/cluster/cost.py assumes in"
-          "\n# GPU_EFFICIENCY (the table keeps hardware numbers only): update it there, with the date and GPU."
-          + ("" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)"))
+    print(
+        "\n# Measured rates in resdyn.cluster.cost's units (FLOP/s; B/s for stream). Each divided by the"
+        "\n# datasheet peak of resdyn/data/gpus.yaml is the efficiency resdyn/cluster/cost.py assumes in"
+        "\n# GPU_EFFICIENCY (the table keeps hardware numbers only): update it there, with the date and GPU."
+        + ("" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)")
+    )
     if cuda:
         g = gpu_kinds.GPU_KINDS[kind]
-        peaks = {"fp32_tflops": g.fp32_tflops, "bf16_tflops": g.bf16_tflops, "fp64_tflops": g.fp64_tflops,
-                 "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops), "hbm_tb_s": g.hbm_tb_s}
+        peaks = {
+            "fp32_tflops": g.fp32_tflops,
+            "bf16_tflops": g.bf16_tflops,
+            "fp64_tflops": g.fp64_tflops,
+            "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops),
+            "hbm_tb_s": g.hbm_tb_s,
+        }
         for op, (col, eff) in gpu_kinds.GPU_EFFICIENCY.items():
             if op in measured:
                 print(f"#   {op}: measured efficiency {measured[op] / (peaks[col] * 1e12):.4g} (assumed {eff})")
@@ -236,13 +283,21 @@ def two_gpu_check(row, device: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "m"
         corpus.train_tokenizer(corpus.kjv_chapters()[:20], 300, Path(tmp) / "tok")
-        cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
-                          num_hidden_layers=8, vocab_size=300, max_position_embeddings=256)
+        cfg = LlamaConfig(
+            hidden_size=512,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            num_hidden_layers=8,
+            vocab_size=300,
+            max_position_embeddings=256,
+        )
         torch.manual_seed(0)
         LlamaForCausalLM(cfg).save_pretrained(folder)
         corpus.load_tokenizer(Path(tmp) / "tok").save_pretrained(folder)
-        rec = models.resolve_checkpoint({"model": "m", "checkpoint": "local", "source": "local", "path": str(folder),
-                                         "dtype": "float32"})
+        rec = models.resolve_checkpoint(
+            {"model": "m", "checkpoint": "local", "source": "local", "path": str(folder), "dtype": "float32"}
+        )
         one, _ = models.load_model(rec, device)
         blocks = {"embed": 0, **{f"layers.{i}": int(i >= 4) for i in range(8)}, "head": 1}
         two, _ = models.load_model(rec, device, placement=blocks)
@@ -254,7 +309,11 @@ def two_gpu_check(row, device: str) -> None:
             row(f"two GPUs: max |Δ| {fn.__name__}", float((a - b.to(a.device)).abs().max()), "")
         ca, cb = causal.Continuation(one, ids), causal.Continuation(two, ids)
         final_a, final_b = ca.run(ca.stream(3) * 0.5, 3), cb.run(cb.stream(3) * 0.5, 3)
-        row("two GPUs: max |Δ| causal continuation from layer 3", float((final_a - final_b.to(final_a.device)).abs().max()), "")
+        row(
+            "two GPUs: max |Δ| causal continuation from layer 3",
+            float((final_a - final_b.to(final_a.device)).abs().max()),
+            "",
+        )
 
 
 if __name__ == "__main__":

@@ -235,8 +235,13 @@ def bench_core_constants(model, length: int, samples: int, device: torch.device)
         one_sample(99, lifted)  # warm-up
         times = [timed(lambda s=s: one_sample(s, lifted), device)[0] for s in range(samples)]
         results[lifted] = one_sample(0, lifted)
-        rows.append((f"(a') attention cores, constants {'as zero-tangent primals' if lifted else 'closed over'}",
-                     statistics.median(times), samples))
+        rows.append(
+            (
+                f"(a') attention cores, constants {'as zero-tangent primals' if lifted else 'closed over'}",
+                statistics.median(times),
+                samples,
+            )
+        )
     diff = max(float((x - y).abs().max()) for x, y in zip(results[False], results[True]))
     return rows, diff
 
@@ -359,9 +364,18 @@ def family_models(d: int, device: torch.device) -> dict[str, torch.nn.Module]:
     """One random 4-layer model per family with an adapter (Gemma 4 excepted: no template), of
     width d, d_ff = 4d, d/32 heads (half as many KV heads), each family's features on."""
     heads = max(2, d // 32)
-    common = dict(vocab_size=512, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=4,
-                  num_attention_heads=heads, num_key_value_heads=heads // 2, max_position_embeddings=4096,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = dict(
+        vocab_size=512,
+        hidden_size=d,
+        intermediate_size=4 * d,
+        num_hidden_layers=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     alternate = ["sliding_attention", "full_attention"] * 2
     window = 32
     builders = {
@@ -370,17 +384,31 @@ def family_models(d: int, device: torch.device) -> dict[str, torch.nn.Module]:
         "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**common)),
         "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**common)),
         "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(vocab_size=512, n_embd=d, n_inner=4 * d, n_layer=4, n_head=heads)),
-        "gpt_neox (parallel)": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(
-            vocab_size=512, hidden_size=d, intermediate_size=4 * d, num_hidden_layers=4, num_attention_heads=heads,
-            rotary_pct=0.25)),
+        "gpt_neox (parallel)": (
+            tf.GPTNeoXForCausalLM,
+            tf.GPTNeoXConfig(
+                vocab_size=512,
+                hidden_size=d,
+                intermediate_size=4 * d,
+                num_hidden_layers=4,
+                num_attention_heads=heads,
+                rotary_pct=0.25,
+            ),
+        ),
         "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**common, head_dim=d // heads)),
-        "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config(**common, head_dim=d // heads, layer_types=alternate,
-                                                         sliding_window=window)),
-        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(**common, head_dim=d // heads, layer_types=alternate,
-                                                             sliding_window=window)),
+        "gemma2": (
+            tf.Gemma2ForCausalLM,
+            tf.Gemma2Config(**common, head_dim=d // heads, layer_types=alternate, sliding_window=window),
+        ),
+        "gemma3": (
+            tf.Gemma3ForCausalLM,
+            tf.Gemma3TextConfig(**common, head_dim=d // heads, layer_types=alternate, sliding_window=window),
+        ),
         "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**common, partial_rotary_factor=0.5)),
-        "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(**common, residual_multiplier=0.2,
-                                                            attention_multiplier=0.05, embedding_multiplier=12.0)),
+        "granite": (
+            tf.GraniteForCausalLM,
+            tf.GraniteConfig(**common, residual_multiplier=0.2, attention_multiplier=0.05, embedding_multiplier=12.0),
+        ),
         "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**common)),
     }
     out = {}
@@ -411,9 +439,13 @@ def bench_generic(d: int, length: int, samples: int, device: torch.device) -> li
 
 
 def print_generic(rows: list[tuple], d: int, length: int, samples: int) -> None:
-    print(f"\n(g) generic path vs hand-written (structured) engine, 4 layers, d={d}, d_ff={4 * d}, T={length}, "
-          f"last token, median of {samples} samples")
-    print(f"{'family':22s} {'structured s':>13s} {'generic s':>10s} {'ratio':>7s} {'self-check s':>13s} {'max |Δ|':>9s}")
+    print(
+        f"\n(g) generic path vs hand-written (structured) engine, 4 layers, d={d}, d_ff={4 * d}, T={length}, "
+        f"last token, median of {samples} samples"
+    )
+    print(
+        f"{'family':22s} {'structured s':>13s} {'generic s':>10s} {'ratio':>7s} {'self-check s':>13s} {'max |Δ|':>9s}"
+    )
     for name, hand, gen, check, diff in rows:
         print(f"{name:22s} {hand:13.3f} {gen:10.3f} {gen / hand:6.1f}× {check:13.2f} {diff:9.1e}")
 
@@ -444,8 +476,14 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     if args.generic:
         rows_g = bench_generic(args.generic_d, args.length, args.samples, device)
-        where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
-            f"CPU, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        where = (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else (
+                f"CPU, {torch.get_num_threads()} threads, "
+                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            )
+        )
         print(f"\nresdyn.study_a.jacobian benchmark — {where}, torch {torch.__version__}")
         print_generic(rows_g, args.generic_d, args.length, args.samples)
         print(f"Total {time.perf_counter() - start:.0f} s.")

@@ -64,7 +64,9 @@ def markov_batches(n: int, batch: int, length: int, vocab: int, seed: int) -> li
     """
     g = torch.Generator().manual_seed(seed)
     zipf = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** 1.1
-    succ = torch.multinomial(zipf, vocab * 4, replacement=True, generator=torch.Generator().manual_seed(1234)).view(vocab, 4)
+    succ = torch.multinomial(zipf, vocab * 4, replacement=True, generator=torch.Generator().manual_seed(1234)).view(
+        vocab, 4
+    )
     weights = torch.tensor([0.55, 0.25, 0.12, 0.08])
     out = []
     for _ in range(n):
@@ -126,7 +128,9 @@ def hf_batches(path: str, n: int, batch: int, length: int, seed: int) -> list[to
 # --- the per-layer loops (tuned-lens's trainer structure) -------------------------------------------
 
 
-def per_layer_loop(model: nn.Module, batches: list[torch.Tensor], lens: nn.Module, readout, steps: int, autocast: bool = False) -> None:
+def per_layer_loop(
+    model: nn.Module, batches: list[torch.Tensor], lens: nn.Module, readout, steps: int, autocast: bool = False
+) -> None:
     """tuned-lens's train_loop body: no-grad forward, then one forward+backward per layer.
 
     ``readout(h, i)``: logits of the translated stream of layer i. KL as in tuned-lens:
@@ -134,7 +138,13 @@ def per_layer_loop(model: nn.Module, batches: list[torch.Tensor], lens: nn.Modul
     linear-decay schedule (transformers' get_linear_schedule_with_warmup with 0 warmup).
     """
     params = [p for p in lens.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=SGD["lr"] * (1 - SGD["momentum"]), momentum=SGD["momentum"], nesterov=True, weight_decay=SGD["weight_decay"])
+    opt = torch.optim.SGD(
+        params,
+        lr=SGD["lr"] * (1 - SGD["momentum"]),
+        momentum=SGD["momentum"],
+        nesterov=True,
+        weight_decay=SGD["weight_decay"],
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, (steps - s) / steps))
     for step in range(steps):
         ids = batches[step % len(batches)]
@@ -162,7 +172,9 @@ def run_plain(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tupl
     return torch.stack([t.weight.detach() for t in lens]), torch.stack([t.bias.detach() for t in lens])
 
 
-def run_tuned_lens(model: nn.Module, batches: list[torch.Tensor], steps: int, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def run_tuned_lens(
+    model: nn.Module, batches: list[torch.Tensor], steps: int, autocast: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     from tuned_lens.nn import TunedLens  # noqa: PLC0415
 
     try:
@@ -170,7 +182,9 @@ def run_tuned_lens(model: nn.Module, batches: list[torch.Tensor], steps: int, au
     except (NotImplementedError, ValueError):  # a family tuned-lens cannot resolve: our readout
         from tuned_lens.nn.lenses import TunedLensConfig  # noqa: PLC0415
 
-        cfg = TunedLensConfig(base_model_name_or_path="bench", d_model=model.config.hidden_size, num_hidden_layers=L.n_layers_of(model))
+        cfg = TunedLensConfig(
+            base_model_name_or_path="bench", d_model=model.config.hidden_size, num_hidden_layers=L.n_layers_of(model)
+        )
         tl = TunedLens(L.TunedLensReadout(model), cfg)
     per_layer_loop(model, batches, tl, lambda h, i: tl(h, idx=i), steps, autocast)
     return torch.stack([t.weight.detach() for t in tl]), torch.stack([t.bias.detach() for t in tl])
@@ -236,7 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--train-batches", type=int, default=16,
+        "--train-batches",
+        type=int,
+        default=16,
         help="distinct training batches, cycled over the steps as the pipeline does (256 windows of 64 tokens = "
         "16 steps of 1024 tokens); 0: a new batch every step (every method then runs the model every step)",
     )
@@ -264,14 +280,19 @@ def main(argv: list[str] | None = None) -> None:
         pre_loss = pretrain(model, markov_batches(pre_steps, 4 if q else 8, 128, vocab, args.seed + 10), lr=1e-2)
         train = markov_batches(n_train, batch, seq, vocab, args.seed + 1)
         heldout = markov_batches(heldout_n, batch, seq, vocab, args.seed + 2)
-        source = f"random Llama d={d} n_layers={layers} vocab={vocab}, pretrained {pre_steps} steps (loss {pre_loss:.3f})"
+        source = (
+            f"random Llama d={d} n_layers={layers} vocab={vocab}, pretrained {pre_steps} steps (loss {pre_loss:.3f})"
+        )
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     n = L.n_layers_of(model)
     tokens = steps * batch * seq
     print(f"model: {source}; setup {time.perf_counter() - t0:.1f} s")
-    print(f"budget: {steps} steps × {batch}×{seq} tokens = {tokens} tokens; SGD-Nesterov {SGD}; threads={args.threads}; torch {torch.__version__}")
+    print(
+        f"budget: {steps} steps × {batch}×{seq} tokens = {tokens} tokens; SGD-Nesterov {SGD}; "
+        f"threads={args.threads}; torch {torch.__version__}"
+    )
 
     with torch.no_grad():
         held = torch.cat([L.layer_major_states(model, b) for b in heldout], dim=1)
@@ -300,7 +321,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ref = "tuned-lens" if "tuned-lens" in results else "per-layer"
     print()
-    head = f"{'method':<15} {'wall s':>7} {'cpu s':>7} {'tokens/cpu-s':>12} {'speed vs ' + ref + ' (wall/cpu)':>30} {'held-out KL (mean)':>19} {'vs ' + ref:>15}"
+    head = (
+        f"{'method':<15} {'wall s':>7} {'cpu s':>7} {'tokens/cpu-s':>12} {'speed vs ' + ref + ' (wall/cpu)':>30} "
+        f"{'held-out KL (mean)':>19} {'vs ' + ref:>15}"
+    )
     print(head)
     print(f"{'logit lens':<15} {'':>7} {'':>7} {'':>12} {'':>30} {logit_kl.mean():>19.5f} {'':>15}")
     for name, (secs, kl, cpu) in results.items():

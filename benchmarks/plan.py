@@ -19,8 +19,9 @@ squares on relative error (time = Σ work_op · x_op, x_op = 1/rate_op) — over
 kernels and the rule cores together; the table shows predicted/measured with the fitted rates
 and the worst ratio; the column ``stored`` repeats the ratio with the rates stored in
 resdyn/cluster/cost.py, to confirm a stored calibration. Time is the child's CPU time (one thread:
-equal to the wall time of an idle machine); on the shared CI box the wall time is inflated by other processes' load and is
-printed beside it only for reference. Paste the printed ``CPU_CALIBRATION`` into resdyn/cluster/cost.py.
+equal to the wall time of an idle machine); on the shared CI box the wall time is inflated by other
+processes' load and is printed beside it only for reference. Paste the printed ``CPU_CALIBRATION``
+into resdyn/cluster/cost.py.
 
 Sizes: d = 384, 640, 1024 with Llama 3.1 (d_ff = 3.5 d, 128-wide heads, 4 query heads per KV
 head) and Qwen2.5 (d_ff = 5.29 d, 7 query heads per KV head, at d = 640) aspect ratios. (At
@@ -176,9 +177,16 @@ def shape(d: int, aspect: str, n_layers: int = 1, vocab: int = 4096) -> cost.Sha
 def hf_model(s: cost.Shape):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=s.d, intermediate_size=s.d_ff, num_attention_heads=s.n_heads,
-                      num_key_value_heads=s.n_kv_heads, num_hidden_layers=s.n_layers, vocab_size=s.vocab,
-                      max_position_embeddings=512, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=s.d,
+        intermediate_size=s.d_ff,
+        num_attention_heads=s.n_heads,
+        num_key_value_heads=s.n_kv_heads,
+        num_hidden_layers=s.n_layers,
+        vocab_size=s.vocab,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
@@ -189,8 +197,7 @@ def base_config(N: int, T: int) -> dict:
         "samples": {"n": N, "length": T},
         "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"},
         "activations": {"skip_positions": 1, "dtype": "float16"},
-        "lens": {"tokens_per_step": 1024, "steps": 3, "eval_every": 10**9, "n_heldout_blocks": 0,
-                 "n_train_blocks": 32},
+        "lens": {"tokens_per_step": 1024, "steps": 3, "eval_every": 10**9, "n_heldout_blocks": 0, "n_train_blocks": 32},
         "causal": {"n_samples": 4, "n_random": 2, "k_fraction": 0.1},
         "schur": {"alphas": [0.0, 0.5, 1.0]},
         "bootstrap": {"n_resamples": 3},
@@ -244,8 +251,16 @@ def core_activations(s, cfg):
         out = tempfile.mkdtemp(prefix="resdyn-plan-")
 
         def run():
-            activations.stream_activation_files(model, ids, np.arange(len(ids)), cfg["activations"]["skip_positions"],
-                                                out, cfg["activations"]["dtype"], {}, progress=False)
+            activations.stream_activation_files(
+                model,
+                ids,
+                np.arange(len(ids)),
+                cfg["activations"]["skip_positions"],
+                out,
+                cfg["activations"]["dtype"],
+                {},
+                progress=False,
+            )
 
         return run
 
@@ -261,10 +276,18 @@ def core_lens(s, cfg):
         model = hf_model(s)
         ids = torch.randint(0, s.vocab, (cfg["lens"]["n_train_blocks"], T))
         batches = lens.token_batches(ids, cfg["lens"]["tokens_per_step"] // T)
-        return lambda: lens.train_lens(model, batches, steps=cfg["lens"]["steps"],
-                                       tokens_per_step=cfg["lens"]["tokens_per_step"], warmup_steps=0,
-                                       optimizer="sgd_nesterov", lr=None, lr_schedule="constant", eval_every=10,
-                                       progress=False)
+        return lambda: lens.train_lens(
+            model,
+            batches,
+            steps=cfg["lens"]["steps"],
+            tokens_per_step=cfg["lens"]["tokens_per_step"],
+            warmup_steps=0,
+            optimizer="sgd_nesterov",
+            lr=None,
+            lr_schedule="constant",
+            eval_every=10,
+            progress=False,
+        )
 
     return Setup(make), cost.cost_lens(cfg, s, gpu=False)
 
@@ -288,7 +311,9 @@ def core_causal(s, cfg):
 def _jacobians(s, n=None, noise=0.05):
     rng = np.random.default_rng(1)
     d = s.d
-    mats = {(L, k): np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d) for L in range(s.n_layers) for k in ("attn", "mlp")}
+    mats = {
+        (L, k): np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d) for L in range(s.n_layers) for k in ("attn", "mlp")
+    }
     if n is None:
         return mats
     return {key: m[None] + noise * rng.standard_normal((n, d, d)) / np.sqrt(d) for key, m in mats.items()}
@@ -422,6 +447,7 @@ def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
         def make():
             a = mat()
             return lambda: fn(a)
+
         return make
 
     rows = 128  # B·T tokens of causal's comparisons, vocabulary 8 d (as the benchmark's 4096 at d = 512)
@@ -434,23 +460,41 @@ def primitives(d: int) -> list[tuple[str, Setup, cost.Cost]]:
     return [
         ("gemm32", Setup(gemm32), prim("gemm32", 4 * 2.0 * d**3)),
         ("gemm64", Setup(gemm64), prim("gemm64", 4 * 2.0 * d**3)),
-        ("eig", Setup(decomp(lambda a: scipy.linalg.eigvals(a, check_finite=False))),
-         prim("eig", cost.decomposition_flops("eig", d))),
-        ("schur", Setup(decomp(lambda a: linalg.schur_factor(a, "real", False))),
-         prim("schur", cost.decomposition_flops("schur", d))),
-        ("schurv", Setup(decomp(lambda a: linalg.schur_factor(a, "real", True))),
-         prim("schurv", cost.decomposition_flops("schurv", d))),
+        (
+            "eig",
+            Setup(decomp(lambda a: scipy.linalg.eigvals(a, check_finite=False))),
+            prim("eig", cost.decomposition_flops("eig", d)),
+        ),
+        (
+            "schur",
+            Setup(decomp(lambda a: linalg.schur_factor(a, "real", False))),
+            prim("schur", cost.decomposition_flops("schur", d)),
+        ),
+        (
+            "schurv",
+            Setup(decomp(lambda a: linalg.schur_factor(a, "real", True))),
+            prim("schurv", cost.decomposition_flops("schurv", d)),
+        ),
         ("svd", Setup(decomp(lambda a: linalg.svd(a, True))), prim("svd", cost.decomposition_flops("svd", d))),
-        ("svdvals", Setup(decomp(lambda a: linalg.svd(a, False))),
-         prim("svdvals", cost.decomposition_flops("svdvals", d))),
+        (
+            "svdvals",
+            Setup(decomp(lambda a: linalg.svd(a, False))),
+            prim("svdvals", cost.decomposition_flops("svdvals", d)),
+        ),
         ("stream", Setup(stream), prim("stream", 8 * 2 * 8.0 * 16 * 2**20)),
         ("kl64", Setup(kl64), prim("kl64", 4.0 * rows * 8 * d)),
     ]
 
 
 CORES = {
-    "jacobians": core_jacobians, "activations": core_activations, "lens": core_lens, "causal": core_causal,
-    "spectra": core_spectra, "schur": core_schur, "bootstrap": core_bootstrap, "bootstrap_exact": core_bootstrap_exact,
+    "jacobians": core_jacobians,
+    "activations": core_activations,
+    "lens": core_lens,
+    "causal": core_causal,
+    "spectra": core_spectra,
+    "schur": core_schur,
+    "bootstrap": core_bootstrap,
+    "bootstrap_exact": core_bootstrap_exact,
     "communities": core_communities,
     "rss": core_rss,
 }
@@ -465,8 +509,10 @@ def setups(quick: bool):
         for rule, make in CORES.items():
             n_layers = {"causal": 2, "lens": 2, "rss": 4}.get(rule, 1)
             s = shape(d, aspect, n_layers=n_layers)
-            cfg = base_config(N={"jacobians": 4 if d > 512 else 8, "activations": 8, "communities": 400}.get(rule, 8),
-                              T={"lens": 64, "causal": 32}.get(rule, 128 if rule != "communities" else 101))
+            cfg = base_config(
+                N={"jacobians": 4 if d > 512 else 8, "activations": 8, "communities": 400}.get(rule, 8),
+                T={"lens": 64, "causal": 32}.get(rule, 128 if rule != "communities" else 101),
+            )
             cfg["jacobian"]["store_first_n"] = 4
             yield rule, d, aspect, (lambda make=make, s=s, cfg=cfg: make(s, cfg))  # called in the child
 
@@ -515,11 +561,16 @@ def main() -> int:
             continue
         seconds, wall, peak, c = measure(core)
         rows.append({"rule": rule, "d": d, "aspect": aspect, "seconds": seconds, "wall": wall, "peak": peak, "cost": c})
-        print(f"  {rule:<13} d={d:<5} {seconds:8.3f} CPU s {wall:8.3f} wall s {peak / 2**20:8.1f} MiB",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {rule:<13} d={d:<5} {seconds:8.3f} CPU s {wall:8.3f} wall s {peak / 2**20:8.1f} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
     rates = fit(rows)
-    print(f"\n{'rule':<14}{'d':>6} {'aspect':<7}{'wall s':>8}{'CPU s':>9}{'predicted s':>12}{'ratio':>7}"
-          f"{'stored':>7}{'peak MiB':>10}{'pred MiB':>10}{'ratio':>7}")
+    print(
+        f"\n{'rule':<14}{'d':>6} {'aspect':<7}{'wall s':>8}{'CPU s':>9}{'predicted s':>12}{'ratio':>7}"
+        f"{'stored':>7}{'peak MiB':>10}{'pred MiB':>10}{'ratio':>7}"
+    )
     worst, worst_rule, worst_mem, worst_mem_rule = 1.0, "", 1.0, ""
     worst_stored, worst_stored_rule = 1.0, ""
     for r in rows:
@@ -538,18 +589,29 @@ def main() -> int:
             mem = f"{pm / 2**20:>10.1f}{mratio:>7.2f}"
             if abs(mratio - 1) > abs(worst_mem - 1):  # the target band is linear: [0.65, 1.35]
                 worst_mem, worst_mem_rule = mratio, f"{r['rule']} d={r['d']}"
-        print(f"{r['rule']:<14}{r['d']:>6} {r['aspect']:<7}{r['wall']:>8.3f}{r['seconds']:>9.3f}{p:>12.3f}{ratio:>7.2f}"
-              f"{stored:>7.2f}{r['peak'] / 2**20:>10.1f}{mem}")
-    prim_worst = max((predicted(r["cost"], rates) / r["seconds"] for r in rows if r["rule"].startswith("prim:")),
-                     key=lambda x: abs(x - 1), default=1.0)
-    print(f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
-          f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}; with the rates "
-          f"stored in resdyn/cluster/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})")
-    print(f"worst predicted/measured peak-memory ratio over the rule cores: {worst_mem:.2f} "
-          f"({worst_mem_rule}); target within [0.65, 1.35]; memory = the core's peak anonymous (data) "
-          f"memory over the process it was forked from, predicted = cost.host_bytes − cost.BASE_HOST_BYTES")
-    print(f"process baseline (interpreter, torch/numpy/scipy/transformers/h5py/igraph, warmed BLAS): "
-          f"{base / 2**20:.0f} MiB; cost.BASE_HOST_BYTES = {cost.BASE_HOST_BYTES / 2**20:.0f} MiB")
+        print(
+            f"{r['rule']:<14}{r['d']:>6} {r['aspect']:<7}{r['wall']:>8.3f}{r['seconds']:>9.3f}{p:>12.3f}{ratio:>7.2f}"
+            f"{stored:>7.2f}{r['peak'] / 2**20:>10.1f}{mem}"
+        )
+    prim_worst = max(
+        (predicted(r["cost"], rates) / r["seconds"] for r in rows if r["rule"].startswith("prim:")),
+        key=lambda x: abs(x - 1),
+        default=1.0,
+    )
+    print(
+        f"\nworst predicted/measured time ratio over the rule cores: {worst:.2f} ({worst_rule}); "
+        f"target within [0.65, 1.35]; over the primitive kernels (fit aids): {prim_worst:.2f}; with the rates "
+        f"stored in resdyn/cluster/cost.py (column 'stored'): {worst_stored:.2f} ({worst_stored_rule})"
+    )
+    print(
+        f"worst predicted/measured peak-memory ratio over the rule cores: {worst_mem:.2f} "
+        f"({worst_mem_rule}); target within [0.65, 1.35]; memory = the core's peak anonymous (data) "
+        f"memory over the process it was forked from, predicted = cost.host_bytes − cost.BASE_HOST_BYTES"
+    )
+    print(
+        f"process baseline (interpreter, torch/numpy/scipy/transformers/h5py/igraph, warmed BLAS): "
+        f"{base / 2**20:.0f} MiB; cost.BASE_HOST_BYTES = {cost.BASE_HOST_BYTES / 2**20:.0f} MiB"
+    )
     print(f"total benchmark wall time {time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()}")
     print("\nCPU_CALIBRATION = {")
     for k in gpu_kinds.OPS:

@@ -27,9 +27,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def build(cache: Path, gb: float, shards: int = 4) -> None:
-    import hubcache
     import numpy as np
     from safetensors.numpy import save_file
+
+    from helpers import hubcache
 
     snap = hubcache.add_snapshot(cache, "bench/big", "main")
     cfg = hubcache._shape("llama", 32, 4096, 32, 8, 14336, 128256, 131072)
@@ -58,21 +59,31 @@ def main() -> None:
         from resdyn import io
         from resdyn.lm import models
 
-        spec = {"model": "big", "checkpoint": "main", "source": "hf", "repo": "bench/big", "revision": "main",
-                "dtype": "bfloat16"}
+        spec = {
+            "model": "big",
+            "checkpoint": "main",
+            "source": "hf",
+            "repo": "bench/big",
+            "revision": "main",
+            "dtype": "bfloat16",
+        }
         after_fn = models.weights_manifest
         times: dict[str, list[float]] = {"before (full sha256)": [], "after (blob names)": []}
         hashes = set()
         for _ in range(args.repeats):
-            for label, manifest in (("before (full sha256)", lambda f, p, verify=1: io.manifest(f, p)),
-                                    ("after (blob names)", after_fn)):
+            for label, manifest in (
+                ("before (full sha256)", lambda f, p, verify=1: io.manifest(f, p)),
+                ("after (blob names)", after_fn),
+            ):
                 models.weights_manifest = manifest
                 t0 = time.perf_counter()
                 hashes.add(models.resolve_checkpoint(spec)["content_hash"])
                 times[label].append(time.perf_counter() - t0)
         models.weights_manifest = after_fn
-    print(f"resolve_checkpoint on a {args.gb:g} GB snapshot (4 shards, blob layout), {args.repeats} repeats, "
-          f"load {os.getloadavg()[0]:.2f}; same content hash both ways: {len(hashes) == 1}\n")
+    print(
+        f"resolve_checkpoint on a {args.gb:g} GB snapshot (4 shards, blob layout), {args.repeats} repeats, "
+        f"load {os.getloadavg()[0]:.2f}; same content hash both ways: {len(hashes) == 1}\n"
+    )
     print("| method | median s | min s |\n|---|---|---|")
     for label, ts in times.items():
         print(f"| {label} | {statistics.median(ts):.3f} | {min(ts):.3f} |")

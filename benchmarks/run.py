@@ -118,8 +118,17 @@ def table(workdir: Path) -> list[dict]:
         rss = max((float(x["max_rss"]) for x in b if x.get("max_rss") not in (None, "", "NA", "-")), default=None)
         cpu = sum(float(x["cpu_time"]) for x in b if x.get("cpu_time") not in (None, "", "NA", "-")) if b else None
         startup = r["total"] - r["compute"] if r["timed"] == r["jobs"] else None
-        rows.append(dict(rule=rule, jobs=r["jobs"], total=r["total"], startup=startup,
-                         compute=r["compute"] if r["timed"] == r["jobs"] else None, cpu=cpu, rss=rss))
+        rows.append(
+            dict(
+                rule=rule,
+                jobs=r["jobs"],
+                total=r["total"],
+                startup=startup,
+                compute=r["compute"] if r["timed"] == r["jobs"] else None,
+                cpu=cpu,
+                rss=rss,
+            )
+        )
     return sorted(rows, key=lambda x: -x["total"])
 
 
@@ -131,15 +140,23 @@ def fmt(x, spec: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'rule':<20} {'jobs':>5} {'total s':>9} {'start-up s':>11} {'compute s':>10} {'cpu s':>8} {'peak RSS MB':>12}")
+    print(
+        f"{'rule':<20} {'jobs':>5} {'total s':>9} {'start-up s':>11} {'compute s':>10} {'cpu s':>8} {'peak RSS MB':>12}"
+    )
     for r in rows:
-        print(f"{r['rule']:<20} {r['jobs']:>5} {r['total']:>9.1f} {fmt(r['startup'], '>11.1f')} {fmt(r['compute'], '>10.1f')} "
-              f"{fmt(r['cpu'], '>8.1f')} {fmt(r['rss'], '>12.0f')}")
+        print(
+            f"{r['rule']:<20} {r['jobs']:>5} {r['total']:>9.1f} {fmt(r['startup'], '>11.1f')} "
+            f"{fmt(r['compute'], '>10.1f')} "
+            f"{fmt(r['cpu'], '>8.1f')} {fmt(r['rss'], '>12.0f')}"
+        )
     jobs = sum(r["jobs"] for r in rows)
     total = sum(r["total"] for r in rows)
     known = [r for r in rows if r["startup"] is not None]
-    print(f"{'all':<20} {jobs:>5} {total:>9.1f} {sum(r['startup'] for r in known):>11.1f} "
-          f"{sum(r['compute'] for r in known):>10.1f}   (start-up/compute over {sum(r['jobs'] for r in known)} jobs with a sidecar)")
+    print(
+        f"{'all':<20} {jobs:>5} {total:>9.1f} {sum(r['startup'] for r in known):>11.1f} "
+        f"{sum(r['compute'] for r in known):>10.1f}   "
+        f"(start-up/compute over {sum(r['jobs'] for r in known)} jobs with a sidecar)"
+    )
     rss = [r["rss"] for r in rows if r["rss"] is not None]
     if rss:
         print(f"largest peak RSS of one job: {max(rss):.0f} MB")
@@ -162,8 +179,17 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(args.directory or tempfile.mkdtemp(prefix="resdyn-run-"))
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "config.yaml", workdir / "config.yaml")
-    cmd = [args.snakemake, "-s", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles" / "local"),
-           "--cores", str(args.cores), "--directory", str(workdir)]
+    cmd = [
+        args.snakemake,
+        "-s",
+        str(REPO / "Snakefile"),
+        "--profile",
+        str(REPO / "profiles" / "local"),
+        "--cores",
+        str(args.cores),
+        "--directory",
+        str(workdir),
+    ]
     if args.configfile:
         cmd += ["--configfile", str(Path(args.configfile).resolve())]
     # As `make run` does before Snakemake: the package's bytecode, so that jobs do not compile it.
@@ -175,24 +201,38 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(err[-4000:])
         sys.exit(f"snakemake failed (exit {returncode}) in {workdir}")
     print(f"run: {' '.join(cmd[1:])}")
-    print(f"wall {wall:.1f} s ({wall / 60:.1f} min) in {workdir}; load average (1 min) before {load0:.2f}, after {load1:.2f}; "
-          f"{os.cpu_count()} CPUs")
-    print(f"CPU: {all_cpu:.1f} s in all processes (user + system, every job and Snakemake), of which Snakemake's own "
-          f"process {own_cpu:.1f} s")
+    print(
+        f"wall {wall:.1f} s ({wall / 60:.1f} min) in {workdir}; "
+        f"load average (1 min) before {load0:.2f}, after {load1:.2f}; "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"CPU: {all_cpu:.1f} s in all processes (user + system, every job and Snakemake), of which Snakemake's own "
+        f"process {own_cpu:.1f} s"
+    )
     # `make run` ends with the report: time it too.
     t1 = time.perf_counter()
-    report = subprocess.run(cmd + ["--report", str(workdir / "report.html")], cwd=workdir, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    report = subprocess.run(
+        cmd + ["--report", str(workdir / "report.html")],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     report_wall = time.perf_counter() - t1
     if report.returncode:
         sys.stderr.write(report.stderr[-4000:])
         sys.exit(f"snakemake --report failed (exit {report.returncode}) in {workdir}")
-    print(f"report.html: {report_wall:.1f} s; `make run` = run + report: {wall + report_wall:.1f} s "
-          f"({(wall + report_wall) / 60:.1f} min)")
+    print(
+        f"report.html: {report_wall:.1f} s; `make run` = run + report: {wall + report_wall:.1f} s "
+        f"({(wall + report_wall) / 60:.1f} min)"
+    )
     rows = table(workdir)
     print_table(rows)
     sampled = sum(r["cpu"] for r in rows if r["cpu"] is not None)
-    print(f"the benchmark files' cpu s sum to {sampled:.1f} (sampled: a lower bound of the jobs' {all_cpu - own_cpu:.1f})")
+    print(
+        f"the benchmark files' cpu s sum to {sampled:.1f} (sampled: a lower bound of the jobs' {all_cpu - own_cpu:.1f})"
+    )
 
 
 def run_snakemake(cmd: list[str], workdir: Path) -> tuple[float, float, float, int, str]:

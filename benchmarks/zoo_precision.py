@@ -46,9 +46,15 @@ def main() -> None:
         if m["source"] != "train":
             continue
         t = m["train"]
-        arch = zoo.Architecture(family=m["family"], n_layers=m["n_layers"], d_model=m["d_model"],
-                                n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"] or m["n_heads"], d_ff=m["d_ff"],
-                                max_position=m["max_position"])
+        arch = zoo.Architecture(
+            family=m["family"],
+            n_layers=m["n_layers"],
+            d_model=m["d_model"],
+            n_heads=m["n_heads"],
+            n_kv_heads=m["n_kv_heads"] or m["n_heads"],
+            d_ff=m["d_ff"],
+            max_position=m["max_position"],
+        )
         vocab = cfg["tokenizer"]["vocab_size"]
         gen = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, vocab, (t["batch_size"], t["seq_len"]), generator=gen) for _ in range(a.steps)]

@@ -1,4 +1,6 @@
-"""Shared fixtures: the repository root and small configs."""
+"""Shared fixtures: the repository root, small configs, torch threads, offline hub caches.
+
+Shared helpers (no fixtures) are modules of tests/helpers/."""
 
 import copy
 from pathlib import Path
@@ -21,6 +23,22 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny models gain nothing from threads, and on a shared machine the OpenMP threads'
+    spin-waiting under oversubscription slows the many tiny ops by orders of magnitude.
+
+    Module-scoped: it resets torch to one thread at the start of each module that asks for it
+    (``pytestmark = pytest.mark.usefixtures("single_thread")``), whatever an earlier module's
+    in-process job set (resdyn.provenance.sidecars sets a job's threads)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
@@ -34,18 +52,19 @@ def smoke_config() -> dict:
 @pytest.fixture(scope="session")
 def paper_hub_cache(tmp_path_factory) -> Path:
     """An HF hub cache with config.json stand-ins of every model (and dataset) of the paper
-    presets, so that they validate and dry-run offline (tests/hubcache.py)."""
-    import hubcache
+    presets, so that they validate and dry-run offline (tests/helpers/hubcache.py)."""
+    from helpers import hubcache
 
     return hubcache.build_paper_standins(
-        tmp_path_factory.mktemp("paper-hub"), [ROOT / "configs" / f for f in ("paper-a.yaml", "paper-b.yaml", "paper-b-extended.yaml", "pythia.yaml")]
+        tmp_path_factory.mktemp("paper-hub"),
+        [ROOT / "configs" / f for f in ("paper-a.yaml", "paper-b.yaml", "paper-b-extended.yaml", "pythia.yaml")],
     )
 
 
 @pytest.fixture(scope="session")
 def mini_hf_home(tmp_path_factory) -> Path:
-    """HF_HOME holding the tiny models and dataset of configs/paper-mini.yaml (tests/hubcache.py)."""
-    import hubcache
+    """HF_HOME holding the tiny models and dataset of configs/paper-mini.yaml (tests/helpers/hubcache.py)."""
+    from helpers import hubcache
 
     home = tmp_path_factory.mktemp("mini-hf")
     hubcache.build(home)

@@ -8,7 +8,8 @@ import pytest
 
 from resdyn.artifacts import Activations, BoundaryView
 from resdyn.study_a import activations
-from test_arch import make_model  # noqa: F401
+
+from helpers.tiny_models import make_model
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

@@ -39,8 +39,10 @@ def cells(table: pd.DataFrame, cls: type[A.TsvArtifact]) -> pd.DataFrame:
         if cls.columns.get(col) != "str" and pd.api.types.is_numeric_dtype(c) and not pd.api.types.is_bool_dtype(c):
             out[col] = c.to_numpy(dtype=float, na_value=np.nan)
         else:
-            out[col] = [None if (v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or v == "")
-                        else v for v in c.astype(object).tolist()]
+            out[col] = [
+                None if (v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or v == "") else v
+                for v in c.astype(object).tolist()
+            ]
     return pd.DataFrame(out)
 
 
@@ -78,8 +80,9 @@ def test_rss_resolution_and_phase_cuts_with_defaults(translators, tmp_path):
 
 
 def test_phase_table_with_default_metrics(tmp_path):
-    per_layer = pd.DataFrame({"layer": range(6), "hidden_erank": np.linspace(1, 3, 6),
-                              "update_orthogonality": np.linspace(0.1, 0.6, 6)})
+    per_layer = pd.DataFrame(
+        {"layer": range(6), "hidden_erank": np.linspace(1, 3, 6), "update_orthogonality": np.linspace(0.1, 0.6, 6)}
+    )
     for b1, b2 in ((1, 3), (0, 5)):  # phases of one layer leave sd empty, with a reason
         table = geometry.phase_table(per_layer, {"b1": b1, "b2": b2})
         roundtrip(A.PhaseMetrics, table, tmp_path / "phase_metrics.tsv")

@@ -17,8 +17,10 @@ from resdyn.beyond import bootstrap, bridge, causal, scorecard
 from resdyn.study_a import spectral
 from resdyn.study_b import lens, phases, readout
 
-TSV_CLASSES = sorted((c for c in vars(A).values() if isinstance(c, type) and issubclass(c, A.TsvArtifact)
-                      and c is not A.TsvArtifact), key=lambda c: c.__name__)
+TSV_CLASSES = sorted(
+    (c for c in vars(A).values() if isinstance(c, type) and issubclass(c, A.TsvArtifact) and c is not A.TsvArtifact),
+    key=lambda c: c.__name__,
+)
 _VALUES = {"int": [0, 3], "float": [0.5, -1.25e-7], "bool": [True, False], "str": ["a b", "x,y"]}
 
 
@@ -29,10 +31,26 @@ def valid_table(cls: type[A.TsvArtifact]) -> pd.DataFrame:
 
 def test_every_artifact_has_a_class():
     names = {c.__name__ for c in TSV_CLASSES}
-    assert {"SpectraTable", "BottleneckTable", "SchurCurves", "CouplingTable", "CommunitiesSummary",
-            "CommunityPartitions", "CausalTable", "BridgeTable", "BridgeAlignment", "BootstrapTable",
-            "BootstrapReplicates", "ScorecardTable", "RssProfile", "ResolutionTable", "LensMetrics",
-            "PhaseMetrics", "LayerGeometry", "TrainingCurve"} <= names
+    assert {
+        "SpectraTable",
+        "BottleneckTable",
+        "SchurCurves",
+        "CouplingTable",
+        "CommunitiesSummary",
+        "CommunityPartitions",
+        "CausalTable",
+        "BridgeTable",
+        "BridgeAlignment",
+        "BootstrapTable",
+        "BootstrapReplicates",
+        "ScorecardTable",
+        "RssProfile",
+        "ResolutionTable",
+        "LensMetrics",
+        "PhaseMetrics",
+        "LayerGeometry",
+        "TrainingCurve",
+    } <= names
     for cls in TSV_CLASSES:
         packaged = cls is A.ClaimsTable  # package data, not a run output
         assert cls.columns and (cls.relpath or packaged), cls.__name__
@@ -44,8 +62,12 @@ def test_every_artifact_has_a_class():
 def test_artifact_classes_register_themselves_and_are_re_exported():
     """Artifact.__init_subclass__ fills the registry; the package re-exports every class its modules
     define, and artifact_classes lists those with a path, module by module in MODULES order."""
-    defined = [c for m in A.MODULES for c in vars(m).values() if isinstance(c, type)
-               and issubclass(c, A.Artifact) and c is not A.Artifact and c.__module__ == m.__name__]
+    defined = [
+        c
+        for m in A.MODULES
+        for c in vars(m).values()
+        if isinstance(c, type) and issubclass(c, A.Artifact) and c is not A.Artifact and c.__module__ == m.__name__
+    ]
     assert len(defined) > 35 and set(defined) <= set(A.base.registered())
     assert all(getattr(A, c.__name__) is c and c.__name__ in A.__all__ for c in defined)
     assert A.artifact_classes() == [c for c in defined if c.relpath]
@@ -187,11 +209,11 @@ def test_spectra_arrays_refuse_bad_input_and_files(tmp_path):
     with pytest.raises(ValueError, match="lacks datasets"):
         A.SpectraArrays.write({"L000_attn": {"eigenvalues": np.ones(2)}}, tmp_path / "x.h5")
     with pytest.raises(ValueError, match="must be 1-D"):
-        A.SpectraArrays.write({"L000_attn": {**arrays["L000_attn"], "singular_values": np.ones((5, 1))}},
-                              tmp_path / "x.h5")
+        A.SpectraArrays.write(
+            {"L000_attn": {**arrays["L000_attn"], "singular_values": np.ones((5, 1))}}, tmp_path / "x.h5"
+        )
     with pytest.raises(ValueError, match="differ in length"):
-        A.SpectraArrays.write({"L000_attn": {**arrays["L000_attn"], "singular_values": np.ones(4)}},
-                              tmp_path / "x.h5")
+        A.SpectraArrays.write({"L000_attn": {**arrays["L000_attn"], "singular_values": np.ones(4)}}, tmp_path / "x.h5")
     assert not (tmp_path / "x.h5").exists()
     with h5py.File(tmp_path / "foreign.h5", "w") as f:
         f.attrs["schema"] = "something/else"
@@ -273,9 +295,17 @@ def test_samples_round_trip_hash_shape_and_corruption(tmp_path):
 
 
 def _record() -> dict:
-    return {"model": "m", "checkpoint": "step0", "source": "train", "path": "models/m/weights/step0",
-            "folder": "/abs/models/m/weights/step0", "resolved_commit": None, "weight_files": ["model.safetensors"],
-            "content_hash": "a" * 64, "tokenizer_hash": "b" * 64}
+    return {
+        "model": "m",
+        "checkpoint": "step0",
+        "source": "train",
+        "path": "models/m/weights/step0",
+        "folder": "/abs/models/m/weights/step0",
+        "resolved_commit": None,
+        "weight_files": ["model.safetensors"],
+        "content_hash": "a" * 64,
+        "tokenizer_hash": "b" * 64,
+    }
 
 
 def test_checkpoint_record_round_trip_and_validation(tmp_path):
@@ -286,8 +316,10 @@ def test_checkpoint_record_round_trip_and_validation(tmp_path):
     del bad["content_hash"]
     with pytest.raises(A.ArtifactError, match=r"checkpoint.json: lacks key\(s\) \['content_hash'\]"):
         A.CheckpointRecord.write(bad, p)
-    p.write_text('{"model": "m", "checkpoint": 0, "source": "train", "folder": "f", "weight_files": [], '
-                 '"content_hash": "x", "tokenizer_hash": "y"}')
+    p.write_text(
+        '{"model": "m", "checkpoint": 0, "source": "train", "folder": "f", "weight_files": [], '
+        '"content_hash": "x", "tokenizer_hash": "y"}'
+    )
     with pytest.raises(A.ArtifactError, match="checkpoint.json: checkpoint must be a str, got 0"):
         A.CheckpointRecord.read(p)
     p.write_text(p.read_text().replace('"checkpoint": 0', '"checkpoint": "s"'))
@@ -324,8 +356,10 @@ def test_activation_readers(tmp_path):
 
 
 def test_folder_artifacts_paths(tmp_path):
-    assert A.JacobianBlocks.path(tmp_path, model="m", ckpt="c", block="layers000-003") == \
-        tmp_path / "results/m/c/jacobians/layers000-003"
+    assert (
+        A.JacobianBlocks.path(tmp_path, model="m", ckpt="c", block="layers000-003")
+        == tmp_path / "results/m/c/jacobians/layers000-003"
+    )
     folder = A.Activations.path(tmp_path, model="m", ckpt="c")
     folder.mkdir(parents=True)
     for name in ("layer010.h5", "layer002.h5", "notes.txt"):
@@ -361,11 +395,14 @@ def test_artifacts_imports_nothing_heavy_or_conceptual():
     found = set()
     for top in (top for path in files for top in ast.parse(path.read_text()).body):
         if isinstance(top, ast.ClassDef):
-            found |= {(top.name, fn.name, m) for fn in top.body if isinstance(fn, ast.FunctionDef)
-                      for m in heavy_imports(fn)}
+            found |= {
+                (top.name, fn.name, m) for fn in top.body if isinstance(fn, ast.FunctionDef) for m in heavy_imports(fn)
+            }
         else:  # module level and module functions: none at all
             assert not heavy_imports(top), (getattr(top, "name", top.lineno), heavy_imports(top))
     assert {(c, f) for c, f, _ in found} <= allowed and {m for *_, m in found} <= {"torch"}, found
-    code = "import sys, resdyn.artifacts; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % sorted(heavy)
+    code = "import sys, resdyn.artifacts; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % sorted(
+        heavy
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

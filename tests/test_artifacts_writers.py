@@ -61,7 +61,10 @@ def test_jacobian_sums_round_trip(tmp_path):
         (lambda path: path.write_bytes(b"not an npz file"), "ignoring checkpoint .*partial.npz: "),
         (lambda path: _filled_sums(next_index=2).save(path, "other"), "partial.npz: it was written for other samples"),
         (lambda path: _filled_sums(next_index=5).save(path, "fp"), r"partial.npz: next sample index 5 outside 1..4"),
-        (lambda path: _filled_sums(next_index=2, d=4).save(path, "fp"), r"partial.npz: sum_0_attn: float64\(4, 4\), expected float64\(3, 3\)"),
+        (
+            lambda path: _filled_sums(next_index=2, d=4).save(path, "fp"),
+            r"partial.npz: sum_0_attn: float64\(4, 4\), expected float64\(3, 3\)",
+        ),
         (lambda path: np.savez(path, next_index=np.array(2), fingerprint=np.array("fp")), "partial.npz: 'sum_0_attn'"),
     ],
 )
@@ -79,8 +82,9 @@ def test_jacobian_layer_files_round_trip_through_the_reader(tmp_path):
     ids = np.array([7, 3, 5, 1])
     attrs = {"model_id": "m", "options": {"a": 1}, "sizes": [1, 2]}
     for layer in (0, 1):
-        A.JacobianBlocks.write_layer(A.JacobianBlocks.layer_file(tmp_path, layer), layer, acc, ids, [5, 6],
-                                     "float64", attrs, "llama", "exact")
+        A.JacobianBlocks.write_layer(
+            A.JacobianBlocks.layer_file(tmp_path, layer), layer, acc, ids, [5, 6], "float64", attrs, "llama", "exact"
+        )
     assert sorted(q.name for q in tmp_path.iterdir()) == ["layer000.h5", "layer001.h5"]
     jf = A.JacobianBlocks.read([tmp_path])
     assert (jf.d, jf.n_samples_total, jf.n_stored, jf.sample_ids.tolist()) == (d, n, 2, [7, 3])
@@ -91,7 +95,9 @@ def test_jacobian_layer_files_round_trip_through_the_reader(tmp_path):
         np.testing.assert_array_equal(jf.per_sample[key](), acc.first[key].astype(np.float64).mean(axis=1))
     for key in jf.branches:
         np.testing.assert_array_equal(jf.branches[key](), acc.sums[key] / (n * p))
-    assert jf.attrs["options"] == '{"a": 1}' and jf.attrs["sizes"] == [1, 2] and jf.attrs["schema"] == "resdyn.jacobian/1"
+    assert (
+        jf.attrs["options"] == '{"a": 1}' and jf.attrs["sizes"] == [1, 2] and jf.attrs["schema"] == "resdyn.jacobian/1"
+    )
     with h5py.File(tmp_path / "layer001.h5") as f:
         assert f.attrs["residual"] == "parallel" and f.attrs["positions"].tolist() == [5, 6]
         np.testing.assert_array_equal(f["mlp_branch/trace"][()], acc.per[(1, "mlp_branch", "trace")])
@@ -143,7 +149,10 @@ def test_activations_write_and_stream_round_trip_the_same_files(tmp_path, residu
     for folder in (tmp_path / "a", tmp_path / "b"):
         assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temporary file left
         np.testing.assert_array_equal(A.Activations.read_all_boundaries(folder), states)
-        assert [(layer, p.name) for layer, p in A.Activations.layers(folder)] == [(0, "layer000.h5"), (1, "layer001.h5")]
+        assert [(layer, p.name) for layer, p in A.Activations.layers(folder)] == [
+            (0, "layer000.h5"),
+            (1, "layer001.h5"),
+        ]
         want = ("pre_attn",) if residual == "parallel" else ("pre_attn", "pre_mlp")
         assert A.Activations.boundaries(folder / "layer001.h5") == want
         with h5py.File(folder / "layer001.h5") as f:
@@ -215,15 +224,29 @@ def test_read_translator_matrices_names_the_file_and_what_is_wrong(tmp_path):
 
 
 def _lens_config(n=3, d=4):
-    return {"format": A.LensFolder.FORMAT, "model_id": "m", "d_model": d, "n_layers": n, "vocab_size": 11,
-            "unembed_hash": "ab" * 32, "training": {"lr": 0.5}, "convergence": [{"layer": 0, "converged": True}]}
+    return {
+        "format": A.LensFolder.FORMAT,
+        "model_id": "m",
+        "d_model": d,
+        "n_layers": n,
+        "vocab_size": 11,
+        "unembed_hash": "ab" * 32,
+        "training": {"lr": 0.5},
+        "convergence": [{"layer": 0, "converged": True}],
+    }
 
 
 def _lens_arrays(n=3, d=4, seed=0):
     rng = np.random.default_rng(seed)
     weight = (rng.standard_normal((n, d, d)) * np.logspace(-8, 3, d * d).reshape(d, d)).astype(np.float32)
-    curves = pd.DataFrame({"step": [0, 0, 5], "layer": [0, 1, 0], "split": ["heldout", "heldout", "train"],
-                           "kl": [1 / 3, np.pi * 1e-9, 2.0 ** -40 + 1.0]})
+    curves = pd.DataFrame(
+        {
+            "step": [0, 0, 5],
+            "layer": [0, 1, 0],
+            "split": ["heldout", "heldout", "train"],
+            "kl": [1 / 3, np.pi * 1e-9, 2.0**-40 + 1.0],
+        }
+    )
     return weight, rng.standard_normal((n, d)).astype(np.float32), curves
 
 
@@ -247,8 +270,11 @@ def test_lens_translators_file_equals_the_torch_writer_bytes(tmp_path):
 
     weight, bias, curves = _lens_arrays()
     A.LensFolder.write(tmp_path / "lens", weight, bias, curves, _lens_config())
-    save_file({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}, str(tmp_path / "oracle"),
-              metadata={"format": A.LensFolder.FORMAT})
+    save_file(
+        {"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)},
+        str(tmp_path / "oracle"),
+        metadata={"format": A.LensFolder.FORMAT},
+    )
     assert (tmp_path / "lens" / "translators.safetensors").read_bytes() == (tmp_path / "oracle").read_bytes()
 
 
@@ -274,14 +300,27 @@ def _nan_weight(folder):
     [
         (lambda f: (f / "config.json").unlink(), FileNotFoundError, r"lens/config.json: no lens config"),
         (lambda f: (f / "config.json").write_text("{"), ValueError, r"lens/config.json: not valid JSON"),
-        (_spoil_config("format", "other/1"), ValueError, r"lens/config.json: format='other/1'; allowed: 'resdyn.lens/1'"),
-        (_spoil_config("n_layers", 5), A.ArtifactError,
-         r"lens/translators.safetensors: translators of shape \(3, 4, 4\), but config.json says n_layers=5"),
-        (lambda f: (f / "translators.safetensors").write_bytes(b"xx"), ValueError,
-         r"lens/translators.safetensors: not a readable safetensors file"),
+        (
+            _spoil_config("format", "other/1"),
+            ValueError,
+            r"lens/config.json: format='other/1'; allowed: 'resdyn.lens/1'",
+        ),
+        (
+            _spoil_config("n_layers", 5),
+            A.ArtifactError,
+            r"lens/translators.safetensors: translators of shape \(3, 4, 4\), but config.json says n_layers=5",
+        ),
+        (
+            lambda f: (f / "translators.safetensors").write_bytes(b"xx"),
+            ValueError,
+            r"lens/translators.safetensors: not a readable safetensors file",
+        ),
         (_nan_weight, A.ArtifactError, r"lens/translators.safetensors: weight holds NaN/Inf"),
-        (lambda f: (f / "curves.tsv").write_text("step\tkl\n0\t1.0\n"), A.ArtifactError,
-         r"lens/curves.tsv: columns \['step', 'kl'\], expected \['step', 'layer', 'split', 'kl'\]"),
+        (
+            lambda f: (f / "curves.tsv").write_text("step\tkl\n0\t1.0\n"),
+            A.ArtifactError,
+            r"lens/curves.tsv: columns \['step', 'kl'\], expected \['step', 'layer', 'split', 'kl'\]",
+        ),
         (lambda f: (f / "curves.tsv").write_text(""), ValueError, r"lens/curves.tsv: not a readable curves table"),
     ],
 )
@@ -359,8 +398,13 @@ def test_figure_inputs_are_validated_naming_the_file(tmp_path):
     (tmp_path / "phases.json").write_text("[1, 2]")
     with pytest.raises(A.ArtifactError, match=r"phases.json: expected a JSON object of phase cut points, got list"):
         render.load(tmp_path / "phases.json", "results/{model}/{ckpt}/phases.json")
-    arrays = {"L000_attn": {"eigenvalues": np.array([1 + 1j]), "singular_values": np.ones(1),
-                            "singular_values_JmI": np.zeros(1)}}
+    arrays = {
+        "L000_attn": {
+            "eigenvalues": np.array([1 + 1j]),
+            "singular_values": np.ones(1),
+            "singular_values_JmI": np.zeros(1),
+        }
+    }
     A.SpectraArrays.write(arrays, tmp_path / "spectra.h5", {"rule": "spectra"})
     got = render.load(tmp_path / "spectra.h5", "results/{model}/{ckpt}/spectra.h5")
     assert sorted(got) == ["L000_attn"] and np.array_equal(got["L000_attn"]["eigenvalues"], [1 + 1j])
@@ -403,7 +447,8 @@ def test_figure_cache_round_trip_and_tampered_entry(tmp_path):
     assert cache.restore(outs, "a" * 64) and outs[0].read_bytes() == b"drawn .png"
     cache.store(outs, "b" * 64)  # a new key replaces the file's old entries
     assert sorted(p.name for p in cache.folder.rglob("f.*")) == sorted(
-        [f"f.{'b' * 16}.png", f"f.{'b' * 16}.png.sha256", f"f.{'b' * 16}.pdf", f"f.{'b' * 16}.pdf.sha256"])
+        [f"f.{'b' * 16}.png", f"f.{'b' * 16}.png.sha256", f"f.{'b' * 16}.pdf", f"f.{'b' * 16}.pdf.sha256"]
+    )
     entry = cache.entry(outs[1], "b" * 64)
     entry.write_bytes(b"tampered")
     for o in outs:

@@ -25,12 +25,14 @@ SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
 def _set(path: str, value):
     """A mutation setting a dotted key (creating mappings on the way)."""
+
     def change(cfg):
         keys = path.split(".")
         node = cfg
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
+
     return change
 
 
@@ -41,13 +43,22 @@ def _del(path: str):
         for k in keys[:-1]:
             node = node[k]
         del node[keys[-1]]
+
     return change
 
 
 def _hub_model(**extra):
     def change(cfg):
-        cfg["models"]["hub"] = {"source": "hf", "dataset": "kjv", "repo": "org/name", "revisions": ["main"],
-                                "n_layers": 4, "family": "llama", **extra}
+        cfg["models"]["hub"] = {
+            "source": "hf",
+            "dataset": "kjv",
+            "repo": "org/name",
+            "revisions": ["main"],
+            "n_layers": 4,
+            "family": "llama",
+            **extra,
+        }
+
     return change
 
 
@@ -59,7 +70,11 @@ CASES = [
     ("datasets missing", _del("datasets"), "'datasets': required"),
     ("bad family", _set(f"{M}.family", "llamaX"), f"{M}.family"),
     ("train family not trainable", _set(f"{M}.family", "gemma4"), f"{M}.family"),
-    ("hub model without repo", lambda c: (_hub_model()(c), c["models"]["hub"].pop("repo")), "'models.hub.repo': required"),
+    (
+        "hub model without repo",
+        lambda c: (_hub_model()(c), c["models"]["hub"].pop("repo")),
+        "'models.hub.repo': required",
+    ),
     ("hub revisions empty", _hub_model(revisions=[]), "models.hub.revisions"),
     ("n_heads does not divide d_model", _set(f"{M}.n_heads", 6), f"{M}.n_heads"),
     ("n_kv_heads does not divide n_heads", _set(f"{M}.n_kv_heads", 3), f"{M}.n_kv_heads"),
@@ -76,18 +91,24 @@ CASES = [
     ("even smoothing window", _set("phases.window", 4), "phases.window"),
     ("scaling group names unknown model", _set("scaling.groups.llama", ["nope"]), "scaling.groups.llama"),
     ("model dataset unknown", _set(f"{M}.dataset", "wiki"), f"{M}.dataset"),
-    ("text dataset file missing", _set("datasets.kjv", {"source": "text", "paths": ["no/such.txt"]}),
-     "datasets.kjv.paths"),
-    ("local model folder missing", lambda c: c["models"].update(
-        loc={"source": "local", "dataset": "kjv", "path": "no/such/folder", "n_layers": 2, "family": "llama"}),
-     "models.loc"),
+    (
+        "text dataset file missing",
+        _set("datasets.kjv", {"source": "text", "paths": ["no/such.txt"]}),
+        "datasets.kjv.paths",
+    ),
+    (
+        "local model folder missing",
+        lambda c: c["models"].update(
+            loc={"source": "local", "dataset": "kjv", "path": "no/such/folder", "n_layers": 2, "family": "llama"}
+        ),
+        "models.loc",
+    ),
     ("samples.n below 2", _set("samples.n", 1), "samples.n"),
     ("negative seed", _set("seed", -1), "'seed'"),
     ("unknown device", _set("device", "gpu"), "'device'"),
     ("k fraction above 1", _set("readout.k_fractions", [0.1, 1.5]), "readout.k_fractions"),
     ("zero Leiden resolution", _set("topology.resolution", 0), "topology.resolution"),
-    ("model name with a space", lambda c: c["models"].update({"my model": c["models"].pop("tiny_llama")}),
-     "'models'"),
+    ("model name with a space", lambda c: c["models"].update({"my model": c["models"].pop("tiny_llama")}), "'models'"),
     ("lens.checkpoints unknown", _set("lens.checkpoints", "some"), "lens.checkpoints"),
     ("skip_positions leaves no token", _set("activations.skip_positions", 16), "activations.skip_positions"),
     ("vocab below the byte alphabet", _set("tokenizer.vocab_size", 100), "tokenizer.vocab_size"),
@@ -142,9 +163,20 @@ def test_yaml_merge_keys_may_be_overridden():
 def test_defaults_pass_validation_together():
     """A minimal config (every other key from the schema's defaults) validates, and the defaults
     that depend on samples.n follow it."""
-    cfg = {"datasets": {"d": {"source": "embedded"}},
-           "models": {"m": {"source": "train", "dataset": "d", "family": "llama", "n_layers": 2,
-                            "d_model": 16, "n_heads": 2, "d_ff": 32}}}
+    cfg = {
+        "datasets": {"d": {"source": "embedded"}},
+        "models": {
+            "m": {
+                "source": "train",
+                "dataset": "d",
+                "family": "llama",
+                "n_layers": 2,
+                "d_model": 16,
+                "n_heads": 2,
+                "d_ff": 32,
+            }
+        },
+    }
     rc.validate_config(cfg)
     assert cfg["jacobian"]["store_first_n"] == cfg["samples"]["n"]
     assert cfg["causal"]["n_samples"] == min(16, cfg["samples"]["n"])
@@ -155,13 +187,19 @@ def test_defaults_pass_validation_together():
 
 def _dry_run(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
     work = tmp_path / "wf"
-    ignore = __import__("shutil").ignore_patterns(".venv", ".git", "results", "models", "logs", ".snakemake",
-                                                  "__pycache__", "*.egg-info", "benchmarks", "tests")
+    ignore = __import__("shutil").ignore_patterns(
+        ".venv", ".git", "results", "models", "logs", ".snakemake", "__pycache__", "*.egg-info", "benchmarks", "tests"
+    )
     __import__("shutil").copytree(ROOT, work, ignore=ignore)
     (work / "configs" / "bad.yaml").write_text(config_text)
     env = {**os.environ, "PYTHONPATH": str(work)}
-    return subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/bad.yaml"],
-                          cwd=work, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/bad.yaml"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -187,19 +225,29 @@ def test_snakemake_refuses_a_duplicate_key(tmp_path):
     assert not (tmp_path / "wf" / "results").exists()
 
 
-LLAMA_JSON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 32,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
-              "max_position_embeddings": 64, "vocab_size": 300}
+LLAMA_JSON = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "vocab_size": 300,
+}
 
 
 def _local(folder_json, **model):
     """A mutation adding local model `loc` whose folder's config.json is ``folder_json``."""
+
     def change(cfg, base: Path):
         folder = base / "loc"
         folder.mkdir(exist_ok=True)
         text = folder_json if isinstance(folder_json, str) else __import__("json").dumps(folder_json)
         (folder / "config.json").write_text(text)
         cfg["models"]["loc"] = {"source": "local", "dataset": "kjv", "path": str(folder), **model}
+
     return change
 
 
@@ -207,12 +255,18 @@ def _local(folder_json, **model):
 LOCAL_CASES = [
     ("config.json disagrees with n_layers", _local(LLAMA_JSON, n_layers=6), "models.loc.n_layers"),
     ("config.json disagrees with family", _local(LLAMA_JSON, family="qwen2"), "models.loc.family"),
-    ("samples.length beyond max_position_embeddings", _local({**LLAMA_JSON, "max_position_embeddings": 8}),
-     "samples.length"),
+    (
+        "samples.length beyond max_position_embeddings",
+        _local({**LLAMA_JSON, "max_position_embeddings": 8}),
+        "samples.length",
+    ),
     ("invalid config.json", _local('{"model_type": "llama", '), "config.json"),
     ("unknown model_type in config.json", _local({**LLAMA_JSON, "model_type": "bert"}), "models.loc"),
-    ("hub revisions out of training order",
-     lambda c, base: _hub_model(revisions=["main", "stage1-step0-tokens0B"])(c), "models.hub.revisions"),
+    (
+        "hub revisions out of training order",
+        lambda c, base: _hub_model(revisions=["main", "stage1-step0-tokens0B"])(c),
+        "models.hub.revisions",
+    ),
 ]
 
 

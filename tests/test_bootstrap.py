@@ -83,8 +83,8 @@ def test_percentile_ci_of_the_mean_covers_at_nominal_rate():
 
 
 def test_early_late_thirds():
-    e, l = bs.early_late(9)
-    assert e.tolist() == [0, 1, 2] and l.tolist() == [6, 7, 8]
+    early, late = bs.early_late(9)
+    assert early.tolist() == [0, 1, 2] and late.tolist() == [6, 7, 8]
     with pytest.raises(ValueError, match="n_sublayers"):
         bs.early_late(1)
 
@@ -101,7 +101,7 @@ def _blockdiag(*blocks: np.ndarray) -> np.ndarray:
     out = np.zeros((d, d))
     i = 0
     for b in blocks:
-        out[i: i + b.shape[0], i: i + b.shape[0]] = b
+        out[i : i + b.shape[0], i : i + b.shape[0]] = b
         i += b.shape[0]
     return out
 
@@ -190,9 +190,16 @@ def test_validation_messages():
 
 def _tiny_llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                         initializer_range=0.2)
+    cfg = tf.LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        initializer_range=0.2,
+    )
     cfg._attn_implementation = "eager"
     return tf.LlamaForCausalLM(cfg).eval()
 
@@ -203,9 +210,16 @@ def test_bootstrap_from_jacobian_files(tmp_path):
     samples = np.random.default_rng(0).integers(3, 50, size=(4, 8))
     folder = tmp_path / "layers000-001"
     folder.mkdir()
-    jacobian.write_layer_block(model, samples, np.arange(4) * 10, [0, 1],
-                               {L: folder / f"layer{L:03d}.h5" for L in (0, 1)},
-                               positions=[-1, -2], store_first_n=3, progress=False)
+    jacobian.write_layer_block(
+        model,
+        samples,
+        np.arange(4) * 10,
+        [0, 1],
+        {L: folder / f"layer{L:03d}.h5" for L in (0, 1)},
+        positions=[-1, -2],
+        store_first_n=3,
+        progress=False,
+    )
     table, reps = bs.jacobian_bootstrap_files([folder], n_resamples=40, seed=0, level=0.9)
     boot = table[table["bootstrapped"]]
     assert (boot["n_bootstrap_samples"] == 3).all() and (boot["n_samples_total"] == 4).all()
@@ -216,13 +230,15 @@ def test_bootstrap_from_jacobian_files(tmp_path):
     by = table.set_index(["metric", "layer", "kind"])
     for (layer, kind), load in means.items():
         assert by.loc[("henrici", layer, kind), "estimate_all_samples"] == pytest.approx(
-            spectral.henrici_departure(load()), rel=1e-12)
+            spectral.henrici_departure(load()), rel=1e-12
+        )
     # estimate = the metric of the mean of the 3 stored samples (each averaged over its 2 positions)
     with h5py.File(folder / "layer001.h5") as f:
         stored = f["mlp"]["per_sample"][()].astype(np.float64)
     assert stored.shape == (3, 2, 16, 16)
     assert by.loc[("henrici", 1, "mlp"), "estimate"] == pytest.approx(
-        spectral.henrici_departure(stored.mean(axis=(0, 1))), rel=1e-12)
+        spectral.henrici_departure(stored.mean(axis=(0, 1))), rel=1e-12
+    )
     # Study B rows are present and say they were not bootstrapped
     rest = table[~table["bootstrapped"]]
     assert set(rest["metric"]) == {"rss_profile", "b1", "b2"}
@@ -264,8 +280,9 @@ def _chain(mats: np.ndarray) -> dict:
 def test_perturbative_identical_samples_give_zero_width_intervals():
     rng = np.random.default_rng(0)
     J = np.eye(6) + 0.3 * rng.standard_normal((6, 6))
-    table, _ = bs.jacobian_bootstrap(_chain(np.repeat(J[None], 5, axis=0)), n_resamples=40, seed=1,
-                                     method="perturbative")
+    table, _ = bs.jacobian_bootstrap(
+        _chain(np.repeat(J[None], 5, axis=0)), n_resamples=40, seed=1, method="perturbative"
+    )
     rows = table[table["metric"].isin(["henrici", "complex_fraction"])]
     assert (rows["method"] == "perturbative").all()
     cf = rows[rows["metric"] == "complex_fraction"]
@@ -284,8 +301,14 @@ def test_perturbative_commuting_samples_are_exact_at_first_order():
     S = np.eye(2 * k) + 0.5 * np.triu(rng.standard_normal((2 * k, 2 * k)), 1)
     a = rng.uniform(-1, 1, size=(n, k)) + np.arange(k)[None]
     b = rng.uniform(0.2, 0.6, size=(n, k))
-    X = np.stack([S @ _blockdiag(*[ai * np.eye(2) + bi * np.array([[0, -1.0], [1, 0]]) for ai, bi in zip(a[i], b[i])])
-                  @ np.linalg.inv(S) for i in range(n)])
+    X = np.stack(
+        [
+            S
+            @ _blockdiag(*[ai * np.eye(2) + bi * np.array([[0, -1.0], [1, 0]]) for ai, bi in zip(a[i], b[i])])
+            @ np.linalg.inv(S)
+            for i in range(n)
+        ]
+    )
     W = _weights(n, 60, seed=2)
     res = bs.perturbative_spectra(X, W)
     assert res["reason"] == "" and res["cluster_sizes"] == []
@@ -306,8 +329,9 @@ def test_perturbative_lets_a_real_pair_become_complex():
     res = bs.perturbative_spectra(X, W)
     assert res["cluster_sizes"] == [2]
     cstar = W @ c
-    pair = np.where(cstar[:, None] >= 0, np.sqrt(np.abs(cstar))[:, None] * [1, -1],
-                    1j * np.sqrt(np.abs(cstar))[:, None] * [1, -1])
+    pair = np.where(
+        cstar[:, None] >= 0, np.sqrt(np.abs(cstar))[:, None] * [1, -1], 1j * np.sqrt(np.abs(cstar))[:, None] * [1, -1]
+    )
     truth = np.hstack([pair, np.tile(np.diag(rest), (len(W), 1))])
     # at c* = 0 (to rounding) the pair sits on the exceptional point, where any rounding ε moves
     # it by sqrt(ε); those replicates are compared by their (real) classification below
@@ -321,9 +345,12 @@ def test_perturbative_lets_a_real_pair_become_complex():
     cf = pert[pert["metric"] == "complex_fraction"]
     assert (cf["method"] == "perturbative").all()
     assert (cf["ci_low"] == 0.0).all() and (cf["ci_high"] == 0.25).all()  # not falsely zero-width
-    np.testing.assert_array_equal(cf[["ci_low", "ci_high"]], exact[exact["metric"] == "complex_fraction"][["ci_low", "ci_high"]])
-    np.testing.assert_allclose(pert[["ci_low", "ci_high"]].to_numpy(float), exact[["ci_low", "ci_high"]].to_numpy(float),
-                               atol=1e-12)
+    np.testing.assert_array_equal(
+        cf[["ci_low", "ci_high"]], exact[exact["metric"] == "complex_fraction"][["ci_low", "ci_high"]]
+    )
+    np.testing.assert_allclose(
+        pert[["ci_low", "ci_high"]].to_numpy(float), exact[["ci_low", "ci_high"]].to_numpy(float), atol=1e-12
+    )
 
 
 def test_perturbative_agrees_with_exact_on_random_non_normal_matrices():
@@ -519,13 +546,23 @@ def test_studentized_jacobian_bootstrap_rows_and_henrici_coverage():
 def test_scorecard_paired_difference_uses_the_studentized_interval():
     from resdyn.beyond import scorecard
 
-    row = pd.DataFrame({"metric": ["m"], "bootstrapped": [True], "n_resamples": [4], "n_bootstrap_samples": [9],
-                        "seed": [0], "estimate": [1.0], "interval": ["studentized"]})
+    row = pd.DataFrame(
+        {
+            "metric": ["m"],
+            "bootstrapped": [True],
+            "n_resamples": [4],
+            "n_bootstrap_samples": [9],
+            "seed": [0],
+            "estimate": [1.0],
+            "interval": ["studentized"],
+        }
+    )
     ra = pd.DataFrame({"replicate": [0, 1, 2, 3], "metric": "m", "value": [1.0, 2.0, 3.0, 4.0]})
     rb = ra.assign(value=[2.0, 4.0, 5.0, 9.0])
     ci, source, n = scorecard.paired_difference_ci(row, ra, row.assign(estimate=3.0), rb, "m", 0.9)
     assert ci == pytest.approx(bs.studentized_ci([1.0, 2.0, 2.0, 5.0], 2.0, 0.9), rel=1e-12) and n == 9
     # a table without the interval column is read as percentile intervals
-    ci, _, _ = scorecard.paired_difference_ci(row.drop(columns="interval"), ra, row.drop(columns="interval"), rb,
-                                              "m", 0.9)
+    ci, _, _ = scorecard.paired_difference_ci(
+        row.drop(columns="interval"), ra, row.drop(columns="interval"), rb, "m", 0.9
+    )
     assert ci == bs.percentile_ci(np.array([1.0, 2.0, 2.0, 5.0]), 0.9)

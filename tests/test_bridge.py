@@ -202,7 +202,14 @@ def test_bridge_tables_end_to_end():
     assert table["henrici_mlp"].iloc[2] == sp.loc[(2, "mlp"), "henrici"]
     assert table["complex_frac_attn"].iloc[1] == sp.loc[(1, "attn"), "complex_frac_J_tol1e-06"]
     assert table["cum_erank"].tolist() == bottle.set_index("s").loc[[2 * L + 1 for L in range(n)], "erank"].tolist()
-    assert set(align["profile"]) == {"complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp", "cum_erank", "transport"}
+    assert set(align["profile"]) == {
+        "complex_frac_attn",
+        "complex_frac_mlp",
+        "henrici_attn",
+        "henrici_mlp",
+        "cum_erank",
+        "transport",
+    }
     assert list(align.columns) == bridge.ALIGNMENT_COLUMNS
 
 
@@ -225,9 +232,14 @@ def test_bridge_tables_of_a_parallel_residual_model_write(tmp_path):
     assert set(align["profile"]) == {"complex_frac_layer", "henrici_layer", "cum_erank", "transport"}
     assert align["delta"].notna().all()
     for L in range(n - 1):
-        assert table["transport"].iloc[L] == pytest.approx(bridge.transport_ratio(
-            jac[(L, "layer")], readout.readout_subspace(translators[L], k), readout.readout_subspace(translators[L + 1], k)),
-            rel=1e-12)
+        assert table["transport"].iloc[L] == pytest.approx(
+            bridge.transport_ratio(
+                jac[(L, "layer")],
+                readout.readout_subspace(translators[L], k),
+                readout.readout_subspace(translators[L + 1], k),
+            ),
+            rel=1e-12,
+        )
     artifacts.BridgeTable.write(table, tmp_path / "bridge.tsv")
     artifacts.BridgeAlignment.write(align, tmp_path / "bridge_alignment.tsv")
 

@@ -25,9 +25,19 @@ VOCAB, D, LAYERS, T, B = 64, 32, 3, 10, 4
 
 
 def _common(vocab: int = VOCAB) -> dict:
-    return dict(vocab_size=vocab, hidden_size=D, intermediate_size=64, num_hidden_layers=LAYERS,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=D,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def make(family: str = "llama", vocab: int = VOCAB, seed: int = 0) -> nn.Module:
@@ -42,10 +52,17 @@ def make(family: str = "llama", vocab: int = VOCAB, seed: int = 0) -> nn.Module:
         common = _common(vocab)
         common["num_hidden_layers"] = 4
         cfg = tf.Gemma4TextConfig(
-            **common, head_dim=8, global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True,
+            **common,
+            head_dim=8,
+            global_head_dim=16,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            sliding_window=3, hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab,
-            num_kv_shared_layers=2, final_logit_softcapping=30.0,
+            sliding_window=3,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=vocab,
+            num_kv_shared_layers=2,
+            final_logit_softcapping=30.0,
         )
         cls = tf.Gemma4ForCausalLM
     else:
@@ -62,8 +79,10 @@ def hf_logits(model: nn.Module, input_ids: torch.Tensor, layer: int | None = Non
     """HF forward; with ``edit``, a pre-hook on decoder layer ``layer`` replaces its input h."""
     handle = None
     if edit is not None:
+
         def hook(_mod, args, kwargs):
             return (edit(args[0]), *args[1:]), kwargs
+
         handle = structure.decoder_layers(model)[layer].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
@@ -287,8 +306,9 @@ def test_random_baseline_kl_grows_with_k():
     x = ids()
     tr = _translators()
     means = [
-        causal.causal_table(model, x, tr, k=k, n_random=20, seed=0, layers=[1], interventions=("project",))
-        ["random_kl_mean"].iloc[0]
+        causal.causal_table(model, x, tr, k=k, n_random=20, seed=0, layers=[1], interventions=("project",))[
+            "random_kl_mean"
+        ].iloc[0]
         for k in (1, 8, 24)
     ]
     assert means[0] < means[1] < means[2]

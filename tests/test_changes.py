@@ -52,9 +52,13 @@ def run(tmp_path, monkeypatch):
     new = {**old, "resdyn.study_a.jacobian:attn_jacobian": "B", "resdyn.io:y": "d"}
     io.write_json(old, cache / "manifests" / "1111111111111111.json")
     io.write_json(new, cache / "manifests" / "2222222222222222.json")
-    for out, params in [("results/m/step0/jacobians/layers000-003", {"positions": "last", "code": "1111111111111111"}),
-                        ("results/m/step0/communities", {"resolution": 0.05, "seed": 0, "min_abs_r": 0.0,
-                                                         "ks": [1, 2], "code": "3333333333333333"})]:
+    for out, params in [
+        ("results/m/step0/jacobians/layers000-003", {"positions": "last", "code": "1111111111111111"}),
+        (
+            "results/m/step0/communities",
+            {"resolution": 0.05, "seed": 0, "min_abs_r": 0.0, "ks": [1, 2], "code": "3333333333333333"},
+        ),
+    ]:
         io.write_json({"params": params}, io.prov_path(out))
     text = DRY_RUN.format(old="1111111111111111", new="2222222222222222")
     return changes.parse_dry_run(text), cache
@@ -69,12 +73,13 @@ def test_job_blocks_are_read(run):
 
 def test_reasons_name_the_symbols_params_and_inputs(run):
     jobs, cache = run
-    assert changes.explain(jobs[0], cache) == [
-        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y"]
+    assert changes.explain(jobs[0], cache) == ["code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y"]
     # 0.0 and 0 are inside "0.05" as text but are not among the old values: only the changed two
     assert changes.explain(jobs[1], cache) == ["params: resolution, ks"]
     assert changes.explain(jobs[2], cache) == [
-        "new: output missing", "input: rerun upstream (results/m/step0/jacobians/layers000-003)"]
+        "new: output missing",
+        "input: rerun upstream (results/m/step0/jacobians/layers000-003)",
+    ]
 
 
 def test_unknown_old_manifest_shows_the_versions(run):
@@ -89,8 +94,9 @@ def test_render_groups_by_rule_and_prices_with_the_cost_model(run):
     text = changes.render_changes(cfg, jobs, device="h100", cache=cache)
     lines = text.splitlines()
     assert lines[0].startswith("jacobians: 1 job(s), 0 GPU-h, ") and "CPU-h" in lines[0]  # smoke: device cpu
-    assert lines[1] == ("  model=tiny_llama ckpt=step0 block=layers000-003: "
-                        "code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y")
+    assert lines[1] == (
+        "  model=tiny_llama ckpt=step0 block=layers000-003: code: resdyn.study_a.jacobian:attn_jacobian, +resdyn.io:y"
+    )
     assert jobs[0].cpu_hours > 0 and jobs[0].gpu_hours == 0
     assert lines[-1].startswith("total: 3 jobs, 0 GPU-hours (h100), ")
     assert "  model=tiny_llama ckpt=step0: new: output missing; input: after jacobians" in lines  # by rule

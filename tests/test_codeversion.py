@@ -37,18 +37,21 @@ def _write(base: Path, files: dict[str, str]) -> None:
 def fake(tmp_path):
     """A package named resdyn with every import form, and a script using part of it."""
     pkg = tmp_path / "resdyn"
-    _write(pkg, {
-        "__init__.py": "",
-        "a.py": "from resdyn import b as bee\nVALUE = 1\n",
-        "b.py": "def f():\n    from . import c  # lazy, relative\n    return c\n",
-        "c.py": "import numpy\nfrom resdyn.sub.deep import thing\n",
-        "d.py": "from resdyn import e\n",  # not reached by the script
-        "e.py": "",
-        "f.py": "from resdyn.a import VALUE\n",  # an attribute of a module: counts the module
-        "sub/__init__.py": "from .deep import thing\n",
-        "sub/deep.py": "thing = 1\n",
-        "unused.py": "",
-    })
+    _write(
+        pkg,
+        {
+            "__init__.py": "",
+            "a.py": "from resdyn import b as bee\nVALUE = 1\n",
+            "b.py": "def f():\n    from . import c  # lazy, relative\n    return c\n",
+            "c.py": "import numpy\nfrom resdyn.sub.deep import thing\n",
+            "d.py": "from resdyn import e\n",  # not reached by the script
+            "e.py": "",
+            "f.py": "from resdyn.a import VALUE\n",  # an attribute of a module: counts the module
+            "sub/__init__.py": "from .deep import thing\n",
+            "sub/deep.py": "thing = 1\n",
+            "unused.py": "",
+        },
+    )
     script = tmp_path / "script.py"
     script.write_text("import os\nfrom resdyn import a, f\nimport resdyn.a\n")
     return pkg, script
@@ -57,7 +60,14 @@ def fake(tmp_path):
 def test_import_closure_follows_every_import_form(fake):
     pkg, script = fake
     assert cv.import_closure(script, pkg) == {
-        "resdyn", "resdyn.a", "resdyn.b", "resdyn.c", "resdyn.f", "resdyn.sub", "resdyn.sub.deep"}
+        "resdyn",
+        "resdyn.a",
+        "resdyn.b",
+        "resdyn.c",
+        "resdyn.f",
+        "resdyn.sub",
+        "resdyn.sub.deep",
+    }
 
 
 def test_missing_script_is_named(tmp_path):
@@ -73,8 +83,12 @@ def test_closure_of_every_rule_script_matches_modulefinder(script):
     assert cv.import_closure(script) == expected
     # the symbol closure lies inside the modules the script imports, plus (for a script that
     # reaches the family table) the adapter modules its "module:Class" strings name and theirs
-    named = {m for label in cv.symbol_closure(script) if label.startswith("resdyn.lm.families:")
-             for m in (fam.adapter.partition(":")[0] for fam in FAMILIES.values())}
+    named = {
+        m
+        for label in cv.symbol_closure(script)
+        if label.startswith("resdyn.lm.families:")
+        for m in (fam.adapter.partition(":")[0] for fam in FAMILIES.values())
+    }
     for module in sorted(named):
         finder.run_script(str(cv.module_file(module)))
     reachable = {m for m in finder.modules if m == "resdyn" or m.startswith("resdyn.")} | named
@@ -104,7 +118,7 @@ PACKAGE = {
         def deco(fn):
             return fn
         ''',
-    "core.py": '''
+    "core.py": """
         from resdyn import util
         from resdyn.util import deco
         from resdyn.types import Shape
@@ -129,12 +143,14 @@ PACKAGE = {
 
         def g():
             return OTHER
-        ''',
+        """,
     "types.py": "class Shape:\n    pass\n",  # only an annotation: does not count
     "lm/__init__.py": "",
-    "lm/families.py": ('FAMILIES = {"llama": (("llama",), "resdyn.lm.sublayers:_Llama"),\n'
-                          '            "olmo2": (("olmo2",), "resdyn.lm.sublayers:_Olmo")}\n'),
-    "lm/sublayers.py": '''
+    "lm/families.py": (
+        'FAMILIES = {"llama": (("llama",), "resdyn.lm.sublayers:_Llama"),\n'
+        '            "olmo2": (("olmo2",), "resdyn.lm.sublayers:_Olmo")}\n'
+    ),
+    "lm/sublayers.py": """
         import pkgutil
 
         from resdyn.lm.families import FAMILIES
@@ -156,8 +172,8 @@ PACKAGE = {
 
         def adapter(fam):
             return pkgutil.resolve_name(FAMILIES[fam][1])
-        ''',
-    "dyn.py": '''
+        """,
+    "dyn.py": """
         import importlib
 
 
@@ -171,19 +187,19 @@ PACKAGE = {
 
         def spare():
             return 0
-        ''',
+        """,
     "plug/__init__.py": "",
     "plug/one.py": "def draw():\n    return 1\n",
     "plug/two.py": "def draw():\n    return 2\n",
     "effects.py": "import os\nREGISTRY = []\nREGISTRY.append(os.sep)\n\n\ndef unrelated():\n    return 0\n",
 }
 
-SCRIPT = '''
+SCRIPT = """
 from resdyn import core
 from resdyn.lm import sublayers
 
 print(core.f(1), core.Model().run(), sublayers.adapter("llama"))
-'''
+"""
 
 
 @pytest.fixture
@@ -205,10 +221,18 @@ def test_symbol_closure_is_what_the_script_names(pkg):
     base, script = pkg
     got = cv.symbol_closure(script, base)
     assert got == {
-        "resdyn.core:f", "resdyn.core:DEFAULT", "resdyn.core:Model", "resdyn.core:helper",
-        "resdyn.util:used", "resdyn.util:SCALE", "resdyn.util:deco",
-        "resdyn.lm.sublayers:adapter", "resdyn.lm.sublayers:Base",
-        "resdyn.lm.sublayers:_Llama", "resdyn.lm.sublayers:_Olmo", "resdyn.lm.families:FAMILIES",
+        "resdyn.core:f",
+        "resdyn.core:DEFAULT",
+        "resdyn.core:Model",
+        "resdyn.core:helper",
+        "resdyn.util:used",
+        "resdyn.util:SCALE",
+        "resdyn.util:deco",
+        "resdyn.lm.sublayers:adapter",
+        "resdyn.lm.sublayers:Base",
+        "resdyn.lm.sublayers:_Llama",
+        "resdyn.lm.sublayers:_Olmo",
+        "resdyn.lm.families:FAMILIES",
     }
     fam = cv.symbol_closure(script, base, family="llama")
     assert "resdyn.lm.sublayers:_Llama" in fam and "resdyn.lm.sublayers:_Olmo" not in fam
@@ -224,8 +248,11 @@ NO_CHANGE = {
     "unreached constant": ("core.py", "OTHER = 4", "OTHER = 5"),
     "annotation type": ("types.py", "pass", "x: int = 0"),
     "other family": ("lm/sublayers.py", "return 2", "return 3"),
-    "new family": ("lm/families.py", '"resdyn.lm.sublayers:_Olmo")}',
-                   '"resdyn.lm.sublayers:_Olmo"), "gpt2": (("gpt2",), "resdyn.lm.sublayers:_Olmo")}'),
+    "new family": (
+        "lm/families.py",
+        '"resdyn.lm.sublayers:_Olmo")}',
+        '"resdyn.lm.sublayers:_Olmo"), "gpt2": (("gpt2",), "resdyn.lm.sublayers:_Olmo")}',
+    ),
     "unloaded module": ("dyn.py", "return 0", "return 1"),
 }
 
@@ -292,12 +319,15 @@ def test_statements_run_on_import_count(pkg):
     assert cv.version_of(cv.code_manifest(script, base)) != cv.version_of(before)
 
 
-@pytest.mark.parametrize("case, text, match", [
-    ("syntax", "from resdyn import broken\n", r"broken\.py:1: syntax error"),
-    ("module", "from resdyn import nowhere\n", r"script\.py: resdyn has no name 'nowhere'"),
-    ("dotted", "import resdyn.nowhere.deep\n", r"script\.py: imports resdyn\.nowhere\.deep, which is not a module"),
-    ("name", "from resdyn.util import nothing\n", r"script\.py: resdyn\.util has no name 'nothing'"),
-])
+@pytest.mark.parametrize(
+    "case, text, match",
+    [
+        ("syntax", "from resdyn import broken\n", r"broken\.py:1: syntax error"),
+        ("module", "from resdyn import nowhere\n", r"script\.py: resdyn has no name 'nowhere'"),
+        ("dotted", "import resdyn.nowhere.deep\n", r"script\.py: imports resdyn\.nowhere\.deep, which is not a module"),
+        ("name", "from resdyn.util import nothing\n", r"script\.py: resdyn\.util has no name 'nothing'"),
+    ],
+)
 def test_closure_that_cannot_be_computed_names_the_file(pkg, case, text, match):
     base, script = pkg
     (base / "broken.py").write_text("def f(:\n")
@@ -353,10 +383,10 @@ def _traced_symbols(fn) -> set[str]:
 
 def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
     torch = pytest.importorskip("torch")
-    from test_arch import FAMILIES, FAMILY_OF, make_model, sample_ids
-
     from resdyn.lm import decompose
     from resdyn.study_a import jacobian
+
+    from helpers.tiny_models import FAMILIES, FAMILY_OF, make_model, sample_ids
 
     script = ROOT / "workflow" / "scripts" / "jacobians.py"
     from resdyn.lm.families import FAMILIES as TABLE
@@ -373,8 +403,18 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
         paths = {1: tmp_path / f"{name}.h5"}
 
         def run():
-            jacobian.write_layer_block(model, samples, np.arange(2), [1], paths, positions=[-1], store_first_n=1,
-                                       checkpoint_every=1, attrs={"model_id": name}, progress=False)
+            jacobian.write_layer_block(
+                model,
+                samples,
+                np.arange(2),
+                [1],
+                paths,
+                positions=[-1],
+                store_first_n=1,
+                checkpoint_every=1,
+                attrs={"model_id": name},
+                progress=False,
+            )
 
         ran = _traced_symbols(run)
         closure = cv.symbol_closure(script, family=family)
@@ -386,8 +426,10 @@ def test_what_runs_for_each_family_is_in_its_jacobian_closure(tmp_path):
 
 def test_imports_inside_top_level_blocks_bind_names(pkg):
     base, script = pkg
-    (base / "guarded.py").write_text("try:\n    from resdyn.util import used\nexcept ImportError:\n    used = None\n\n\n"
-                                     "def f():\n    return used(1)\n")
+    (base / "guarded.py").write_text(
+        "try:\n    from resdyn.util import used\nexcept ImportError:\n    used = None\n\n\n"
+        "def f():\n    return used(1)\n"
+    )
     script.write_text("from resdyn.guarded import f\n\nf()\n")
     assert "resdyn.util:used" in cv.symbol_closure(script, base)
 

@@ -16,8 +16,17 @@ def _load(name):
     return yaml.safe_load((ROOT / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml", "configs/paper-b-extended.yaml",
-                                  "configs/pythia.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "config.yaml",
+        "configs/smoke.yaml",
+        "configs/paper-a.yaml",
+        "configs/paper-b.yaml",
+        "configs/paper-b-extended.yaml",
+        "configs/pythia.yaml",
+    ],
+)
 def test_shipped_configs_validate(name, paper_hub_cache, monkeypatch):
     # hub shapes come from config.json: the paper presets validate against stand-in snapshots
     monkeypatch.setenv("HF_HUB_CACHE", str(paper_hub_cache))
@@ -28,10 +37,23 @@ def test_shipped_configs_validate(name, paper_hub_cache, monkeypatch):
 
 
 def test_defaults_are_filled():
-    cfg = rc.validate_config({"datasets": {"e": {"source": "embedded"}},
-                              "models": {"m": {"source": "train", "dataset": "e", "family": "llama",
-                                               "n_layers": 8, "d_model": 32, "n_heads": 4, "d_ff": 64}},
-                              "jacobian": {"store_first_n": 2}})
+    cfg = rc.validate_config(
+        {
+            "datasets": {"e": {"source": "embedded"}},
+            "models": {
+                "m": {
+                    "source": "train",
+                    "dataset": "e",
+                    "family": "llama",
+                    "n_layers": 8,
+                    "d_model": 32,
+                    "n_heads": 4,
+                    "d_ff": 64,
+                }
+            },
+            "jacobian": {"store_first_n": 2},
+        }
+    )
     assert cfg["samples"] == {"n": 64, "length": 64, "seed": 0}
     assert cfg["models"]["m"]["train"]["checkpoints"] == [0, 300, 600]
     assert cfg["models"]["m"]["train"]["precision"] == "float32"
@@ -83,6 +105,7 @@ def _set(path, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
+
     return mutate
 
 
@@ -91,12 +114,22 @@ BAD = [
     (_set(["samples", "n"], "many"), ["samples.n", "'many'", "integer"]),
     (_set(["readout", "phase_k_fraction"], 1.5), ["readout.phase_k_fraction", "1.5", "maximum of 1"]),
     (_set(["models", "tiny_llama", "family"], "gpt2"), ["models.tiny_llama.family", "'gpt2'", "llama"]),
-    (_set(["models", "tiny_llama", "train", "checkpoints"], []), ["models.tiny_llama.train.checkpoints", "[]", "non-empty"]),
+    (
+        _set(["models", "tiny_llama", "train", "checkpoints"], []),
+        ["models.tiny_llama.train.checkpoints", "[]", "non-empty"],
+    ),
     (_set(["models", "tiny_llama", "source"], "ftp"), ["models.tiny_llama.source", "'ftp'", "'hf', 'local', 'train'"]),
-    (_set(["models", "tiny_llama"], {"source": "local", "dataset": "kjv", "n_layers": 4,
-                                     "path": "/nonexistent/folder"}), ["models.tiny_llama", "/nonexistent/folder", "config.json"]),
-    (_set(["models", "tiny_llama"], {"source": "hf", "dataset": "kjv", "n_layers": 4, "repo": "a/b"}),
-     ["models.tiny_llama", "revisions", "required"]),
+    (
+        _set(
+            ["models", "tiny_llama"],
+            {"source": "local", "dataset": "kjv", "n_layers": 4, "path": "/nonexistent/folder"},
+        ),
+        ["models.tiny_llama", "/nonexistent/folder", "config.json"],
+    ),
+    (
+        _set(["models", "tiny_llama"], {"source": "hf", "dataset": "kjv", "n_layers": 4, "repo": "a/b"}),
+        ["models.tiny_llama", "revisions", "required"],
+    ),
     (_set(["models", "tiny_llama", "dataset"], "nope"), ["models.tiny_llama.dataset", "'nope'", "kjv"]),
     (_set(["models", "tiny_llama", "train", "checkpoints"], [0, 999]), ["train.checkpoints", "999", "train.steps=30"]),
     (_set(["phases", "window"], 4), ["phases.window", "4", "odd"]),
@@ -110,11 +143,16 @@ BAD = [
     (_set(["jacobian", "store_first_n"], 0), ["jacobian.store_first_n", "0", "at least 2"]),
     (_set(["unknown_section"], {}), ["unknown_section", "unknown key"]),
     (_set(["samples", "length"], 1000), ["samples.length", "1000", "max_position"]),
-    (_set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}), ["datasets.kjv.paths", "missing.txt", "does not exist"]),
+    (
+        _set(["datasets", "kjv"], {"source": "text", "paths": ["missing.txt"]}),
+        ["datasets.kjv.paths", "missing.txt", "does not exist"],
+    ),
     (_set(["studies"], ["A", "C"]), ["studies.1", "'C'", "'A', 'B'"]),
     (_set(["studies"], []), ["studies", "[]", "non-empty"]),
-    (_set(["models", "tiny_llama", "train", "precision"], "float16"),
-     ["models.tiny_llama.train.precision", "'float16'", "'bfloat16'"]),
+    (
+        _set(["models", "tiny_llama", "train", "precision"], "float16"),
+        ["models.tiny_llama.train.precision", "'float16'", "'bfloat16'"],
+    ),
 ]
 
 
@@ -138,8 +176,12 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path):
     cfg["samples"]["n"] = -3
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", str(bad)],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
     assert "samples.n" in proc.stdout + proc.stderr and "-3" in proc.stdout + proc.stderr
 
@@ -202,6 +244,7 @@ def test_no_stage_seed_has_a_schema_default():
                 if k == "seed" and isinstance(v, dict):
                     yield p, v
                 yield from walk(v, p)
+
     found = dict(walk(rc.load_schema()))
     assert len(found) >= 9
     with_default = [p for p, v in found.items() if "default" in v and p != "properties.seed"]
@@ -238,5 +281,17 @@ def test_study_switch_defaults_to_both_and_guards_figures():
     rc.validate_config(only_b)
     # the figures a study-A-only run draws are exactly those needing A or nothing
     assert {f.name for f in figs.FIGURES if figs.enabled(only_a, f)} == {
-        "training", "eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici",
-        "checkpoints", "significant", "partitions", "uncertainty", "trajectory_a"}
+        "training",
+        "eigenvalues",
+        "operator",
+        "funnel",
+        "schur",
+        "communities",
+        "coupling",
+        "coupling_henrici",
+        "checkpoints",
+        "significant",
+        "partitions",
+        "uncertainty",
+        "trajectory_a",
+    }

@@ -22,13 +22,27 @@ from resdyn.study_a import spectral
 REPO = Path(__file__).resolve().parents[1]
 PAPER_A = REPO / "configs" / "paper-a.yaml"
 PAPER_B = REPO / "configs" / "paper-b.yaml"
-HEAVY = ("jacobians", "activations", "lens", "lens_metrics", "causal", "spectra", "schur", "bootstrap",
-         "communities", "coupling", "bridge", "rss", "resolution", "phase_metrics")
+HEAVY = (
+    "jacobians",
+    "activations",
+    "lens",
+    "lens_metrics",
+    "causal",
+    "spectra",
+    "schur",
+    "bootstrap",
+    "communities",
+    "coupling",
+    "bridge",
+    "rss",
+    "resolution",
+    "phase_metrics",
+)
 
 
 @pytest.fixture(scope="module")
 def hub_env(paper_hub_cache):
-    """The paper presets validate against config.json stand-ins (tests/hubcache.py)."""
+    """The paper presets validate against config.json stand-ins (tests/helpers/hubcache.py)."""
     old = os.environ.get("HF_HUB_CACHE")
     os.environ["HF_HUB_CACHE"] = str(paper_hub_cache)
     yield {**os.environ, "PYTHONPATH": str(REPO)}
@@ -65,8 +79,9 @@ def _w(config: dict, rule: str) -> dict:
 
 
 @pytest.mark.parametrize("rule", HEAVY)
-@pytest.mark.parametrize("key,small,large", [("d_model", 2048, 4096), ("d_ff", 8192, 16384),
-                                             ("vocab_size", 32000, 128256)])
+@pytest.mark.parametrize(
+    "key,small,large", [("d_model", 2048, 4096), ("d_ff", 8192, 16384), ("vocab_size", 32000, 128256)]
+)
 def test_cost_is_monotonic_in_model_sizes(paper_a, rule, key, small, large):
     a = dag.job_cost(_with_model(paper_a, **{key: small}), rule, _w(paper_a, rule))
     b = dag.job_cost(_with_model(paper_a, **{key: large}), rule, _w(paper_a, rule))
@@ -108,8 +123,10 @@ def test_closed_form_flops_of_a_matmul_dominated_job():
     """Jacobians of one Llama-3.1-8B layer, one sample, last token, no forward context: the
     fp32 GEMMs are W_o·(∂o/∂x) = 2·d·(H·hd)·d and W_down·M = 2·d·d_ff·d."""
     s = cost.Shape(n_layers=32, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
-    cfg = {"samples": {"n": 1, "length": 128},
-           "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"}}
+    cfg = {
+        "samples": {"n": 1, "length": 128},
+        "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"},
+    }
     c = cost.cost_jacobians(cfg, s, [0], gpu=True)
     assert c.work["gemm32"] == 2 * 4096**3 + 2 * 4096 * 14336 * 4096  # 618.5 GFLOP
     assert c.work["gemm32"] == pytest.approx(618.48e9, rel=1e-4)
@@ -132,8 +149,15 @@ def test_mlp_jacobian_flops_match_torch_flop_counter():
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         jacobian.gated_mlp_jacobian(mlp, torch.randn(d))
     s = cost.Shape(1, d, 1, 1, d_ff, 10, 2, head_dim=d)  # bf16: the context forward is gemm16
-    c = cost.cost_jacobians({"samples": {"n": 1, "length": 1}, "jacobian": {"positions": "last",
-                             "store_first_n": 0, "store_dtype": "float32"}}, s, [0], gpu=True)
+    c = cost.cost_jacobians(
+        {
+            "samples": {"n": 1, "length": 1},
+            "jacobian": {"positions": "last", "store_first_n": 0, "store_dtype": "float32"},
+        },
+        s,
+        [0],
+        gpu=True,
+    )
     mlp_gemm = c.work["gemm32"] - 2.0 * d * s.d_q * d
     assert counter.get_total_flops() == mlp_gemm + 2 * 2 * d * d_ff
 
@@ -182,16 +206,25 @@ def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
         assert word in text
     # every rule of the DAG is in the table or named as not priced
     named = set(table.rule) | {r for r in cost.LOCAL_UNPRICED_RULES if r in text}
-    assert named >= set(_rule_blocks()) - {"zoo_train", "tokenizer"} - ({"bridge"} if not rc.runs(cfg, "A", "B") else set()) \
-        - (set() if rc.runs(cfg, "A") else {"jacobians", "spectra", "schur", "bootstrap", "communities", "coupling"}) \
-        - (set() if rc.runs(cfg, "B") else {"lens", "lens_metrics", "rss", "resolution", "causal", "phase_metrics",
-                                            "lens_tokens"})
+    assert named >= set(_rule_blocks()) - {"zoo_train", "tokenizer"} - (
+        {"bridge"} if not rc.runs(cfg, "A", "B") else set()
+    ) - (set() if rc.runs(cfg, "A") else {"jacobians", "spectra", "schur", "bootstrap", "communities", "coupling"}) - (
+        set()
+        if rc.runs(cfg, "B")
+        else {"lens", "lens_metrics", "rss", "resolution", "causal", "phase_metrics", "lens_tokens"}
+    )
 
 
 def test_cli_plan_runs(hub_env):
     env = hub_env
-    res = subprocess.run([sys.executable, "-m", "resdyn.cli", "plan", str(PAPER_A), "--gpus", "2", "--cores", "32"],
-                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "resdyn.cli", "plan", str(PAPER_A), "--gpus", "2", "--cores", "32"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "bootstrap" in res.stdout and "2 GPU(s) and 32 CPU cores" in res.stdout
 
@@ -248,8 +281,14 @@ def test_bottleneck_reuses_spectra_singular_values():
 
 def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dict]]:
     env = {**env, "RESDYN_GPU_KIND": "h100"}
-    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "64", "--configfile", str(configfile)], capture_output=True,
-                         text=True, env=env, cwd=REPO, timeout=600)
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "64", "--configfile", str(configfile)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", res.stdout):
@@ -309,8 +348,9 @@ def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
     from resdyn.lm import hub, structure
 
     kw = {} if parallel is None else {"use_parallel_residual": parallel}
-    hf = transformers.GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=256, num_attention_heads=4,
-                                    num_hidden_layers=6, **kw)
+    hf = transformers.GPTNeoXConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=256, num_attention_heads=4, num_hidden_layers=6, **kw
+    )
     data = hf.to_dict()
     if parallel is None:
         data.pop("use_parallel_residual")
@@ -383,15 +423,21 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
 def test_gpu_check_dry_run_prints_its_table_and_the_rates_for_cost_py(hub_env):
     """benchmarks/gpu_check.sh --dry (the CPU fallback at d = 256, seconds): the Jacobians of both
     engines agree, the eigen-analyses agree with the host, and it ends with MEASURED_RATES."""
-    res = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry"], capture_output=True, text=True,
-                         env={**hub_env, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}, cwd=REPO, timeout=300)
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry"],
+        capture_output=True,
+        text=True,
+        env={**hub_env, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable},
+        cwd=REPO,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
     table = {line.split("  ")[0].strip(): line for line in out.splitlines()}
     for what in ("jacobians: max |Δ| attn", "jacobians: max |Δ| mlp", "eigvals: max |Δλ|", "eig with vectors: max"):
         line = next(v for k, v in table.items() if k.startswith(what))
         assert float(re.split(r"\s{2,}", line)[1]) < 1e-5, line  # the measured column
-    rates = out[out.index("MEASURED_RATES = {"):]
+    rates = out[out.index("MEASURED_RATES = {") :]
     assert all(f'"{op}"' in rates for op in ("gemm32", "gemm64", "eig", "svd", "svdvals", "stream"))
 
 

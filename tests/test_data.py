@@ -34,7 +34,10 @@ def test_split_is_seeded_disjoint_and_complete(docs):
 def test_text_source_and_missing_file(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("one para.\n\ntwo para.\n")
-    assert corpus.load_documents({"source": "text", "paths": [str(f)], "split_paragraphs": True}) == ["one para.", "two para."]
+    assert corpus.load_documents({"source": "text", "paths": [str(f)], "split_paragraphs": True}) == [
+        "one para.",
+        "two para.",
+    ]
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         corpus.load_documents({"source": "text", "paths": [str(tmp_path / "missing.txt")]})
     with pytest.raises(ValueError, match="allowed: embedded, text, hf"):
@@ -80,8 +83,9 @@ def test_plain_token_encoder_matches_autotokenizer(tmp_path):
     record.write_text(json.dumps({"folder": str(folder)}))
     assert isinstance(corpus.load_token_encoder(record), corpus.PlainTokenizer)
     # another tokenizer class, or a config key that may change encoding: the AutoTokenizer
-    for i, change in enumerate(({"tokenizer_class": "GPT2TokenizerFast"}, {"add_prefix_space": True},
-                                {"eos_token": "<nope>"})):
+    for i, change in enumerate(
+        ({"tokenizer_class": "GPT2TokenizerFast"}, {"add_prefix_space": True}, {"eos_token": "<nope>"})
+    ):
         other = tmp_path / f"other{i}"
         shutil.copytree(folder, other)
         cfg = json.loads((other / "tokenizer_config.json").read_text())

@@ -15,8 +15,13 @@ from resdyn.pipeline import config as rc
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FILES = [*DOCS, ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml")),
-         *sorted((ROOT / "profiles").glob("*/config.yaml")), ROOT / "Makefile"]
+FILES = [
+    *DOCS,
+    ROOT / "config.yaml",
+    *sorted((ROOT / "configs").glob("*.yaml")),
+    *sorted((ROOT / "profiles").glob("*/config.yaml")),
+    ROOT / "Makefile",
+]
 
 #: 'README "X"', 'README.md, "X"', 'docs/slurm.md "X"', 'hub.md section "X"'
 SECTION_REF = re.compile(r"\b((?:docs/)?[\w.-]+\.md|README)[,:]?\s+(?:section\s+)?\"([^\"]+)\"")
@@ -81,9 +86,20 @@ def test_every_reference_points_to_something_that_exists(path):
 
 _SCHEMA = rc.load_schema()
 _TOP = set(_SCHEMA["properties"])
-_BASE = {"datasets": {"wikitext": {"source": "embedded"}},
-         "models": {"m": {"source": "train", "dataset": "wikitext", "family": "llama", "n_layers": 8,
-                          "d_model": 32, "n_heads": 4, "d_ff": 64}}}
+_BASE = {
+    "datasets": {"wikitext": {"source": "embedded"}},
+    "models": {
+        "m": {
+            "source": "train",
+            "dataset": "wikitext",
+            "family": "llama",
+            "n_layers": 8,
+            "d_model": 32,
+            "n_heads": 4,
+            "d_ff": 64,
+        }
+    },
+}
 
 
 def yaml_snippets(path: Path) -> list[tuple[str, object]]:

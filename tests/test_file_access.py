@@ -17,28 +17,75 @@ PACKAGE = Path(__file__).resolve().parents[1] / "resdyn"
 
 #: Calls by name (``open(...)``) and by attribute (``x.to_csv(...)``) that touch the filesystem.
 FILE_FUNCTIONS = frozenset({"open"})
-FILE_METHODS = frozenset({
-    "read_csv", "to_csv", "read_text", "write_text", "read_bytes", "write_bytes", "glob", "rglob", "iterdir",
-    "unlink", "mkdir", "rmtree", "File", "savez", "savez_compressed", "save", "load", "dump",
-    "read_tsv", "write_tsv", "read_json", "write_json", "atomic_path", "load_file", "save_file", "savefig",
-})
+FILE_METHODS = frozenset(
+    {
+        "read_csv",
+        "to_csv",
+        "read_text",
+        "write_text",
+        "read_bytes",
+        "write_bytes",
+        "glob",
+        "rglob",
+        "iterdir",
+        "unlink",
+        "mkdir",
+        "rmtree",
+        "File",
+        "savez",
+        "savez_compressed",
+        "save",
+        "load",
+        "dump",
+        "read_tsv",
+        "write_tsv",
+        "read_json",
+        "write_json",
+        "atomic_path",
+        "load_file",
+        "save_file",
+        "savefig",
+    }
+)
 #: ``json.load``/``np.load``/``torch.load`` are file reads; ``json.loads`` is not, and neither is
 #: ``dict.save``-like user code on other receivers: these receivers make ``load``/``save``/``dump`` count.
-_RECEIVER_ONLY = {"load": {"np", "numpy", "torch", "json", "pickle"}, "save": {"np", "numpy", "torch"},
-                  "dump": {"json", "pickle"}, "File": {"h5py"}}
+_RECEIVER_ONLY = {
+    "load": {"np", "numpy", "torch", "json", "pickle"},
+    "save": {"np", "numpy", "torch"},
+    "dump": {"json", "pickle"},
+    "File": {"h5py"},
+}
 
 #: Infrastructure and the model/data loaders: file access is their job.
-ALLOWED = frozenset({
-    # the artifacts layer: its modules that call file functions (beyond.py's tables go through base.TsvArtifact)
-    "artifacts.base", "artifacts.study_a", "artifacts.study_b", "artifacts.zoo_data", "artifacts.activations",
-    "artifacts.jacobians", "artifacts.figures",
-    "cli", "io", "provenance.sidecars", "pipeline.config", "provenance.codeversion", "pipeline.joblog",
-    "lm.models", "lm.hub", "lm.corpus", "lm.zoo", "study_b.lens_import",  # the loaders
-    "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
-    "pipeline.fetch", "lm.revisions",  # read the HF cache's layout (refs, snapshots), like lm.hub
-    "cluster.site", "cluster.gpu_kinds",  # site settings (a constraint YAML, the workdir write probe); the GPU table
-    "results",  # the results-out layer: reads every table through its artifact class, writes parquet
-})
+ALLOWED = frozenset(
+    {
+        # the artifacts layer: its modules that call file functions (beyond.py's tables go through base.TsvArtifact)
+        "artifacts.base",
+        "artifacts.study_a",
+        "artifacts.study_b",
+        "artifacts.zoo_data",
+        "artifacts.activations",
+        "artifacts.jacobians",
+        "artifacts.figures",
+        "cli",
+        "io",
+        "provenance.sidecars",
+        "pipeline.config",
+        "provenance.codeversion",
+        "pipeline.joblog",
+        "lm.models",
+        "lm.hub",
+        "lm.corpus",
+        "lm.zoo",
+        "study_b.lens_import",  # the loaders
+        "plots.catalogue",  # reads figure source code to hash it (a code version, like codeversion)
+        "pipeline.fetch",
+        "lm.revisions",  # read the HF cache's layout (refs, snapshots), like lm.hub
+        "cluster.site",
+        "cluster.gpu_kinds",  # site settings (a constraint YAML, the workdir write probe); the GPU table
+        "results",  # the results-out layer: reads every table through its artifact class, writes parquet
+    }
+)
 #: Modules that still read or write files; each entry says what remains. Remove an entry when done.
 EXCEPTIONS: dict[str, str] = {}
 
@@ -75,8 +122,14 @@ def test_checker_known_answers():
         "    model.load(p)\n"  # 8: some other object's load: not counted
         "    np.save(p, t); io.write_tsv(t, p)\n"  # 9
     )
-    assert sorted(file_access(src)) == [(2, "import h5py"), (4, "open"), (5, "json.load"), (6, "t.to_csv"),
-                                        (9, "io.write_tsv"), (9, "np.save")]
+    assert sorted(file_access(src)) == [
+        (2, "import h5py"),
+        (4, "open"),
+        (5, "json.load"),
+        (6, "t.to_csv"),
+        (9, "io.write_tsv"),
+        (9, "np.save"),
+    ]
     assert file_access("x = pd.DataFrame({'a': [1]})\ny = x.sum()\n") == []
 
 

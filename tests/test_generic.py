@@ -10,7 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
+
+from resdyn.lm import decompose, generic, hub, structure
+from resdyn.study_a import jacobian
+
+from helpers.tiny_models import (
     _COMMON,
     FAMILIES,
     LENGTH,
@@ -21,11 +25,9 @@ from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     capture_layer_calls,
     make_model,
     sample_ids,
-    single_thread,
 )
 
-from resdyn.lm import decompose, generic, hub, structure
-from resdyn.study_a import jacobian
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 POSITIONS = [LENGTH - 1, 4]
 
@@ -93,8 +95,9 @@ def test_generic_matches_autograd_without_adapter(name):
     states = structure.residual_states(model, ids)[0]
     for layer, adapter in enumerate(engine.adapters):
         hf_layer = structure.decoder_layers(model)[layer]
-        full = torch.autograd.functional.jacobian(lambda x: call_layer(hf_layer, calls[layer], x[None])[0],
-                                                  states[layer], vectorize=True)
+        full = torch.autograd.functional.jacobian(
+            lambda x: call_layer(hf_layer, calls[layer], x[None])[0], states[layer], vectorize=True
+        )
         for p, t in enumerate(POSITIONS):
             if adapter.parallel:
                 got = jacs[(layer, "layer")][p]
@@ -110,7 +113,8 @@ def test_generic_matches_autograd_without_adapter(name):
         def attn_half(x):
             box = {}
             handle = hf_layer.post_attention_layernorm.register_forward_pre_hook(
-                lambda _m, a: box.__setitem__("m", a[0]))
+                lambda _m, a: box.__setitem__("m", a[0])
+            )
             try:
                 call_layer(hf_layer, calls[0], x[None])
             finally:
@@ -155,8 +159,14 @@ def test_failing_self_check_reports_the_error_in_numbers():
 def test_generic_at_validation():
     """config.json of a type with no adapter: refused with the generic hint; with family generic
     it validates (MoE and remote code stay refused)."""
-    cfg = {"model_type": "starcoder2", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-           "intermediate_size": 64, "vocab_size": 100}
+    cfg = {
+        "model_type": "starcoder2",
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "vocab_size": 100,
+    }
     with pytest.raises(hub.HubError, match="family: generic"):
         hub.architecture(cfg)
     assert hub.architecture(cfg, generic=True)["family"] == "generic"

@@ -13,6 +13,7 @@ from resdyn.study_b.geometry import (
     depth_scaling,
     hidden_effective_rank,
     hidden_singular_values,
+    hit_ratio,
     layer_geometry,
     phase_metrics,
     phase_table,
@@ -20,7 +21,6 @@ from resdyn.study_b.geometry import (
     update_norm_ratio,
     update_orthogonality,
     with_lens_hits,
-    hit_ratio,
 )
 
 
@@ -194,9 +194,7 @@ def test_layer_geometry_chunking_and_gram_route_agree():
             other[["layer", "state", "n_tokens", "n_excluded"]],
             ref[["layer", "state", "n_tokens", "n_excluded"]],
         )
-        np.testing.assert_allclose(
-            other[num].to_numpy(float), ref[num].to_numpy(float), rtol=1e-9, equal_nan=True
-        )
+        np.testing.assert_allclose(other[num].to_numpy(float), ref[num].to_numpy(float), rtol=1e-9, equal_nan=True)
 
 
 def test_gram_route_is_stable_under_a_large_mean():
@@ -313,9 +311,7 @@ def _planted_widths(depths, slope=0.3, intercept=1.0, noise=0.4, reps=3, seed=0)
         for r in range(reps):
             model = f"m{n}_{r}"
             for phase, (s, b) in {1: (slope, intercept), 2: (0.5, -2.0)}.items():
-                rows.append(
-                    {"model": model, "n_layers": n, "phase": phase, "width": b + s * n + rng.normal(0, noise)}
-                )
+                rows.append({"model": model, "n_layers": n, "phase": phase, "width": b + s * n + rng.normal(0, noise)})
     return pd.DataFrame(rows)
 
 
@@ -466,7 +462,8 @@ def test_update_erank_closed_form_and_absolute_norms():
         assert row.mlp_update_norm == pytest.approx(np.linalg.norm(M, axis=1).mean(), rel=1e-12)
         # the relative norm is the absolute one over the stream's norm, token by token
         assert row.relative_update_norm == pytest.approx(
-            np.mean(np.linalg.norm(A + M, axis=1) / np.linalg.norm(h0, axis=1)), rel=1e-12)
+            np.mean(np.linalg.norm(A + M, axis=1) / np.linalg.norm(h0, axis=1)), rel=1e-12
+        )
     out = layer_geometry(S).iloc[1]
     assert out.state == "output" and np.isnan(out.update_erank) and np.isnan(out.update_norm)
 
@@ -485,7 +482,7 @@ def test_hit_ratio_per_layer_and_phase():
     per_layer = with_lens_hits(layer_geometry(S, skip_positions=1), _lens_metrics(2))
     lm = _lens_metrics(2)
     for lens in ("tuned", "logit"):
-        want = (lm[lm.lens == lens].set_index("layer").hit5 / lm[lm.lens == lens].set_index("layer").hit1)
+        want = lm[lm.lens == lens].set_index("layer").hit5 / lm[lm.lens == lens].set_index("layer").hit1
         np.testing.assert_allclose(per_layer[f"{lens}_hit5_over_hit1"], want.loc[[0, 1, 2]].to_numpy())
     pt = phase_table(per_layer, {"b1": 0, "b2": 0})
     row = pt[(pt.phase == 1) & (pt.metric == "logit_hit5_over_hit1")].iloc[0]

@@ -44,8 +44,16 @@ def test_the_table_has_every_kind_with_sources_and_prices_h100_as_before():
         assert g.memory_mib > 0 and g.bf16_tflops > g.fp32_tflops > 0 and g.hbm_tb_s > 0, kind
         assert gpu_kinds.DEVICES[kind].kind == "gpu"
     # the H100's rates from the table equal the cost model's reference H100 rates (the efficiencies are fitted to them)
-    before = {"gemm32": 4.5e13, "gemm16": 6.0e14, "gemm64": 4.5e13, "jvp": 2.0e13, "eig": 2.3e11, "svd": 3.8e11,
-              "svdvals": 1.2e11, "stream": 2.5e12}
+    before = {
+        "gemm32": 4.5e13,
+        "gemm16": 6.0e14,
+        "gemm64": 4.5e13,
+        "jvp": 2.0e13,
+        "eig": 2.3e11,
+        "svd": 3.8e11,
+        "svdvals": 1.2e11,
+        "stream": 2.5e12,
+    }
     for op, rate in before.items():
         assert gpu_kinds.DEVICES["h100"].rates[op] == pytest.approx(rate, rel=0.02), op
     assert gpu_kinds.DEVICES["h200"].rates["stream"] == pytest.approx(3.6e12, rel=1e-9)  # 0.75 · 4.8 TB/s
@@ -79,7 +87,7 @@ def _brute_force_min_max(sizes, capacities):
     best, n, k = None, len(sizes), len(capacities)
     for cuts in itertools.combinations_with_replacement(range(n + 1), k - 1):
         bounds = (0, *cuts, n)
-        loads = [sum(sizes[bounds[i]:bounds[i + 1]]) for i in range(k)]
+        loads = [sum(sizes[bounds[i] : bounds[i + 1]]) for i in range(k)]
         if all(load <= cap for load, cap in zip(loads, capacities)):
             best = max(loads) if best is None else min(best, max(loads))
     return best
@@ -129,8 +137,9 @@ def test_plan_marks_what_spans_and_what_fits_no_node(paper_b):
     jobs = plan.job_table(paper_b, "h100")
     lens32 = jobs[(jobs.rule == "lens") & (jobs.model == "qwen25_32b")].iloc[0]
     rules = plan.rule_table(jobs).set_index("rule")
-    assert rules.loc["lens", "gpu_hours"] == pytest.approx((jobs[jobs.rule == "lens"].seconds
-                                                           * jobs[jobs.rule == "lens"].gpus).sum() / 3600)
+    assert rules.loc["lens", "gpu_hours"] == pytest.approx(
+        (jobs[jobs.rule == "lens"].seconds * jobs[jobs.rule == "lens"].gpus).sum() / 3600
+    )
     assert lens32.gpus == 2  # priced as two GPUs for its whole run
     small = plan.render(paper_b, "a100-40")
     assert "DOES NOT FIT: job lens qwen25_32b/main" in small and "a100-80, h100, h200" in small
@@ -145,11 +154,17 @@ def test_the_jacobians_never_span_gpus(paper_b):
 
 
 def test_plan_with_an_unknown_gpu_kind_is_one_line(paper_hub_cache):
-    res = subprocess.run([sys.executable, "-m", "resdyn.cli", "plan", "configs/smoke.yaml", "--gpu", "v100"],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "resdyn.cli", "plan", "configs/smoke.yaml", "--gpu", "v100"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode == 2
-    assert res.stderr.strip() == ("resdyn plan: error: --gpu='v100': not a GPU kind of gpus.yaml; "
-                                  "allowed: a100-40, a100-80, l40s, h100, h200")
+    assert res.stderr.strip() == (
+        "resdyn plan: error: --gpu='v100': not a GPU kind of gpus.yaml; allowed: a100-40, a100-80, l40s, h100, h200"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,8 +182,16 @@ def tok_dir(tmp_path_factory):
 
 def _tiny(folder: Path, tied: bool, tok_dir: Path | None = None) -> Path:
     cls = transformers.Qwen2Config if tied else transformers.LlamaConfig
-    cfg = cls(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    cfg = cls(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     if tok_dir is not None:
@@ -179,8 +202,9 @@ def _tiny(folder: Path, tied: bool, tok_dir: Path | None = None) -> Path:
 
 
 def _record(folder: Path) -> dict:
-    return models.resolve_checkpoint({"model": "m", "checkpoint": "local", "source": "local", "path": str(folder),
-                                      "dtype": "float32"})
+    return models.resolve_checkpoint(
+        {"model": "m", "checkpoint": "local", "source": "local", "path": str(folder), "dtype": "float32"}
+    )
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -225,11 +249,24 @@ def test_a_placement_on_more_gpus_than_visible_is_one_line(monkeypatch):
 
 def test_a_run_whose_job_fits_no_node_stops_before_any_job(paper_b, paper_hub_cache):
     dag.check_fits(paper_b, "h100")  # spans, but fits
-    with pytest.raises(multigpu.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"):
+    with pytest.raises(
+        multigpu.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"
+    ):
         dag.check_fits(paper_b, "a100-40")
     dag.check_fits({**paper_b, "device": "cpu"}, "a100-40")  # a CPU run holds no GPU
-    env = {**__import__("os").environ, "HF_HUB_CACHE": str(paper_hub_cache), "HF_HUB_OFFLINE": "1",
-           "RESDYN_GPU_KIND": "a100-40", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/paper-b.yaml"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    env = {
+        **__import__("os").environ,
+        "HF_HUB_CACHE": str(paper_hub_cache),
+        "HF_HUB_OFFLINE": "1",
+        "RESDYN_GPU_KIND": "a100-40",
+        "PYTHONPATH": str(REPO),
+    }
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/paper-b.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert res.returncode != 0 and "fits no 8 x a100-40" in res.stdout + res.stderr

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hubcache
 import pytest
 import transformers
 import yaml
@@ -16,6 +15,8 @@ import yaml
 from resdyn import io
 from resdyn.lm import corpus, hub, models
 from resdyn.pipeline import config as rc
+
+from helpers import hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -48,7 +49,11 @@ def test_order_revisions():
     # stage 2 restarts its step count but comes after stage 1
     assert hub.order_revisions(["stage2-step10", "stage1-step900"]) == ["stage1-step900", "stage2-step10"]
     # an explicit map replaces parsing
-    assert hub.order_revisions(["late", "early", "main"], {"early": 0, "late": 5, "main": 9}) == ["early", "late", "main"]
+    assert hub.order_revisions(["late", "early", "main"], {"early": 0, "late": 5, "main": 9}) == [
+        "early",
+        "late",
+        "main",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -72,15 +77,26 @@ def test_unorderable_revisions_raise_naming_them(revisions, steps, words):
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "olmo2", "olmo3", "gemma4"])
 def test_architecture_read_from_each_family_config(name):
-    builders = {"llama": hubcache._llama31, "qwen2": hubcache._qwen2, "olmo2": hubcache._olmo2,
-                "olmo3": hubcache._olmo3, "gemma4": hubcache._gemma4_e4b}
+    builders = {
+        "llama": hubcache._llama31,
+        "qwen2": hubcache._qwen2,
+        "olmo2": hubcache._olmo2,
+        "olmo3": hubcache._olmo3,
+        "gemma4": hubcache._gemma4_e4b,
+    }
     cfg = builders[name](8)
     found = hub.architecture(json.loads(cfg.to_json_string()))  # what save_pretrained writes
     c = hubcache._COMMON  # the sizes the builder was given
     assert found == {
-        "model_type": "gemma4_text" if name == "gemma4" else name, "family": name, "n_layers": 8,
-        "d_model": c["hidden_size"], "n_heads": c["num_attention_heads"], "n_kv_heads": c["num_key_value_heads"],
-        "d_ff": c["intermediate_size"], "vocab_size": c["vocab_size"], "max_position": c["max_position_embeddings"],
+        "model_type": "gemma4_text" if name == "gemma4" else name,
+        "family": name,
+        "n_layers": 8,
+        "d_model": c["hidden_size"],
+        "n_heads": c["num_attention_heads"],
+        "n_kv_heads": c["num_key_value_heads"],
+        "d_ff": c["intermediate_size"],
+        "vocab_size": c["vocab_size"],
+        "max_position": c["max_position_embeddings"],
     }
 
 
@@ -116,8 +132,13 @@ def test_paper_mini_validates_offline_with_shapes_from_config_json(offline):
         _, n_layers, revisions = hubcache.MODELS[repo]
         c = hubcache._COMMON
         assert (m["n_layers"], m["d_model"], m["n_heads"], m["n_kv_heads"], m["d_ff"], m["vocab_size"]) == (
-            n_layers, c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"],
-            c["vocab_size"]), name
+            n_layers,
+            c["hidden_size"],
+            c["num_attention_heads"],
+            c["num_key_value_heads"],
+            c["intermediate_size"],
+            c["vocab_size"],
+        ), name
         assert m["max_position"] == c["max_position_embeddings"]
         assert rc.checkpoints(cfg, name) == revisions
     assert rc.checkpoints(cfg, "olmo3") == OLMO3
@@ -127,10 +148,22 @@ def test_paper_mini_validates_offline_with_shapes_from_config_json(offline):
 
 @pytest.mark.slow
 def test_paper_mini_dry_run_offline(offline, tmp_path):
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
-           "HF_HOME": str(offline), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(tmp_path)}
-    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", "configs/paper-mini.yaml", "--directory", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "HF_HOME": str(offline),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [SNAKEMAKE, "-n", "--configfile", "configs/paper-mini.yaml", "--directory", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     for rule in ("corpus", "resolve_checkpoint", "jacobians", "activations", "lens", "causal", "scaling"):
@@ -152,13 +185,19 @@ def _stops(cfg: dict, *words: str) -> str:
 
 def test_wrong_order_is_refused_naming_the_revisions(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
+    cfg["models"]["olmo3"].pop("steps", None)
+    cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
     _stops(cfg, "models.olmo3.revisions", "not in training order", str(OLMO3))
     # the issue's example: `main` written first would have made step 0 the "final" checkpoint
     cfg = _mini()
-    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
-    _stops(cfg, "models.olmo3.revisions", "['main', 'stage1-step0'] is not in training order",
-           "it is ['stage1-step0', 'main']")
+    cfg["models"]["olmo3"].pop("steps", None)
+    cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]
+    _stops(
+        cfg,
+        "models.olmo3.revisions",
+        "['main', 'stage1-step0'] is not in training order",
+        "it is ['stage1-step0', 'main']",
+    )
 
 
 def test_unorderable_revisions_are_refused(offline):
@@ -169,21 +208,33 @@ def test_unorderable_revisions_are_refused(offline):
 
 def test_missing_revision_names_the_download_command(offline):
     cfg = _mini()
-    cfg["models"]["olmo3"].pop("steps", None); cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
-    _stops(cfg, "models.olmo3.revisions", "'resdyn-ci/Olmo-3-mini'", "'stage1-step5'",
-           "`hf download resdyn-ci/Olmo-3-mini --revision stage1-step5`")
+    cfg["models"]["olmo3"].pop("steps", None)
+    cfg["models"]["olmo3"]["revisions"] = ["stage1-step0", "stage1-step5"]
+    _stops(
+        cfg,
+        "models.olmo3.revisions",
+        "'resdyn-ci/Olmo-3-mini'",
+        "'stage1-step5'",
+        "`hf download resdyn-ci/Olmo-3-mini --revision stage1-step5`",
+    )
 
 
 def test_missing_snapshot_names_the_download_command(offline):
     cfg = _mini()
     cfg["models"]["llama31"]["repo"] = "meta-llama/Llama-3.1-8B"
-    _stops(cfg, "'meta-llama/Llama-3.1-8B'", "HF_HUB_OFFLINE=1", "`hf download meta-llama/Llama-3.1-8B --revision main`")
+    _stops(
+        cfg, "'meta-llama/Llama-3.1-8B'", "HF_HUB_OFFLINE=1", "`hf download meta-llama/Llama-3.1-8B --revision main`"
+    )
 
 
 def test_snapshot_without_weights_is_refused_offline(offline, tmp_path, monkeypatch):
     cache = tmp_path / "hub"
-    hubcache.write_config_only(cache, "org/cfg-only", "main", {"model_type": "llama", "num_hidden_layers": 8,
-                                                               "hidden_size": 32, "num_attention_heads": 4})
+    hubcache.write_config_only(
+        cache,
+        "org/cfg-only",
+        "main",
+        {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 32, "num_attention_heads": 4},
+    )
     hubcache.add_snapshot(cache, hubcache.DATASET, "main", "dataset")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     cfg = _mini()
@@ -195,15 +246,26 @@ def test_snapshot_without_weights_is_refused_offline(offline, tmp_path, monkeypa
 def test_missing_dataset_names_the_download_command(offline):
     cfg = _mini()
     cfg["datasets"]["wikitext"].update(name="Salesforce/wikitext", config="wikitext-2-raw-v1", revision="b08601e")
-    _stops(cfg, "datasets.wikitext", "'Salesforce/wikitext'", "'wikitext-2-raw-v1'", "'b08601e'",
-           "`hf download --repo-type dataset Salesforce/wikitext --revision b08601e`")
+    _stops(
+        cfg,
+        "datasets.wikitext",
+        "'Salesforce/wikitext'",
+        "'wikitext-2-raw-v1'",
+        "'b08601e'",
+        "`hf download --repo-type dataset Salesforce/wikitext --revision b08601e`",
+    )
 
 
-@pytest.mark.parametrize("key, value, field", [("n_layers", 12, "num_hidden_layers = 8"),
-                                               ("d_model", 64, "hidden_size = 32"),
-                                               ("n_kv_heads", 4, "num_key_value_heads = 2"),
-                                               ("d_ff", 128, "intermediate_size = 64"),
-                                               ("family", "llama", "model_type = 'qwen2'")])
+@pytest.mark.parametrize(
+    "key, value, field",
+    [
+        ("n_layers", 12, "num_hidden_layers = 8"),
+        ("d_model", 64, "hidden_size = 32"),
+        ("n_kv_heads", 4, "num_key_value_heads = 2"),
+        ("d_ff", 128, "intermediate_size = 64"),
+        ("family", "llama", "model_type = 'qwen2'"),
+    ],
+)
 def test_config_disagreeing_with_config_json_is_refused(offline, key, value, field):
     cfg = _mini()
     cfg["models"]["qwen25_8l"][key] = value
@@ -245,12 +307,24 @@ def test_samples_longer_than_the_model_positions_are_refused(offline):
 @pytest.mark.slow
 def test_bad_hub_input_stops_snakemake_before_any_job(offline, tmp_path):
     bad = _mini()
-    bad["models"]["olmo3"].pop("steps"); bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
+    bad["models"]["olmo3"].pop("steps")
+    bad["models"]["olmo3"]["revisions"] = list(reversed(OLMO3))
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
-           "HF_HOME": str(offline), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
-    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", str(tmp_path / "bad.yaml"), "--directory", str(tmp_path / "w")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "HF_HOME": str(offline),
+        "HF_HUB_OFFLINE": "1",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [SNAKEMAKE, "-n", "--configfile", str(tmp_path / "bad.yaml"), "--directory", str(tmp_path / "w")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "models.olmo3.revisions" in out and "not in training order" in out, out[-2000:]
@@ -266,7 +340,7 @@ def test_hub_dataset_loads_offline_from_the_cache(offline):
     expected = hubcache.documents()
     assert docs == expected[: len(expected) // 4]
     train = corpus.load_documents({**spec, "split": "train", "max_documents": 5})
-    assert train == expected[len(expected) // 4:][:5]
+    assert train == expected[len(expected) // 4 :][:5]
 
 
 def test_hub_dataset_missing_from_cache(offline):
@@ -287,7 +361,9 @@ def test_local_datasets_save_to_disk_and_parquet(tmp_path):
     datasets.Dataset.from_dict({"text": texts[2:]}).to_parquet(str(tmp_path / "pq" / "b.parquet"))
     kept = [t for t in texts if t]
     assert corpus.load_documents({"source": "hf", "path": "one"}, tmp_path) == kept
-    assert corpus.load_documents({"source": "hf", "path": "dict", "split": "test", "text_field": "body"}, tmp_path) == kept
+    assert (
+        corpus.load_documents({"source": "hf", "path": "dict", "split": "test", "text_field": "body"}, tmp_path) == kept
+    )
     assert corpus.load_documents({"source": "hf", "path": "pq"}, tmp_path) == kept
     assert corpus.load_documents({"source": "hf", "path": "pq/b.parquet"}, tmp_path) == kept[1:]
     with pytest.raises(ValueError, match="no split 'train'; it has \\['test'\\]"):
@@ -310,7 +386,12 @@ def test_load_kwargs_map_weights_onto_the_accelerator(tmp_path):
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     gpu = models.load_kwargs(tmp_path, "bfloat16", torch.device("cuda"))
-    assert gpu == {"dtype": torch.bfloat16, "attn_implementation": "eager", "device_map": "cuda:0", "use_safetensors": True}
+    assert gpu == {
+        "dtype": torch.bfloat16,
+        "attn_implementation": "eager",
+        "device_map": "cuda:0",
+        "use_safetensors": True,
+    }
     assert models.load_kwargs(tmp_path, "float32", torch.device("cuda", 1))["device_map"] == "cuda:1"
     cpu = models.load_kwargs(tmp_path / "nothing", "float32", torch.device("cpu"))
     assert cpu == {"dtype": torch.float32, "attn_implementation": "eager"}
@@ -323,8 +404,13 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
     from safetensors.torch import load_file
 
     snap = next((offline / "hub" / "models--resdyn-ci--Qwen2.5-mini-8L" / "snapshots").iterdir())
-    record = {"model": "q", "checkpoint": "main", "folder": str(snap), "dtype": "float32",
-              "content_hash": io.sha256_tree(snap, models.WEIGHT_PATTERNS)}  # load_model re-hashes
+    record = {
+        "model": "q",
+        "checkpoint": "main",
+        "folder": str(snap),
+        "dtype": "float32",
+        "content_hash": io.sha256_tree(snap, models.WEIGHT_PATTERNS),
+    }  # load_model re-hashes
     real = transformers.AutoModelForCausalLM.from_pretrained
     seen = {}
 
@@ -349,8 +435,16 @@ def test_gpt2_and_gpt_neox_shapes_from_their_config_json():
     4·n_embd, n_positions); GPT-NeoX's are the standard ones."""
     gpt2 = transformers.GPT2Config(n_layer=5, n_embd=48, n_head=6, n_positions=96, vocab_size=300).to_dict()
     arch = hub.architecture(json.loads(json.dumps(gpt2)))
-    assert (arch["family"], arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["d_ff"],
-            arch["max_position"], arch["vocab_size"]) == ("gpt2", 5, 48, 6, 6, 192, 96, 300)
+    assert (
+        arch["family"],
+        arch["n_layers"],
+        arch["d_model"],
+        arch["n_heads"],
+        arch["n_kv_heads"],
+        arch["d_ff"],
+        arch["max_position"],
+        arch["vocab_size"],
+    ) == ("gpt2", 5, 48, 6, 6, 192, 96, 300)
     neox = hubcache._gpt_neox(3).to_dict()
     arch = hub.architecture(json.loads(json.dumps(neox)))
     assert (arch["family"], arch["n_layers"], arch["d_model"], arch["d_ff"]) == ("gpt_neox", 3, 32, 128)
@@ -377,8 +471,9 @@ def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
     def fake_download(repo, filename, revision=None, cache_dir=None):
         asked.append((repo, filename, revision, cache_dir))
         path = tmp_path / "config.json"
-        path.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 16,
-                                    "num_attention_heads": 2}))
+        path.write_text(
+            json.dumps({"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 16, "num_attention_heads": 2})
+        )
         return str(path)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
@@ -390,7 +485,9 @@ def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
-    with pytest.raises(hub.HubError, match="nor downloadable \\(ConnectionError\\).*`hf download org/m --revision step5`"):
+    with pytest.raises(
+        hub.HubError, match="nor downloadable \\(ConnectionError\\).*`hf download org/m --revision step5`"
+    ):
         hub.hub_config_json("org/m", "step5")
 
 
@@ -411,8 +508,9 @@ def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(datasets, "load_dataset", flaky)
-    docs = corpus.load_documents({"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
-                                "split": "test"})
+    docs = corpus.load_documents(
+        {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG, "split": "test"}
+    )
     assert calls[0] == hubcache.DATASET and Path(calls[1]).parent.name == "snapshots"
     assert docs == hubcache.documents()[: len(hubcache.documents()) // 4]
 
@@ -420,9 +518,16 @@ def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
 # --- dtype auto: the checkpoint's own dtype --------------------------------------------------------
 
 
-@pytest.mark.parametrize("stored, expected", [({"torch_dtype": "bfloat16"}, "bfloat16"), ({"dtype": "float16"}, "float16"),
-                                              ({"text_config": {"torch_dtype": "bfloat16"}}, "bfloat16"),
-                                              ({}, "float32"), ({"torch_dtype": "int8"}, "float32")])
+@pytest.mark.parametrize(
+    "stored, expected",
+    [
+        ({"torch_dtype": "bfloat16"}, "bfloat16"),
+        ({"dtype": "float16"}, "float16"),
+        ({"text_config": {"torch_dtype": "bfloat16"}}, "bfloat16"),
+        ({}, "float32"),
+        ({"torch_dtype": "int8"}, "float32"),
+    ],
+)
 def test_dtype_auto_is_the_checkpoint_dtype(offline, tmp_path, monkeypatch, stored, expected):
     from safetensors.torch import save_file
 
@@ -443,6 +548,8 @@ def test_dtype_auto_is_the_checkpoint_dtype(offline, tmp_path, monkeypatch, stor
     assert out["models"]["m"]["dtype"] == expected
     assert rc.checkpoint_spec(out, "m", "main")["dtype"] == expected
     cfg2 = _mini()  # written out, the dtype is kept whatever the checkpoint stores
-    cfg2["models"] = {"m": {"source": "hf", "repo": "org/m", "revisions": ["main"], "dataset": "wikitext", "dtype": "float32"}}
+    cfg2["models"] = {
+        "m": {"source": "hf", "repo": "org/m", "revisions": ["main"], "dataset": "wikitext", "dtype": "float32"}
+    }
     cfg2["scaling"] = {}
     assert rc.validate_config(cfg2)["models"]["m"]["dtype"] == "float32"

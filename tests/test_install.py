@@ -39,8 +39,20 @@ def _torch_args(env: dict, **make_vars: str) -> str:
 
 def _resolve(env: dict, *pip_args: str) -> dict:
     """What `pip install` would install for TORCH_SPEC: the --report entry (version, url)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
-           "--report", "-", *pip_args, TORCH_SPEC]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--no-deps",
+        "--ignore-installed",
+        "--report",
+        "-",
+        *pip_args,
+        TORCH_SPEC,
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     item = json.loads(out.stdout)["install"][0]
@@ -139,8 +151,13 @@ def test_env_dependencies_equal_pyprojects():
     assert any(re.fullmatch(r"python=3\.1[1-9]", d) for d in deps if isinstance(d, str))
 
 
-@pytest.mark.parametrize("text, expected", [("pytorch>=2.4", ("torch", ">=2.4")),
-                                            ("transformers>=5.20,<6", ("transformers", ">=5.20,<6")),
-                                            ("python-igraph>=0.11", ("igraph", ">=0.11"))])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("pytorch>=2.4", ("torch", ">=2.4")),
+        ("transformers>=5.20,<6", ("transformers", ">=5.20,<6")),
+        ("python-igraph>=0.11", ("igraph", ">=0.11")),
+    ],
+)
 def test_requirement_names_map(text, expected):
     assert _requirement(text) == expected

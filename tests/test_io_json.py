@@ -24,7 +24,10 @@ def test_plain_and_numpy_values_round_trip(tmp_path):
     [
         ({"b1": 2, "profile": [0.1, float("nan")]}, r"nan at profile\[1\]"),
         ({"stages": {"rise": {"y": np.array([0.0, np.inf])}}}, r"inf at stages.rise.y\[1\]"),
-        ({"x": np.float64("nan")}, "nan at x"),  # a numpy scalar is checked too (json would write it as the literal NaN)
+        (
+            {"x": np.float64("nan")},
+            "nan at x",
+        ),  # a numpy scalar is checked too (json would write it as the literal NaN)
         ([1.0, -math.inf], r"-inf at \[1\]"),
     ],
 )

@@ -13,9 +13,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import sigkill
 import torch
-from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
+
+from resdyn import artifacts
+from resdyn.lm import decompose, structure
+from resdyn.study_a import jacobian
+
+from helpers import sigkill
+from helpers.tiny_models import (
     FAMILIES,
     LENGTH,
     PARALLEL,
@@ -26,12 +31,9 @@ from test_arch import (  # noqa: F401  (single_thread: an autouse fixture)
     make_model,
     mlp_half_oracle,
     sample_ids,
-    single_thread,
 )
 
-from resdyn import artifacts
-from resdyn.lm import decompose, structure
-from resdyn.study_a import jacobian
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 REPO = Path(__file__).resolve().parents[1]
 POSITIONS = [LENGTH - 1, 4]
@@ -346,7 +348,7 @@ def test_bad_arguments(tmp_path):
 
 
 _RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
-    from test_arch import make_model, sample_ids
+    from helpers.tiny_models import make_model, sample_ids
     from resdyn.study_a import jacobian
 
     if slow:
@@ -456,8 +458,18 @@ def test_write_layer_block_batched_equals_unbatched(tmp_path):
     out = {}
     for batch in (1, 4):
         paths = {layer: tmp_path / f"b{batch}" / f"layer{layer:03d}.h5" for layer in (1, 3)}
-        jacobian.write_layer_block(model, samples, ids, [1, 3], paths, store_first_n=2, checkpoint_every=3,
-                                   attrs=ATTRS, progress=False, batch_size=batch)
+        jacobian.write_layer_block(
+            model,
+            samples,
+            ids,
+            [1, 3],
+            paths,
+            store_first_n=2,
+            checkpoint_every=3,
+            attrs=ATTRS,
+            progress=False,
+            batch_size=batch,
+        )
         with h5py.File(paths[3]) as f:
             out[batch] = {k: f["mlp"][k][()] for k in ("mean", "trace", "spectral_norm", "per_sample")}
     for key in out[1]:
@@ -476,8 +488,17 @@ def written_run(tmp_path_factory):
         folder = root / f"layers{layer:03d}-{layer:03d}"
         folder.mkdir()
         path = folder / f"layer{layer:03d}.h5"
-        jacobian.write_layer_block(model, _samples(4), np.arange(4) * 10, [layer], {layer: path},
-                                   positions=[-1, -2], store_first_n=3, attrs=ATTRS, progress=False)
+        jacobian.write_layer_block(
+            model,
+            _samples(4),
+            np.arange(4) * 10,
+            [layer],
+            {layer: path},
+            positions=[-1, -2],
+            store_first_n=3,
+            attrs=ATTRS,
+            progress=False,
+        )
     return sorted(root.iterdir())
 
 
@@ -532,10 +553,14 @@ def _other_model(f):
         (lambda f: f["attn"].__delitem__("count"), r"layer001.h5: group 'attn' lacks dataset 'count'"),
         (_other_model, r"layer001.h5: attn/mean is 33×33, but .*layer000.h5: attn/mean is 32×32"),
         (_set("mlp/mean", np.zeros((32, 31))), r"layer001.h5: mlp/mean has shape \(32, 31\); expected a square"),
-        (_set("attn/per_sample", np.zeros((3, 2, 32, 31), np.float32)),
-         r"layer001.h5: attn/per_sample has shape \(3, 2, 32, 31\); expected \(n, P, 32, 32\)"),
-        (_set("attn/per_sample", np.zeros((2, 2, 32, 32), np.float32)),
-         r"layer001.h5: attn holds 2 whole Jacobians of 4 samples, but .*layer000.h5: attn holds 3 of 4"),
+        (
+            _set("attn/per_sample", np.zeros((3, 2, 32, 31), np.float32)),
+            r"layer001.h5: attn/per_sample has shape \(3, 2, 32, 31\); expected \(n, P, 32, 32\)",
+        ),
+        (
+            _set("attn/per_sample", np.zeros((2, 2, 32, 32), np.float32)),
+            r"layer001.h5: attn holds 2 whole Jacobians of 4 samples, but .*layer000.h5: attn holds 3 of 4",
+        ),
         (lambda f: f["attn"].__delitem__("per_sample"), r"layer001.h5: attn holds 0 whole Jacobians"),
         (_set("mlp/sample_ids", np.arange(4) * 7), r"layer001.h5: mlp holds 3 .* \(or other sample ids\)"),
         (_set("mlp/sample_ids", np.arange(3)), r"layer001.h5: mlp/sample_ids has shape \(3,\), but count = 4"),
@@ -580,8 +605,9 @@ def test_not_hdf5_and_no_files(run_copy, tmp_path):
 
 def test_per_sample_jacobians_needs_stored_samples(tmp_path):
     model = make_model("llama")
-    jacobian.write_layer_block(model, _samples(2), [1, 2], [0], {0: tmp_path / "layer000.h5"}, attrs=ATTRS,
-                               progress=False)
+    jacobian.write_layer_block(
+        model, _samples(2), [1, 2], [0], {0: tmp_path / "layer000.h5"}, attrs=ATTRS, progress=False
+    )
     assert artifacts.JacobianBlocks.read([tmp_path]).n_stored == 0
     with pytest.raises(ValueError, match=r"layer000.h5: no per_sample dataset .* jacobian.store_first_n ≥ 2"):
         artifacts.JacobianBlocks.read_per_sample([tmp_path])

@@ -39,9 +39,15 @@ def fake_job(tmp_path, rule="demo"):
     arrays = tmp_path / "in.h5"
     with h5py.File(arrays, "w") as f:
         f["g/x"] = np.zeros((4, 5))
-    return SimpleNamespace(rule=rule, input=Named(table=str(table), arrays=str(arrays)),
-                           output=Named(out=str(tmp_path / "out.tsv")), log=Named([str(tmp_path / "logs" / "job.log")]),
-                           params=Named(k=1), wildcards=Named(model="m"), threads=1)
+    return SimpleNamespace(
+        rule=rule,
+        input=Named(table=str(table), arrays=str(arrays)),
+        output=Named(out=str(tmp_path / "out.tsv")),
+        log=Named([str(tmp_path / "logs" / "job.log")]),
+        params=Named(k=1),
+        wildcards=Named(model="m"),
+        threads=1,
+    )
 
 
 def test_success_log_has_progress_and_info_lines(tmp_path, capfd):
@@ -61,11 +67,15 @@ def test_success_log_has_progress_and_info_lines(tmp_path, capfd):
     for line in ("a line on stdout", "a line from C on fd 2", "a library warning", "inside the job"):
         assert line in text, line
     assert "glyph noise" not in text and "after the job" not in text
-    assert re.search(r"INFO resdyn\.rule\.demo: rule demo, wildcards \{'model': 'm'\}, threads 1, host \S+, pid \d+", text)
+    assert re.search(
+        r"INFO resdyn\.rule\.demo: rule demo, wildcards \{'model': 'm'\}, threads 1, host \S+, pid \d+", text
+    )
     assert re.search(r"input \S+in\.tsv: \d+ B, 3 rows x 2 columns", text)
     assert re.search(r"input \S+in\.h5: [\d.]+ KiB, datasets g/x \(4, 5\)", text)
     assert re.search(r"output \S+out\.tsv: \d+ B, 7 rows x 1 columns", text)
-    done = re.search(r"done in ([\d.]+) s wall, ([\d.]+) s CPU; device (\w+)\b.*; peak memory host ([\d.]+) (MiB|GiB)", text)
+    done = re.search(
+        r"done in ([\d.]+) s wall, ([\d.]+) s CPU; device (\w+)\b.*; peak memory host ([\d.]+) (MiB|GiB)", text
+    )
     assert done and done[3] == "cpu"
     assert float(done[4]) > 1  # a Python process with numpy loaded holds more than 1 MiB
     captured = capfd.readouterr()

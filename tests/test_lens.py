@@ -16,16 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import sigkill
 import torch
 import torch.nn.functional as F
 from transformers import (
-    Gemma2Config,
-    Gemma2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
-    Olmo2Config,
-    Olmo2ForCausalLM,
 )
 
 from resdyn import artifacts
@@ -33,67 +28,24 @@ from resdyn.lm import structure
 from resdyn.study_b import lens as L
 from resdyn.study_b.lens import trainer as LT
 
-VOCAB, D, N_LAYERS = 100, 32, 4
+from helpers import sigkill
+from helpers.lens_models import (
+    N_LAYERS,
+    PINNED,
+    RESUME,
+    VOCAB,
+    D,
+    build,
+    common_config,
+    synthetic_batches,
+)
+
 FAST = dict(steps=400, eval_every=10, patience=5, tol=1e-2, progress=False)
-#: The options these tests fix where they give none (one batch per step, SGD-Nesterov at its
-#: effective step 1.0, no warmup, constant lr, eval every 10, patience 5, tol 1e-3), so that they
-#: do not follow the config schema's lens defaults (tests/test_lens.py::test_options_default_to_the_schema).
-PINNED = dict(steps=250, tokens_per_step=None, optimizer="sgd_nesterov", lr=None, warmup_steps=0, lr_schedule="constant",
-              eval_every=10, patience=5, tol=1e-3)
 
 
 def train_pinned(model, batches, **options):
     """:func:`resdyn.study_b.lens.train_lens` with :data:`PINNED` under the given options."""
     return L.train_lens(model, batches, **{**PINNED, **options})
-
-
-def synthetic_batches(n: int, seed: int, batch: int = 8, length: int = 32) -> list[torch.Tensor]:
-    """Noisy bigram chain x_{t+1} = 3 x_t + 7 (mod V) with 20 % random tokens, then a copy of it."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        half = length // 2
-        x = torch.zeros(batch, half, dtype=torch.long)
-        x[:, 0] = torch.randint(0, VOCAB, (batch,), generator=g)
-        for t in range(1, half):
-            noise = torch.rand(batch, generator=g) < 0.2
-            x[:, t] = torch.where(noise, torch.randint(0, VOCAB, (batch,), generator=g), (3 * x[:, t - 1] + 7) % VOCAB)
-        out.append(torch.cat([x, x], dim=1))
-    return out
-
-
-def common_config(cls, **extra):
-    return cls(
-        vocab_size=VOCAB,
-        hidden_size=D,
-        intermediate_size=64,
-        num_hidden_layers=N_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-        **extra,
-    )
-
-
-def build(family: str, seed: int = 0, pretrain_steps: int = 150) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    if family == "llama":
-        model = LlamaForCausalLM(common_config(LlamaConfig))
-    elif family == "olmo2":
-        model = Olmo2ForCausalLM(common_config(Olmo2Config))
-    elif family == "gemma2":
-        model = Gemma2ForCausalLM(common_config(Gemma2Config, head_dim=8, final_logit_softcapping=2.0, attn_implementation="eager"))
-    else:
-        raise ValueError(family)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for ids in synthetic_batches(pretrain_steps, seed=100 + seed):
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +75,15 @@ def models(llama, olmo2):
 
 @pytest.fixture(scope="module")
 def llama_lens(llama, train_data, heldout_data):
-    return train_pinned(llama, train_data, heldout_batches=heldout_data, model_id="tiny-llama", model_revision="r1", model_hash="abc", **FAST)
+    return train_pinned(
+        llama,
+        train_data,
+        heldout_batches=heldout_data,
+        model_id="tiny-llama",
+        model_revision="r1",
+        model_hash="abc",
+        **FAST,
+    )
 
 
 def heldout_curve(lens: L.Lens) -> pd.DataFrame:
@@ -153,7 +113,9 @@ def test_cached_states_reproduce_the_models_output(models, heldout_data, family)
     with torch.no_grad():
         states = L.layer_major_states(model, ids)  # (n+1, B·T, d)
         want = model(input_ids=ids).logits.reshape(-1, VOCAB)
-        assert torch.equal(states, structure.residual_states(model, ids).permute(1, 0, 2, 3).reshape(N_LAYERS + 1, -1, D))
+        assert torch.equal(
+            states, structure.residual_states(model, ids).permute(1, 0, 2, 3).reshape(N_LAYERS + 1, -1, D)
+        )
         torch.testing.assert_close(L.logit_lens_logits(model, states[N_LAYERS], N_LAYERS), want, atol=1e-6, rtol=0)
 
 
@@ -200,7 +162,11 @@ def test_bad_layer_index_raises(llama_lens, llama):
 
 @pytest.mark.parametrize("family", ["llama", "olmo2"])
 def test_heldout_kl_decreases_at_every_layer(models, llama_lens, train_data, heldout_data, family):
-    lens = llama_lens if family == "llama" else train_pinned(models[family], train_data, heldout_batches=heldout_data, **FAST)
+    lens = (
+        llama_lens
+        if family == "llama"
+        else train_pinned(models[family], train_data, heldout_batches=heldout_data, **FAST)
+    )
     curve = heldout_curve(lens)
     assert curve.index[0] == 0  # step 0 = logit lens
     first, last = curve.iloc[0], curve.iloc[-1]
@@ -224,7 +190,16 @@ def test_identity_layer_translator_stays_identity(train_data, heldout_data):
     with torch.no_grad():
         last.self_attn.o_proj.weight.zero_()
         last.mlp.down_proj.weight.zero_()
-    lens = train_pinned(model, train_data[:5], heldout_batches=heldout_data, steps=60, eval_every=10, patience=3, tol=1e-2, progress=False)
+    lens = train_pinned(
+        model,
+        train_data[:5],
+        heldout_batches=heldout_data,
+        steps=60,
+        eval_every=10,
+        patience=3,
+        tol=1e-2,
+        progress=False,
+    )
     w = lens.translator_matrix(N_LAYERS - 1) - np.eye(D)
     assert np.linalg.norm(w) < 1e-5
     assert np.linalg.norm(lens.translator_bias(N_LAYERS - 1)) < 1e-5
@@ -238,7 +213,16 @@ def test_identity_layer_translator_stays_identity(train_data, heldout_data):
 
 @pytest.mark.parametrize("optimizer", ["sgd_nesterov", "adam"])
 def test_both_optimizers_reduce_kl(llama, train_data, heldout_data, optimizer):
-    lens = train_pinned(llama, train_data, heldout_batches=heldout_data, optimizer=optimizer, steps=40, eval_every=10, warmup_steps=5, progress=False)
+    lens = train_pinned(
+        llama,
+        train_data,
+        heldout_batches=heldout_data,
+        optimizer=optimizer,
+        steps=40,
+        eval_every=10,
+        warmup_steps=5,
+        progress=False,
+    )
     curve = heldout_curve(lens)
     assert (curve.iloc[-1] < curve.iloc[0]).all()
     assert lens.options["optimizer"] == optimizer
@@ -261,7 +245,17 @@ def test_all_layers_in_one_pass_equal_a_per_layer_loop(llama, train_data, scope)
     tuned-lens's trainer (one clip over all translators, one optimizer step).
     """
     steps, clip, wd, lr, mom = 5, 1.0, 1e-3, 1.0, 0.9
-    ours = train_pinned(llama, train_data, steps=steps, weight_decay=wd, lr=lr, momentum=mom, clip_grad_norm=clip, clip_scope=scope, progress=False)
+    ours = train_pinned(
+        llama,
+        train_data,
+        steps=steps,
+        weight_decay=wd,
+        lr=lr,
+        momentum=mom,
+        clip_grad_norm=clip,
+        clip_scope=scope,
+        progress=False,
+    )
     translators = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(N_LAYERS))
     for t in translators:
         torch.nn.init.zeros_(t.weight)
@@ -383,9 +377,22 @@ def test_options_default_to_the_schema(llama, train_data, heldout_data, monkeypa
     props = load_schema()["properties"]["lens"]["properties"]
     schema = {key: sub["default"] for key, sub in props.items() if "default" in sub}
     fields = {f.name: f.default for f in dataclasses.fields(L.LensOptions)}
-    shared = {L.SCHEMA_NAMES.get(key, key): value for key, value in schema.items() if L.SCHEMA_NAMES.get(key, key) in fields}
-    assert set(shared) == {"steps", "tokens_per_step", "optimizer", "lr", "weight_decay", "warmup_steps", "lr_schedule",
-                           "eval_every", "patience", "tol", "readout_dtype"}
+    shared = {
+        L.SCHEMA_NAMES.get(key, key): value for key, value in schema.items() if L.SCHEMA_NAMES.get(key, key) in fields
+    }
+    assert set(shared) == {
+        "steps",
+        "tokens_per_step",
+        "optimizer",
+        "lr",
+        "weight_decay",
+        "warmup_steps",
+        "lr_schedule",
+        "eval_every",
+        "patience",
+        "tol",
+        "readout_dtype",
+    }
     assert {key: fields[key] for key in shared} == shared
     assert inspect.signature(L.train_lens).parameters["checkpoint_every"].default == schema["checkpoint_every"]
 
@@ -393,7 +400,9 @@ def test_options_default_to_the_schema(llama, train_data, heldout_data, monkeypa
     make = LT._make_optimizer
     monkeypatch.setattr(LT, "_make_optimizer", lambda params, opt: made.append(make(params, opt)) or made[-1])
     lens = L.train_lens(llama, train_data, heldout_batches=heldout_data, progress=False)
-    assert lens.options["steps"] == schema["steps"] == 600 and lens.options["optimizer"] == schema["optimizer"] == "adam"
+    assert (
+        lens.options["steps"] == schema["steps"] == 600 and lens.options["optimizer"] == schema["optimizer"] == "adam"
+    )
     assert isinstance(made[0], torch.optim.AdamW) and made[0].defaults["lr"] == schema["lr"]
     assert {key: lens.options[key] for key in shared} == shared
     assert 0 < lens.meta["steps_trained"] <= schema["steps"]
@@ -439,7 +448,11 @@ def test_fused_kl_value_and_gradient():
     # (gradcheck cannot be used: the backward is in place and runs once per forward).
     for upstream in (torch.ones(3, 5, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)):
         (got,) = torch.autograd.grad(L.fused_kl(z, target.p, target.neg_entropy), z, upstream)
-        (ref,) = torch.autograd.grad(F.kl_div(torch.log_softmax(z, -1), logp.expand(3, 5, 11), log_target=True, reduction="none").sum(-1), z, upstream)
+        (ref,) = torch.autograd.grad(
+            F.kl_div(torch.log_softmax(z, -1), logp.expand(3, 5, 11), log_target=True, reduction="none").sum(-1),
+            z,
+            upstream,
+        )
         torch.testing.assert_close(got, ref)
     kl = L.fused_kl(z, target.p, target.neg_entropy).sum()
     kl.backward(retain_graph=True)
@@ -460,7 +473,9 @@ def test_linear_head_kl_value_and_gradient():
         return F.kl_div(logq, torch.log(target.p).expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
 
     torch.testing.assert_close(L.linear_head_kl(y, w, m, target.neg_entropy), reference(y))
-    assert torch.equal(L.linear_head_kl(y, w, m, target.neg_entropy, value=False), torch.zeros(3, 5, dtype=torch.float64))
+    assert torch.equal(
+        L.linear_head_kl(y, w, m, target.neg_entropy, value=False), torch.zeros(3, 5, dtype=torch.float64)
+    )
     for upstream in (torch.ones(3, 5, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)):
         for value in (True, False):
             (got,) = torch.autograd.grad(L.linear_head_kl(y, w, m, target.neg_entropy, value), y, upstream)
@@ -498,7 +513,11 @@ def test_bfloat16_readout_trains_as_well_as_float32(llama, train_data, heldout_d
 
 def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data):
     llama_lens.save(tmp_path / "lens")
-    assert sorted(p.name for p in (tmp_path / "lens").iterdir()) == ["config.json", "curves.tsv", "translators.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "lens").iterdir()) == [
+        "config.json",
+        "curves.tsv",
+        "translators.safetensors",
+    ]
     cfg = json.loads((tmp_path / "lens" / "config.json").read_text())
     assert (cfg["model_id"], cfg["model_revision"], cfg["model_hash"]) == ("tiny-llama", "r1", "abc")
     assert (cfg["d_model"], cfg["n_layers"], cfg["vocab_size"]) == (D, N_LAYERS, VOCAB)
@@ -517,19 +536,19 @@ def test_save_load_roundtrip_is_exact(llama, llama_lens, tmp_path, heldout_data)
 def test_lens_shorter_than_the_convergence_window_saves_and_loads(llama, train_data, heldout_data, tmp_path):
     """Fewer evals than patience + 1: rel_change is NaN (no window yet); config.json stores it as
     null (JSON has no NaN) and load gives NaN back — the lens job must not die on it."""
-    short = train_pinned(llama, train_data, heldout_batches=heldout_data, **{**FAST, "steps": 2, "eval_every": 1,
-                                                                             "patience": 3})
+    short = train_pinned(
+        llama, train_data, heldout_batches=heldout_data, **{**FAST, "steps": 2, "eval_every": 1, "patience": 3}
+    )
     assert short.convergence["rel_change"].isna().all() and not short.convergence["converged"].any()
     short.save(tmp_path / "lens")
-    assert all(r["rel_change"] is None for r in json.loads((tmp_path / "lens" / "config.json").read_text())["convergence"])
+    assert all(
+        r["rel_change"] is None for r in json.loads((tmp_path / "lens" / "config.json").read_text())["convergence"]
+    )
     back = L.Lens.load(tmp_path / "lens", llama)
     pd.testing.assert_frame_equal(back.convergence, short.convergence, check_dtype=False, check_exact=True)
 
 
 # --- resume ----------------------------------------------------------------------------------------
-
-RESUME = dict(steps=60, eval_every=10, patience=5, tol=1e-4, optimizer="adam", lr=3e-3, warmup_steps=5, tokens_per_step=100, progress=False)
-PINNED_RESUME = {**PINNED, **RESUME}
 
 
 class _Stop(Exception):
@@ -552,7 +571,9 @@ def test_resume_continues_bit_identically(llama, train_data, heldout_data, tmp_p
         train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
     monkeypatch.setattr(LT._Checkpointer, "save", save)
     assert torch.load(path, weights_only=True)["stream"][1] > 0  # stopped inside a batch
-    got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME)
+    got = train_pinned(
+        llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=7, **RESUME
+    )
     assert not path.exists()
     assert torch.equal(got.weight, ref.weight) and torch.equal(got.bias, ref.bias)
     pd.testing.assert_frame_equal(got.curves, ref.curves, check_exact=True)
@@ -570,22 +591,33 @@ def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path
 
     monkeypatch.setattr(LT._Checkpointer, "save", save_then_stop)
     with pytest.raises(_Stop):  # a checkpoint of another learning rate
-        train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **{**RESUME, "lr": 1e-3})
+        train_pinned(
+            llama,
+            train_data[:6],
+            heldout_batches=heldout_data,
+            checkpoint=path,
+            checkpoint_every=10,
+            **{**RESUME, "lr": 1e-3},
+        )
     monkeypatch.setattr(LT._Checkpointer, "save", save)
     ref = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, **RESUME)
     with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
-        got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+        got = train_pinned(
+            llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME
+        )
     assert torch.equal(got.weight, ref.weight)
     path.write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning, match="ignoring lens checkpoint"):
-        got = train_pinned(llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME)
+        got = train_pinned(
+            llama, train_data[:6], heldout_batches=heldout_data, checkpoint=path, checkpoint_every=10, **RESUME
+        )
     assert torch.equal(got.weight, ref.weight) and not path.exists()
     with pytest.raises(ValueError, match="checkpoint_every=0"):
         train_pinned(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
 
 
 _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
-    from test_lens import PINNED_RESUME, build, synthetic_batches
+    from helpers.lens_models import PINNED_RESUME, build, synthetic_batches
     from resdyn.study_b.lens import trainer as LT
     from resdyn.study_b import lens as L
 
@@ -714,7 +746,9 @@ def test_export_tuned_lens_format(llama, llama_lens, tmp_path):
 
 @pytest.mark.parametrize("family", ["llama", "olmo2", "gemma2"])
 def test_export_loads_in_tuned_lens_package(models, train_data, tmp_path, family):
-    tl = pytest.importorskip("tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)")
+    tl = pytest.importorskip(
+        "tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)"
+    )
     model = models[family] if family in models else build(family, pretrain_steps=20)
     ours = train_pinned(model, train_data, steps=10, progress=False)
     ours.export_tuned_lens(tmp_path / "tl")
@@ -724,7 +758,9 @@ def test_export_loads_in_tuned_lens_package(models, train_data, tmp_path, family
     h = structure.residual_states(model, train_data[0])
     with torch.no_grad():
         for i in range(N_LAYERS):
-            torch.testing.assert_close(theirs.transform_hidden(h[:, i], i), ours.transform(h[:, i], i), atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(
+                theirs.transform_hidden(h[:, i], i), ours.transform(h[:, i], i), atol=1e-6, rtol=1e-6
+            )
             torch.testing.assert_close(theirs(h[:, i], i), ours.logits(h[:, i], i), atol=1e-5, rtol=1e-5)
     if family == "llama":  # a family tuned-lens resolves itself: its own Unembed, its own hash
         native = tl.TunedLens.from_model_and_pretrained(model, str(tmp_path / "tl"))

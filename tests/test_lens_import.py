@@ -12,12 +12,15 @@ import shutil
 
 import pytest
 import torch
-from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
-from test_lens import PINNED
 
 from resdyn.lm import structure
 from resdyn.study_b import lens as L
 from resdyn.study_b import lens_import
+
+from helpers.lens_models import PINNED
+from helpers.tiny_models import PARALLEL, make_model, sample_ids
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +31,14 @@ def pythia():
 @pytest.fixture(scope="module")
 def trained(pythia):
     batches = [torch.stack([sample_ids(seed + 10 * b) for seed in range(4)]) for b in range(3)]
-    return L.train_lens(pythia, batches, **{**PINNED, "steps": 6, "eval_every": 3}, progress=False,
-                        model_id="tiny-pythia", model_revision="step8")
+    return L.train_lens(
+        pythia,
+        batches,
+        **{**PINNED, "steps": 6, "eval_every": 3},
+        progress=False,
+        model_id="tiny-pythia",
+        model_revision="step8",
+    )
 
 
 def test_round_trip_gives_identical_translators(pythia, trained, tmp_path):
@@ -52,7 +61,8 @@ def test_refuses_a_lens_of_another_model(trained, tmp_path):
     with pytest.raises(ValueError, match="unembed_hash .* does not match"):
         lens_import.import_tuned_lens(folder, other)
     import transformers as tf
-    from test_arch import NEOX_CONFIG
+
+    from helpers.tiny_models import NEOX_CONFIG
 
     shallower = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**{**NEOX_CONFIG, "num_hidden_layers": 3})).eval()
     with pytest.raises(ValueError, match="4 translators of width 32, but the model has n_layers=3, d_model=32"):
@@ -112,7 +122,9 @@ def test_hub_cache_layout(trained, tmp_path, monkeypatch, pythia):
 def test_lens_saved_by_tuned_lens_imports(pythia, tmp_path):
     """A lens saved by the tuned-lens package itself (GPT-NeoX: a family it resolves natively)
     imports, and resdyn's translators and logits equal tuned-lens's own."""
-    tl = pytest.importorskip("tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)")
+    tl = pytest.importorskip(
+        "tuned_lens.nn", reason="the tuned-lens package is optional (needs torchdata 0.9, not a resdyn dependency)"
+    )
     theirs = tl.TunedLens.from_model(pythia)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -133,11 +145,22 @@ def test_config_lens_import_spec_and_validation(tmp_path, trained):
     two files stops validation with one line naming the folder."""
     from resdyn.pipeline import config as rc
 
-    cfg = {"datasets": {"e": {"source": "embedded"}},
-           "models": {"m": {"source": "train", "dataset": "e", "family": "llama", "n_layers": 8, "d_model": 32,
-                            "n_heads": 4, "d_ff": 64}},
-           "jacobian": {"store_first_n": 2},
-           "lens": {"source": "tuned_lens", "path": str(tmp_path / "{model}-{ckpt}")}}
+    cfg = {
+        "datasets": {"e": {"source": "embedded"}},
+        "models": {
+            "m": {
+                "source": "train",
+                "dataset": "e",
+                "family": "llama",
+                "n_layers": 8,
+                "d_model": 32,
+                "n_heads": 4,
+                "d_ff": 64,
+            }
+        },
+        "jacobian": {"store_first_n": 2},
+        "lens": {"source": "tuned_lens", "path": str(tmp_path / "{model}-{ckpt}")},
+    }
     with pytest.raises(rc.ConfigError) as err:
         rc.validate_config(json.loads(json.dumps(cfg)))
     problems = str(err.value).splitlines()[1:]
@@ -145,7 +168,11 @@ def test_config_lens_import_spec_and_validation(tmp_path, trained):
     trained.export_tuned_lens(tmp_path / "m-step600")
     done = rc.validate_config(json.loads(json.dumps(cfg)))
     assert rc.lens_import_spec(done, "m", "step600") == {
-        "path": str(tmp_path / "m-step600"), "repo": None, "repo_type": "space", "revision": None}
+        "path": str(tmp_path / "m-step600"),
+        "repo": None,
+        "repo_type": "space",
+        "revision": None,
+    }
     cfg["lens"] = {"source": "tuned_lens", "repo": "o/r", "path": "lens/{repo}-{oops}"}
     with pytest.raises(rc.ConfigError, match=r"only \{model\}, \{ckpt\} and \{repo\}"):
         rc.validate_config(json.loads(json.dumps(cfg)))
@@ -155,9 +182,9 @@ def test_config_lens_import_spec_and_validation(tmp_path, trained):
 def test_offline_hub_lens_must_be_cached(tmp_path, monkeypatch):
     """HF_HUB_OFFLINE with a hub lens that is not in the cache stops validation with one line
     naming the repository, the folder and the download command."""
-    import hubcache
-
     from resdyn.pipeline import config as rc
+
+    from helpers import hubcache
 
     cache = tmp_path / "hub"
     from safetensors.torch import save_file
@@ -166,10 +193,12 @@ def test_offline_hub_lens_must_be_cached(tmp_path, monkeypatch):
     save_file({}, str(snap / "model.safetensors"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = {"datasets": {"e": {"source": "embedded"}},
-           "models": {"m": {"source": "hf", "repo": "org/tiny-neox", "revisions": ["main"], "dataset": "e"}},
-           "jacobian": {"store_first_n": 2},
-           "lens": {"source": "tuned_lens", "repo": "org/lenses", "path": "lens/{repo}"}}
+    cfg = {
+        "datasets": {"e": {"source": "embedded"}},
+        "models": {"m": {"source": "hf", "repo": "org/tiny-neox", "revisions": ["main"], "dataset": "e"}},
+        "jacobian": {"store_first_n": 2},
+        "lens": {"source": "tuned_lens", "repo": "org/lenses", "path": "lens/{repo}"},
+    }
     with pytest.raises(rc.ConfigError) as err:
         rc.validate_config(json.loads(json.dumps(cfg)))
     problems = str(err.value).splitlines()[1:]

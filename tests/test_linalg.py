@@ -33,9 +33,16 @@ def test_k_from_fraction_ties_round_up_unlike_round():
 
 @pytest.mark.parametrize(
     "d, f, word",
-    [(0, 0.1, "d must be a positive integer"), (True, 0.1, "d must be"), (64.0, 0.1, "d must be"),
-     (64, 0.0, "fraction must be in (0, 1]"), (64, 1.5, "(0, 1]"), (64, float("nan"), "(0, 1]"),
-     (64, "0.1", "fraction must be a number"), (64, None, "fraction must be a number")],
+    [
+        (0, 0.1, "d must be a positive integer"),
+        (True, 0.1, "d must be"),
+        (64.0, 0.1, "d must be"),
+        (64, 0.0, "fraction must be in (0, 1]"),
+        (64, 1.5, "(0, 1]"),
+        (64, float("nan"), "(0, 1]"),
+        (64, "0.1", "fraction must be a number"),
+        (64, None, "fraction must be a number"),
+    ],
 )
 def test_k_from_fraction_refuses_bad_input(d, f, word):
     with pytest.raises(ValueError, match=word.replace("(", r"\(").replace(")", r"\)")):

@@ -28,8 +28,15 @@ def tok_dir(tmp_path_factory):
 
 
 def _save_tiny(cls_config, folder, tok_dir, vocab=300):
-    cfg = cls_config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = cls_config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(folder)
@@ -40,8 +47,9 @@ def _save_tiny(cls_config, folder, tok_dir, vocab=300):
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_local_folder_resolves_and_loads_each_family(tmp_path, tok_dir, family):
     original = _save_tiny(FAMILY_CONFIGS[family], tmp_path / "m", tok_dir)
-    rec = models.resolve_checkpoint({"model": "m", "checkpoint": "local", "source": "local",
-                                     "path": str(tmp_path / "m"), "dtype": "float32"})
+    rec = models.resolve_checkpoint(
+        {"model": "m", "checkpoint": "local", "source": "local", "path": str(tmp_path / "m"), "dtype": "float32"}
+    )
     assert rec["content_hash"] == io.sha256_tree(tmp_path / "m", models.WEIGHT_PATTERNS)
     model, tok = models.load_model(rec, "cpu", verify_hash=True)
     ids = torch.tensor([tok("In the beginning")["input_ids"]])
@@ -74,8 +82,15 @@ def test_hub_offline_error_is_helpful(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(RuntimeError) as err:
-        models.resolve_checkpoint({"model": "m", "checkpoint": "main", "source": "hf",
-                                   "repo": "nobody/not-a-model", "revision": "stage1-step0"})
+        models.resolve_checkpoint(
+            {
+                "model": "m",
+                "checkpoint": "main",
+                "source": "hf",
+                "repo": "nobody/not-a-model",
+                "revision": "stage1-step0",
+            }
+        )
     msg = str(err.value)
     assert "nobody/not-a-model" in msg and "stage1-step0" in msg and "source: local" in msg
 
@@ -93,8 +108,16 @@ def test_hub_source_resolves_from_a_local_cache(tmp_path, tok_dir, monkeypatch):
 
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
-    rec = models.resolve_checkpoint({"model": "m", "checkpoint": "stage1-step0", "source": "hf",
-                                     "repo": "org/tiny", "revision": "stage1-step0", "dtype": "bfloat16"})
+    rec = models.resolve_checkpoint(
+        {
+            "model": "m",
+            "checkpoint": "stage1-step0",
+            "source": "hf",
+            "repo": "org/tiny",
+            "revision": "stage1-step0",
+            "dtype": "bfloat16",
+        }
+    )
     assert rec["resolved_commit"] == "a" * 40
     model, _ = models.load_model(rec, "cpu")
     assert next(model.parameters()).dtype == torch.bfloat16
@@ -103,7 +126,7 @@ def test_hub_source_resolves_from_a_local_cache(tmp_path, tok_dir, monkeypatch):
 def test_weights_hash_from_cache_blob_names(tmp_path, tok_dir, monkeypatch):
     """In the HF cache layout the record's content hash comes from the blob names (weights not
     read, but the smallest one), and equals the full re-hash (the oracle: io.sha256_tree)."""
-    import hubcache
+    from helpers import hubcache
 
     cache = tmp_path / "hub"
     snap = hubcache.add_snapshot(cache, "org/tiny", "main")
@@ -119,7 +142,14 @@ def test_weights_hash_from_cache_blob_names(tmp_path, tok_dir, monkeypatch):
     read = []
     sha256_file = io.sha256_file
     monkeypatch.setattr(io, "sha256_file", lambda p, *a: read.append(p.name) or sha256_file(p, *a))
-    spec = {"model": "m", "checkpoint": "main", "source": "hf", "repo": "org/tiny", "revision": "main", "dtype": "float32"}
+    spec = {
+        "model": "m",
+        "checkpoint": "main",
+        "source": "hf",
+        "repo": "org/tiny",
+        "revision": "main",
+        "dtype": "float32",
+    }
     rec = models.resolve_checkpoint(spec)
     assert rec["content_hash"] == full
     weights_read = [n for n in read if n.endswith(".safetensors")]
@@ -136,7 +166,7 @@ def test_tokenizer_copy_matches_every_checkpoint_record(tmp_path, tok_dir, monke
     of the repo holds, a tokenizer that encodes as the source does; the rerun identity is the repo
     (hub) or the tokenizer files' hash (local: a weight edit leaves it, a tokenizer edit moves it);
     a folder without tokenizer files stops with its name and leaves nothing behind."""
-    import hubcache
+    from helpers import hubcache
 
     cache = tmp_path / "hub"
     for rev in ("step0", "step10"):
@@ -145,8 +175,10 @@ def test_tokenizer_copy_matches_every_checkpoint_record(tmp_path, tok_dir, monke
         hubcache.to_blob_layout(snap)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    specs = [{"model": "m", "checkpoint": r, "source": "hf", "repo": "org/tiny", "revision": r, "dtype": "float32"}
-             for r in ("step0", "step10")]
+    specs = [
+        {"model": "m", "checkpoint": r, "source": "hf", "repo": "org/tiny", "revision": r, "dtype": "float32"}
+        for r in ("step0", "step10")
+    ]
     digest = models.copy_tokenizer(specs[0], tmp_path / "run" / "tokenizer")
     copied = tmp_path / "run" / "tokenizer"
     assert {models.resolve_checkpoint(s)["tokenizer_hash"] for s in specs} == {digest}
@@ -323,10 +355,25 @@ def _train(tok_dir, tmp_path, tag, steps=12, state_every=100, precision="float32
     stream = corpus.token_stream(tok, corpus.kjv_chapters()[:40])
     arch = zoo.Architecture("llama", 2, 32, 4, 2, 64, 64)
     return zoo.train_zoo_model(
-        arch, stream[:20000], stream[20000:], tok_dir, {0: tmp_path / tag / "s0", steps: tmp_path / tag / "final"},
-        steps=steps, batch_size=4, seq_len=32, lr=3e-3, warmup=2, weight_decay=0.0, eval_every=4,
-        n_eval_windows=8, seed=0, state_path=tmp_path / tag / "state.pt", state_every=state_every, progress=False,
-        precision=precision)
+        arch,
+        stream[:20000],
+        stream[20000:],
+        tok_dir,
+        {0: tmp_path / tag / "s0", steps: tmp_path / tag / "final"},
+        steps=steps,
+        batch_size=4,
+        seq_len=32,
+        lr=3e-3,
+        warmup=2,
+        weight_decay=0.0,
+        eval_every=4,
+        n_eval_windows=8,
+        seed=0,
+        state_path=tmp_path / tag / "state.pt",
+        state_every=state_every,
+        progress=False,
+        precision=precision,
+    )
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
@@ -342,6 +389,7 @@ def test_zoo_training_learns_saves_and_resumes(tmp_path, tok_dir, precision):
     import shutil
 
     shutil.rmtree(tmp_path / "c", ignore_errors=True)
+
     # simulate the kill: run to a state at step 8 by copying b's state mid-way is not possible after
     # completion, so train with a state and stop early by raising inside the loop
     class Stop(Exception):
@@ -379,8 +427,15 @@ def test_a_folder_with_broken_json_or_weights_gets_no_record(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     good = tmp_path / "good"
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
     LlamaForCausalLM(cfg).save_pretrained(str(good), safe_serialization=True)
     spec = {"model": "m", "checkpoint": "local", "source": "local", "dtype": "float32"}
     assert models.resolve_checkpoint({**spec, "path": str(good)})["tokenizer_hash"]
@@ -397,8 +452,10 @@ def test_a_folder_with_broken_json_or_weights_gets_no_record(tmp_path):
             models.resolve_checkpoint({**spec, "path": str(bad)})
 
 
-@pytest.mark.parametrize("var,value", [("SLURM_JOB_GPUS", "0"), ("SLURM_GPUS_ON_NODE", "2"), ("SLURM_GPUS", "a100:1"),
-                                       ("CUDA_VISIBLE_DEVICES", "0,1")])
+@pytest.mark.parametrize(
+    "var,value",
+    [("SLURM_JOB_GPUS", "0"), ("SLURM_GPUS_ON_NODE", "2"), ("SLURM_GPUS", "a100:1"), ("CUDA_VISIBLE_DEVICES", "0,1")],
+)
 def test_a_job_given_gpus_never_falls_back_to_the_cpu_silently(monkeypatch, var, value):
     """No silent CPU: `device: auto` in a job given GPUs whose torch has no CUDA stops at start
     with one line on how to install a CUDA torch; hidden or absent GPUs are not an allocation."""
@@ -424,5 +481,7 @@ def test_a_job_given_gpus_never_falls_back_to_the_cpu_silently(monkeypatch, var,
         assert "make setup TORCH_BUILD=cuda" in msg and "Installing on a GPU cluster" in msg
         if torch.version.cuda is None:
             assert f"torch {torch.__version__} is a CPU-only build" in msg
-    with pytest.raises(RuntimeError, match="config device: 'cuda' but no CUDA device is available: .*CONDA_OVERRIDE_CUDA"):
+    with pytest.raises(
+        RuntimeError, match="config device: 'cuda' but no CUDA device is available: .*CONDA_OVERRIDE_CUDA"
+    ):
         models.device_name("cuda")

@@ -26,8 +26,15 @@ def _default(**overrides) -> dict:
 
 
 def test_overrides_merge_into_the_model_s_view_only():
-    cfg = rc.validate_config(_default(samples={"n": 8, "length": 32}, jacobian={"layers_per_job": 3},
-                                      lens={"steps": 7}, device="cpu", gpu_kind="a100-80"))
+    cfg = rc.validate_config(
+        _default(
+            samples={"n": 8, "length": 32},
+            jacobian={"layers_per_job": 3},
+            lens={"steps": 7},
+            device="cpu",
+            gpu_kind="a100-80",
+        )
+    )
     mine, other = rc.model_config(cfg, "llama8"), rc.model_config(cfg, "llama12")
     assert other is cfg  # no overrides: the config itself
     assert mine["samples"] == {**cfg["samples"], "n": 8, "length": 32}
@@ -63,15 +70,21 @@ def test_a_model_s_gpu_kind_and_device_price_its_jobs():
     assert "model llama8 overrides: gpu_kind=l40s" in text
 
 
-@pytest.mark.parametrize("over,line", [
-    ({"samples": {"n": 1}}, "config key 'models.llama8.overrides.samples.n': value 1 is invalid"),
-    ({"samples": {"size": 3}}, "config key 'models.llama8.overrides.samples.size': unknown key"),
-    ({"lens": {"source": "tuned_lens"}}, "config key 'models.llama8.overrides.lens.path': required but missing"),
-    ({"jacobian": {"layers_per_job": -1}}, "config key 'models.llama8.overrides.jacobian.layers_per_job': value -1"),
-    ({"device": "tpu"}, "config key 'models.llama8.overrides.device': value 'tpu' is invalid"),
-    ({"gpu_kind": "v100"}, "config key 'models.llama8.overrides.gpu_kind'='v100': not a GPU kind of gpus.yaml"),
-    ({"steps": 3}, "config key 'models.llama8.overrides.steps': unknown key"),
-])
+@pytest.mark.parametrize(
+    "over,line",
+    [
+        ({"samples": {"n": 1}}, "config key 'models.llama8.overrides.samples.n': value 1 is invalid"),
+        ({"samples": {"size": 3}}, "config key 'models.llama8.overrides.samples.size': unknown key"),
+        ({"lens": {"source": "tuned_lens"}}, "config key 'models.llama8.overrides.lens.path': required but missing"),
+        (
+            {"jacobian": {"layers_per_job": -1}},
+            "config key 'models.llama8.overrides.jacobian.layers_per_job': value -1",
+        ),
+        ({"device": "tpu"}, "config key 'models.llama8.overrides.device': value 'tpu' is invalid"),
+        ({"gpu_kind": "v100"}, "config key 'models.llama8.overrides.gpu_kind'='v100': not a GPU kind of gpus.yaml"),
+        ({"steps": 3}, "config key 'models.llama8.overrides.steps': unknown key"),
+    ],
+)
 def test_a_bad_override_is_one_line_naming_its_key(over, line):
     with pytest.raises(rc.ConfigError) as err:
         rc.validate_config(_default(**over))
@@ -102,8 +115,14 @@ def test_the_dag_follows_a_model_s_overrides(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "2", "--configfile", str(path)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--cores", "2", "--configfile", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     blocks = set(re.findall(r"results/(\w+)/step600/jacobians/(layers\d{3}-\d{3})", res.stdout))
     assert {b for m, b in blocks if m == "llama8"} == {"layers000-003", "layers004-007"}

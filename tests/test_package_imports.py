@@ -179,7 +179,7 @@ def import_cycle(edges: dict[str, set[str]]) -> list[str]:
         path.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node] = 2
@@ -235,15 +235,21 @@ def test_layer_check_sees_a_violation(tmp_path):
 
 def test_cycle_check_sees_a_planted_cycle(tmp_path):
     """A cycle hidden in a function body, and one closed by a "module:Class" string."""
-    pkg = _package(tmp_path, {
-        "lm/a.py": "def f():\n    from resdyn.lm import b\n",
-        "lm/b.py": "from resdyn.lm import a\n",
-    })
+    pkg = _package(
+        tmp_path,
+        {
+            "lm/a.py": "def f():\n    from resdyn.lm import b\n",
+            "lm/b.py": "from resdyn.lm import a\n",
+        },
+    )
     assert import_cycle(module_edges(pkg)) == ["resdyn.lm.a", "resdyn.lm.b", "resdyn.lm.a"]
-    pkg2 = _package(tmp_path / "two", {
-        "lm/table.py": 'TABLE = {"x": "resdyn.lm.adapter:X"}\n',
-        "lm/adapter.py": "from resdyn.lm.table import TABLE\n\nclass X:\n    pass\n",
-    })
+    pkg2 = _package(
+        tmp_path / "two",
+        {
+            "lm/table.py": 'TABLE = {"x": "resdyn.lm.adapter:X"}\n',
+            "lm/adapter.py": "from resdyn.lm.table import TABLE\n\nclass X:\n    pass\n",
+        },
+    )
     assert import_cycle(module_edges(pkg2)) == ["resdyn.lm.adapter", "resdyn.lm.table", "resdyn.lm.adapter"]
     (pkg2 / "lm" / "adapter.py").write_text("class X:\n    pass\n")
     assert import_cycle(module_edges(pkg2)) == []

@@ -21,9 +21,18 @@ def rows_of(table: pd.DataFrame, claim: str) -> pd.DataFrame:
 
 def coupling_counts() -> pd.DataFrame:
     # the CONTRACT of per-layer counts: int n_significant_layers, n_layers per checkpoint
-    return pd.DataFrame({"ckpt": ["step0", "step500", "step1000"], "n_significant": [0, 5, 9], "n_boundaries": 16,
-                         "n_significant_layers": [0, 3, 6], "n_layers": 8, "sign_dependence_rho": -0.5,
-                         "sign_dependence_p": 0.01, "model": "m"})
+    return pd.DataFrame(
+        {
+            "ckpt": ["step0", "step500", "step1000"],
+            "n_significant": [0, 5, 9],
+            "n_boundaries": 16,
+            "n_significant_layers": [0, 3, 6],
+            "n_layers": 8,
+            "sign_dependence_rho": -0.5,
+            "sign_dependence_p": 0.01,
+            "model": "m",
+        }
+    )
 
 
 def bottleneck(erank: list[float]) -> pd.DataFrame:
@@ -31,41 +40,84 @@ def bottleneck(erank: list[float]) -> pd.DataFrame:
 
 
 def bootstrap_rows(metric: str, lo: float, hi: float) -> pd.DataFrame:
-    return pd.DataFrame({"metric": [metric, "complex_fraction_early_minus_late"], "bootstrapped": [True, True],
-                         "ci_low": [lo, 0.1], "ci_high": [hi, 0.5], "n_bootstrap_samples": 20, "n_samples_total": 50})
+    return pd.DataFrame(
+        {
+            "metric": [metric, "complex_fraction_early_minus_late"],
+            "bootstrapped": [True, True],
+            "ci_low": [lo, 0.1],
+            "ci_high": [hi, 0.5],
+            "n_bootstrap_samples": 20,
+            "n_samples_total": 50,
+        }
+    )
 
 
 def checkpoints_table(ckpt: str) -> pd.DataFrame:
     # 6 sublayers: first third s 0-1, last third s 4-5; two tolerances, the bootstrap's is 1e-06
-    return pd.DataFrame({"ckpt": ckpt, "s": range(6), "complex_frac_J_tol1e-09": [0.9] * 6,
-                         "complex_frac_J_tol1e-06": [0.5, 0.3, 0.2, 0.2, 0.1, 0.1]})
+    return pd.DataFrame(
+        {
+            "ckpt": ckpt,
+            "s": range(6),
+            "complex_frac_J_tol1e-09": [0.9] * 6,
+            "complex_frac_J_tol1e-06": [0.5, 0.3, 0.2, 0.2, 0.1, 0.1],
+        }
+    )
 
 
 def geometry(n: int, update_norm, hidden_erank) -> pd.DataFrame:
-    g = pd.DataFrame({"layer": range(n + 1), "state": ["h_L"] * n + ["output"],
-                      "update_norm": [*update_norm, np.nan], "hidden_erank": hidden_erank})
+    g = pd.DataFrame(
+        {
+            "layer": range(n + 1),
+            "state": ["h_L"] * n + ["output"],
+            "update_norm": [*update_norm, np.nan],
+            "hidden_erank": hidden_erank,
+        }
+    )
     return g
 
 
 def phase_metrics_table(values: dict[str, tuple[float, float, float]]) -> pd.DataFrame:
-    return pd.DataFrame([{"phase": ph, "metric": m, "mean": v[ph - 1], "reason": "" if math.isfinite(v[ph - 1]) else "no layer"}
-                         for m, v in values.items() for ph in (1, 2, 3)])
+    return pd.DataFrame(
+        [
+            {"phase": ph, "metric": m, "mean": v[ph - 1], "reason": "" if math.isfinite(v[ph - 1]) else "no layer"}
+            for m, v in values.items()
+            for ph in (1, 2, 3)
+        ]
+    )
 
 
 def full_model() -> ModelTables:
     ck = "step1000"
     return ModelTables(
-        model="m", ckpts=["step0", "step500", ck], lens_ckpt=ck,
+        model="m",
+        ckpts=["step0", "step500", ck],
+        lens_ckpt=ck,
         coupling_counts=coupling_counts(),
         bottleneck={ck: bottleneck([40.0, 30.0, 12.0, 5.0])},
         bootstrap={ck: bootstrap_rows("cum_erank_full_depth", 4.0, 6.5)},
         checkpoints=checkpoints_table(ck),
         # layers 0-1 phase 1, 2-4 phase 2, 5-7 phase 3 (b1 = 1, b2 = 4)
-        phases={"b1": 1, "b2": 4, "regime": {"k": [3, 6, 10], "k_fraction": [0.05, 0.1, 0.15], "k_center": 6,
-                                             "b1_shift": 1, "b2_shift": 2, "max_shift": 2, "reason": ""}},
+        phases={
+            "b1": 1,
+            "b2": 4,
+            "regime": {
+                "k": [3, 6, 10],
+                "k_fraction": [0.05, 0.1, 0.15],
+                "k_center": 6,
+                "b1_shift": 1,
+                "b2_shift": 2,
+                "max_shift": 2,
+                "reason": "",
+            },
+        },
         geometry=geometry(8, [1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 10.0, 20.0], [3, 4, 5, 9, 6, 5, 4, 3, 2]),
-        phase_metrics=phase_metrics_table({"update_erank": (5.0, 8.0, 2.0), "tuned_hit1": (0.1, 0.3, 0.8),
-                                           "tuned_hit5_over_hit1": (3.0, 2.0, math.nan)}),
+        phase_metrics=phase_metrics_table(
+            {
+                "update_erank": (5.0, 8.0, 2.0),
+                "tuned_hit1": (0.1, 0.3, 0.8),
+                "tuned_hit5_over_hit1": (3.0, 2.0, math.nan),
+            }
+        ),
     )
 
 
@@ -81,10 +133,15 @@ def test_stated_figures_next_to_hand_computed_values():
     r = one["complex_share_early"].iloc[0]
     assert r.run_value == pytest.approx(0.3) and (r.ci_low, r.ci_high) == (0.1, 0.5) and "tol 1e-06" in r.measure
     # significant layers: first, middle and final checkpoints, from the per-layer columns
-    got = [(c, rows_of(t, c).iloc[0].ckpt, rows_of(t, c).iloc[0].run_value)
-           for c in ("significant_layers_step0", "significant_layers_mid", "significant_layers_final")]
-    assert got == [("significant_layers_step0", "step0", 0.0), ("significant_layers_mid", "step500", 3.0),
-                   ("significant_layers_final", "step1000", 6.0)]
+    got = [
+        (c, rows_of(t, c).iloc[0].ckpt, rows_of(t, c).iloc[0].run_value)
+        for c in ("significant_layers_step0", "significant_layers_mid", "significant_layers_final")
+    ]
+    assert got == [
+        ("significant_layers_step0", "step0", 0.0),
+        ("significant_layers_mid", "step500", 3.0),
+        ("significant_layers_final", "step1000", 6.0),
+    ]
     assert rows_of(t, "significant_layers_final").iloc[0].measure == "FDR-significant layers (of 8)"
     # update norm: max phase 3 (20) / mean phase 2 (2) = 10; the output row never counts
     assert one["update_norm_growth_phase3"].iloc[0].run_value == pytest.approx(10.0)
@@ -127,10 +184,32 @@ def test_study_switched_off_unknown_claim_and_two_checkpoints():
 
 
 def test_slopes_one_row_per_group():
-    widths = pd.DataFrame([{"group": "g", "phase": p, "status": "ok", "slope": s, "slope_ci_low": s - 0.1,
-                            "slope_ci_high": s + 0.1, "reason": ""} for p, s in ((1, 0.2), (2, 0.8))]
-                          + [{"group": "h", "phase": p, "status": "too_few_depths", "slope": np.nan, "slope_ci_low": np.nan,
-                              "slope_ci_high": np.nan, "reason": "too_few_depths: 1 depth(s)"} for p in (1, 2)])
+    widths = pd.DataFrame(
+        [
+            {
+                "group": "g",
+                "phase": p,
+                "status": "ok",
+                "slope": s,
+                "slope_ci_low": s - 0.1,
+                "slope_ci_high": s + 0.1,
+                "reason": "",
+            }
+            for p, s in ((1, 0.2), (2, 0.8))
+        ]
+        + [
+            {
+                "group": "h",
+                "phase": p,
+                "status": "too_few_depths",
+                "slope": np.nan,
+                "slope_ci_low": np.nan,
+                "slope_ci_high": np.nan,
+                "reason": "too_few_depths: 1 depth(s)",
+            }
+            for p in (1, 2)
+        ]
+    )
     t = paper.paper_comparison(CLAIMS, [full_model()], ["B"], widths, {"g": ["a", "b", "c"], "h": ["d"]})
     r = rows_of(t, "phase2_width_slope")
     assert r.model.tolist() == ["g", "h"] and r.run_value.iloc[0] == 0.8

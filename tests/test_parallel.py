@@ -11,12 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_arch import PARALLEL, make_model, sample_ids, single_thread  # noqa: F401
 
 from resdyn import artifacts
 from resdyn.beyond import bridge, causal
 from resdyn.lm import structure
 from resdyn.study_a import activations, jacobian, schur, spectral, topology
+
+from helpers.tiny_models import PARALLEL, make_model, sample_ids
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tests/conftest.py
 
 N_LAYERS, D = 4, 32
 
@@ -119,10 +122,11 @@ def test_cost_model_prices_parallel_layers_and_imported_lenses():
 
     from resdyn.cluster import cost
 
-    base = {"samples": {"n": 8, "length": 16}, "jacobian": {"positions": "last", "store_first_n": 2,
-                                                             "store_dtype": "float32"},
-            "lens": {"tokens_per_step": 64, "steps": 10, "eval_every": 5, "n_heldout_blocks": 2,
-                     "n_train_blocks": 4}}
+    base = {
+        "samples": {"n": 8, "length": 16},
+        "jacobian": {"positions": "last", "store_first_n": 2, "store_dtype": "float32"},
+        "lens": {"tokens_per_step": 64, "steps": 10, "eval_every": 5, "n_heldout_blocks": 2, "n_train_blocks": 4},
+    }
     shape = dict(source="hf", n_layers=4, d_model=32, n_heads=4, d_ff=128, vocab_size=100, dtype="float32")
     neox = {**base, "models": {"m": {**shape, "family": "gpt_neox"}}}
     llama = {**base, "models": {"m": {**shape, "family": "llama"}}}

@@ -84,9 +84,13 @@ def test_validation():
 
 
 def communities(labels: dict[tuple[int, str], list[int]]) -> pd.DataFrame:
-    return pd.concat([pd.DataFrame({"unit": np.arange(len(lab)), "community": lab, "layer": layer,
-                                    "boundary": boundary}) for (layer, boundary), lab in labels.items()],
-                     ignore_index=True)
+    return pd.concat(
+        [
+            pd.DataFrame({"unit": np.arange(len(lab)), "community": lab, "layer": layer, "boundary": boundary})
+            for (layer, boundary), lab in labels.items()
+        ],
+        ignore_index=True,
+    )
 
 
 def summary(mods: dict[tuple[int, str], float]) -> pd.DataFrame:
@@ -99,8 +103,11 @@ def test_partition_similarity_table():
     mid = {keys[0]: [1, 1, 1, 0, 0, 0], keys[1]: [0, 0, 0, 1, 1, 1]}
     final = {keys[0]: [0, 0, 1, 1, 2, 2], keys[1]: [0, 0, 0, 1, 1, 1]}
     parts = {"step0": communities(first), "mid": communities(mid), "final": communities(final)}
-    sums = {"step0": summary({keys[0]: 0.1, keys[1]: 0.2}), "mid": summary({keys[0]: 0.3, keys[1]: 0.4}),
-            "final": summary({keys[0]: 0.5, keys[1]: 0.6})}
+    sums = {
+        "step0": summary({keys[0]: 0.1, keys[1]: 0.2}),
+        "mid": summary({keys[0]: 0.3, keys[1]: 0.4}),
+        "final": summary({keys[0]: 0.5, keys[1]: 0.6}),
+    }
     out = P.partition_similarity(parts, sums)
     assert list(out.columns) == list(P.SIMILARITY_COLUMNS) and len(out) == 3 * 2 * 2
     by = out.set_index(["ckpt", "layer", "boundary", "reference"])
@@ -117,8 +124,10 @@ def test_partition_similarity_table():
 
 def test_partition_similarity_missing_reference_and_unit_mismatch_give_reasons():
     k = (0, "pre_attn")
-    parts = {"step0": communities({k: [0, 1, 1]}),
-             "final": communities({k: [0, 0, 1, 1], (1, "pre_attn"): [0, 0, 1, 1]})}
+    parts = {
+        "step0": communities({k: [0, 1, 1]}),
+        "final": communities({k: [0, 0, 1, 1], (1, "pre_attn"): [0, 0, 1, 1]}),
+    }
     sums = {"step0": summary({k: 0.1}), "final": summary({k: 0.2, (1, "pre_attn"): 0.3})}
     out = P.partition_similarity(parts, sums).set_index(["ckpt", "layer", "reference"])
     assert "units differ: 3 in 'step0', 4 in 'final'" in out.loc[("step0", 0, "final"), "reason"]

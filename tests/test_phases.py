@@ -36,14 +36,10 @@ def test_moving_average_known_values_and_edges():
     np.testing.assert_allclose(smooth([0.0, 3.0, 0.0, 3.0, 0.0], 3, "moving_average"), [0, 1, 2, 1, 0])
     # window 5: radius shrinks symmetrically at the edges (endpoints kept)
     y = np.array([1.0, 2.0, 6.0, 2.0, 1.0, 0.0])
-    np.testing.assert_allclose(
-        smooth(y, 5, "moving_average"), [1.0, 3.0, 12 / 5, 11 / 5, 1.0, 0.0], rtol=1e-15
-    )
+    np.testing.assert_allclose(smooth(y, 5, "moving_average"), [1.0, 3.0, 12 / 5, 11 / 5, 1.0, 0.0], rtol=1e-15)
 
 
-@pytest.mark.parametrize(
-    "method,window", [("moving_average", 3), ("moving_average", 7), ("savgol", 5), ("savgol", 3)]
-)
+@pytest.mark.parametrize("method,window", [("moving_average", 3), ("moving_average", 7), ("savgol", 5), ("savgol", 3)])
 def test_smoothing_reproduces_a_line(method, window):
     y = 0.2 + 0.05 * np.arange(11)
     np.testing.assert_allclose(smooth(y, window, method), y, rtol=1e-13)
@@ -159,9 +155,7 @@ def test_flat_profile(method, window):
 
 
 @pytest.mark.parametrize("method,window", METHODS)
-@pytest.mark.parametrize(
-    "y", [[0.1, 0.9, 0.8, 0.2], [0.5, 0.6, 0.7, 0.2], [0.9, 0.5, 0.4, 0.3], [0.2, 0.4, 0.4, 0.4]]
-)
+@pytest.mark.parametrize("y", [[0.1, 0.9, 0.8, 0.2], [0.5, 0.6, 0.7, 0.2], [0.9, 0.5, 0.4, 0.3], [0.2, 0.4, 0.4, 0.4]])
 def test_four_point_profiles(method, window, y):
     c = cutpoints(y, window=window, method=method)
     assert 0 <= c.b1 <= c.peak <= c.b2 <= 3
@@ -342,8 +336,11 @@ def test_profile_at_reads_d_from_the_table():
 def _rss_table(profiles: dict[int, np.ndarray], d: int = 100):
     import pandas as pd
 
-    rows = [{"layer": L, "k": k, "k_fraction": k / d, "d": d, "rss": float(v), "grassmann_distance": 0.0,
-             "energy": 0.0} for k, y in profiles.items() for L, v in enumerate(y)]
+    rows = [
+        {"layer": L, "k": k, "k_fraction": k / d, "d": d, "rss": float(v), "grassmann_distance": 0.0, "energy": 0.0}
+        for k, y in profiles.items()
+        for L, v in enumerate(y)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -373,14 +370,18 @@ def test_regime_agreement_on_known_knees_matches_kneed():
     m = 24
     planted = {5: (5, 16), 10: (6, 16), 15: (5, 19)}  # k -> (b1, b2): b1 moves 1, b2 moves 3
     profiles = {k: _knees_at(m, *cut) for k, cut in planted.items()}
-    reg = regime_agreement(_rss_table(profiles), {"k": [5, 10, 15], "k_fraction": [0.05, 0.1, 0.15], "k_center": 10,
-                                                  "how": "test"}, method="none")
+    reg = regime_agreement(
+        _rss_table(profiles),
+        {"k": [5, 10, 15], "k_fraction": [0.05, 0.1, 0.15], "k_center": 10, "how": "test"},
+        method="none",
+    )
     for cut in reg["cuts"]:
         assert (cut["b1"], cut["b2"]) == planted[cut["k"]] == _kneed_cut(profiles[cut["k"]]), cut
         assert cut["b1_found"] and cut["b2_found"]
     assert (reg["b1_shift"], reg["b2_shift"], reg["max_shift"]) == (1, 3, 3) and reg["reason"] == ""
-    same = regime_agreement(_rss_table({5: profiles[5], 10: profiles[5]}), {"k": [5, 10], "k_fraction": [0.05, 0.1]},
-                            method="none")
+    same = regime_agreement(
+        _rss_table({5: profiles[5], 10: profiles[5]}), {"k": [5, 10], "k_fraction": [0.05, 0.1]}, method="none"
+    )
     assert same["max_shift"] == 0
     one = regime_agreement(_rss_table({5: profiles[5]}), {"k": [5], "k_fraction": [0.05]}, method="none")
     assert one["max_shift"] == 0 and "one k" in one["reason"]
@@ -397,8 +398,9 @@ def test_middle_regime_is_the_compromise_point_and_its_neighbours():
     frac = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5]
     energy = [0.05, 0.1, 0.3, 0.62, 0.75, 0.82, 0.9, 1.0]
     vis = [0.9, 0.88, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1]
-    t = pd.DataFrame({"k_fraction": frac, "k": [round(100 * f) for f in frac], "energy": energy,
-                      "visibility": vis, "pareto": True})
+    t = pd.DataFrame(
+        {"k_fraction": frac, "k": [round(100 * f) for f in frac], "energy": energy, "visibility": vis, "pareto": True}
+    )
     # by hand: normalised distances to (1, 1); the smallest is at k = 10
     e = (np.array(energy) - 0.05) / 0.95
     v = (np.array(vis) - 0.1) / 0.8

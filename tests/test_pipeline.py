@@ -25,8 +25,19 @@ from resdyn.provenance import sidecars
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 RESDYN = str(Path(sys.executable).parent / "resdyn")
-IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "models", "logs", ".snakemake", "report.html",
-                                "__pycache__", ".pytest_cache", "out", "*.egg-info")
+IGNORE = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "results",
+    "models",
+    "logs",
+    ".snakemake",
+    "report.html",
+    "__pycache__",
+    ".pytest_cache",
+    "out",
+    "*.egg-info",
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +53,9 @@ def env_for(work: Path) -> dict:
 
 
 def snakemake(work: Path, *args: str, config: str = "configs/smoke.yaml", check: bool = True):
-    proc = subprocess.run([SNAKEMAKE, "--configfile", config, *args], cwd=work, env=env_for(work),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [SNAKEMAKE, "--configfile", config, *args], cwd=work, env=env_for(work), capture_output=True, text=True
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -94,9 +106,19 @@ def test_every_artifact_exists_and_parses(smoke):
         elif p.suffix == ".png":
             assert sidecars.read(p)["rule"].startswith("figure"), p
     for model in ("tiny_llama",):
-        for rel in ("checkpoints.tsv", "step30/spectra.tsv", "step30/bottleneck.tsv", "step30/schur.tsv",
-                    "step30/coupling.tsv", "step0/coupling.tsv", "step30/lens_metrics.tsv", "step30/rss.tsv",
-                    "step30/resolution.tsv", "step30/phases.json", "step30/phase_metrics.tsv"):
+        for rel in (
+            "checkpoints.tsv",
+            "step30/spectra.tsv",
+            "step30/bottleneck.tsv",
+            "step30/schur.tsv",
+            "step30/coupling.tsv",
+            "step0/coupling.tsv",
+            "step30/lens_metrics.tsv",
+            "step30/rss.tsv",
+            "step30/resolution.tsv",
+            "step30/phases.json",
+            "step30/phase_metrics.tsv",
+        ):
             assert (smoke / "results" / model / rel).is_file(), rel
     assert (smoke / "results" / "scaling" / "phase_widths.tsv").is_file()
     # study A's headline count is in layers (as the paper states it): every checkpoint, out of the model's 6 layers
@@ -131,14 +153,21 @@ def test_paper_table_and_study_b_metrics(smoke):
     regime = io.read_json(smoke / "results" / "tiny_llama" / "step30" / "phases.json")["regime"]
     assert regime["k"] and regime["max_shift"] == max(regime["b1_shift"], regime["b2_shift"]) >= 0
 
+
 def read_every_artifact(run: Path) -> set[Path]:
     """Read every file under ``run/results`` that an artifact class declares through that class
     (the schemas hold for real outputs, not only for hand-made ones); returns the files read."""
     from resdyn import artifacts as A
 
     read: set[Path] = set()
-    classes = [c for c in vars(A).values() if isinstance(c, type) and issubclass(c, A.Artifact)
-               and c.relpath and c not in (A.Activations, A.JacobianBlocks)]
+    classes = [
+        c
+        for c in vars(A).values()
+        if isinstance(c, type)
+        and issubclass(c, A.Artifact)
+        and c.relpath
+        and c not in (A.Activations, A.JacobianBlocks)
+    ]
     for cls in classes:
         for path in sorted(run.glob(re.sub(r"\{[a-z]+\}", "*", cls.relpath))):
             if cls is A.CommunityPartitions:
@@ -151,7 +180,9 @@ def read_every_artifact(run: Path) -> set[Path]:
             cls.read(path)
             read.add(path)
     for folder in sorted(run.glob(re.sub(r"\{[a-z]+\}", "*", A.Activations.relpath))):
-        assert [layer for layer, _ in A.Activations.layers(folder)] == list(range(len(A.Activations.layer_files(folder))))
+        assert [layer for layer, _ in A.Activations.layers(folder)] == list(
+            range(len(A.Activations.layer_files(folder)))
+        )
         A.Activations.read_all_boundaries(folder)
         read.update(A.Activations.layer_files(folder))
     blocks = sorted(run.glob(re.sub(r"\{[a-z]+\}", "*", A.JacobianBlocks.relpath)))
@@ -167,8 +198,18 @@ def test_every_artifact_reads_through_its_class(smoke):
     read = read_every_artifact(smoke)
     tables = {p for p in (smoke / "results").rglob("*.tsv") if "lens" not in p.parent.name}
     assert tables <= read, sorted(str(p.relative_to(smoke)) for p in tables - read)
-    assert {p.name for p in read} >= {"phases.json", "spectra.h5", "samples.h5", "train.jsonl", "bootstrap.tsv",
-                                      "training.tsv", "checkpoint.json", "lens", "layer000.h5", "layer005.h5"}
+    assert {p.name for p in read} >= {
+        "phases.json",
+        "spectra.h5",
+        "samples.h5",
+        "train.jsonl",
+        "bootstrap.tsv",
+        "training.tsv",
+        "checkpoint.json",
+        "lens",
+        "layer000.h5",
+        "layer005.h5",
+    }
 
 
 def test_jacobian_files_follow_the_schema(smoke):
@@ -198,8 +239,14 @@ def test_every_output_has_provenance(smoke):
 
 def test_provenance_chain_reaches_model_and_data(smoke, monkeypatch):
     fig = next((smoke / "results" / "figures" / "tiny_llama" / "step30").glob("funnel.png"))
-    proc = subprocess.run([RESDYN, "provenance", str(fig.relative_to(smoke))], cwd=smoke, env=env_for(smoke),
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [RESDYN, "provenance", str(fig.relative_to(smoke))],
+        cwd=smoke,
+        env=env_for(smoke),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     out = proc.stdout
     for rule in ("figure_ckpt", "spectra", "jacobians", "resolve_checkpoint", "samples", "corpus"):
         assert f"rule {rule} " in out, rule
@@ -217,17 +264,24 @@ def test_every_rule_log_records_the_job_on_success(smoke):
     for log in logs:
         text = log.read_text()
         assert re.search(r"INFO resdyn\.rule\.\w+: rule \w+, wildcards .*, threads \d+", text), log
-        assert re.search(r"INFO resdyn\.rule\.\w+: done in [\d.]+ s wall, [\d.]+ s CPU; device cpu.*; peak memory host "
-                         r"[\d.]+ (MiB|GiB)", text), log
+        assert re.search(
+            r"INFO resdyn\.rule\.\w+: done in [\d.]+ s wall, [\d.]+ s CPU; device cpu.*; peak memory host "
+            r"[\d.]+ (MiB|GiB)",
+            text,
+        ), log
         assert " output " in text, log
     log = lambda rel: (smoke / "logs" / rel).read_text()  # noqa: E731
-    assert re.search(r"input results/tiny_llama/samples\.h5: [\d.]+ KiB, datasets .*\(6, 16\)", log(
-        "jacobians/tiny_llama/step30/layers000-003.log"))
+    assert re.search(
+        r"input results/tiny_llama/samples\.h5: [\d.]+ KiB, datasets .*\(6, 16\)",
+        log("jacobians/tiny_llama/step30/layers000-003.log"),
+    )
     assert "jacobians L0-3: 100%" in log("jacobians/tiny_llama/step30/layers000-003.log")  # tqdm bars
     assert "lens: " in log("lens/tiny_llama/step30.log")
     assert "train llama-6L: 100%" in log("zoo_train/tiny_llama.log")
-    assert re.search(r"output results/tiny_llama/step30/spectra\.tsv: [\d.]+ KiB, 12 rows x \d+ columns",
-                     log("spectra/tiny_llama/step30.log"))
+    assert re.search(
+        r"output results/tiny_llama/step30/spectra\.tsv: [\d.]+ KiB, 12 rows x \d+ columns",
+        log("spectra/tiny_llama/step30.log"),
+    )
     assert "fontTools" not in log("figures/tiny_llama/step30/figure_ckpt.log")  # library chatter kept out
 
 
@@ -253,8 +307,19 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
     cfg = with_config(smoke, "window", lambda c: c["phases"].update(window=5))
     jobs = planned_jobs(smoke, cfg)
     # bridge, causal and the scorecard label or compare layers by phase, so they follow
-    assert set(jobs) == {"phases", "phase_metrics", "scaling", "bridge", "causal", "scorecard", "paper_comparison",
-                         "figure_lens", "figure_global", "figure_lens_trajectory", "all"}
+    assert set(jobs) == {
+        "phases",
+        "phase_metrics",
+        "scaling",
+        "bridge",
+        "causal",
+        "scorecard",
+        "paper_comparison",
+        "figure_lens",
+        "figure_global",
+        "figure_lens_trajectory",
+        "all",
+    }
     assert jobs["phases"] == 1
 
 
@@ -268,16 +333,33 @@ def test_resolution_k_list_does_not_touch_jacobians_activations_or_lens(smoke):
 def test_leiden_resolution_reruns_only_topology(smoke):
     cfg = with_config(smoke, "gamma", lambda c: c["topology"].update(resolution=0.1))
     jobs = planned_jobs(smoke, cfg)
-    assert set(jobs) == {"communities", "coupling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
-                         "figure_model", "all"}
+    assert set(jobs) == {
+        "communities",
+        "coupling",
+        "checkpoints",
+        "scorecard",
+        "paper_comparison",
+        "figure_ckpt",
+        "figure_model",
+        "all",
+    }
     assert jobs["communities"] == 2  # 2 checkpoints
 
 
 def test_sample_count_reruns_everything_downstream_of_samples(smoke):
     cfg = with_config(smoke, "n", lambda c: c["samples"].update(n=5))
     jobs = planned_jobs(smoke, cfg)
-    assert {"samples", "jacobians", "activations", "spectra", "schur", "communities", "coupling",
-            "lens_metrics", "phase_metrics"} <= set(jobs)
+    assert {
+        "samples",
+        "jacobians",
+        "activations",
+        "spectra",
+        "schur",
+        "communities",
+        "coupling",
+        "lens_metrics",
+        "phase_metrics",
+    } <= set(jobs)
     assert not {"zoo_train", "corpus", "tokenizer", "lens_tokens", "lens"} & set(jobs)
 
 
@@ -304,7 +386,7 @@ def summary_rows(work: Path, config: str = "configs/smoke.yaml") -> list[list[st
     """snakemake --summary: [output_file, date, rule, log, status, plan] per output (nothing runs)."""
     lines = snakemake(work, "--summary", config=config).stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("output_file\t"))
-    return [cols for cols in (line.split("\t") for line in lines[start + 1:]) if len(cols) >= 6]
+    return [cols for cols in (line.split("\t") for line in lines[start + 1 :]) if len(cols) >= 6]
 
 
 def params_changed(work: Path) -> set[str]:
@@ -343,16 +425,29 @@ NO_RERUN_EDITS = [
     ("resdyn/artifacts/study_a.py", "class SpectraTable(", "# a comment\nclass SpectraTable("),
     ("resdyn/study_a/jacobian.py", "other positions frozen.", "every other position held fixed."),
     ("resdyn/study_a/jacobian.py", "def attn_jacobian(", "def _unused_helper():\n    return 1\n\n\ndef attn_jacobian("),
-    ("resdyn/lm/adapters/newfam.py", None,
-     "from resdyn.lm.sublayers import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n"
-     "    mlp_post = \"post_feedforward_layernorm\"\n"),
-    ("resdyn/lm/families.py", "FAMILIES: dict[str, Family] = {",
-     "FAMILIES: dict[str, Family] = {\n    \"newfam\": Family((\"newfam\",), \"NewLayer\", "
-     "\"resdyn.lm.adapters.newfam:NewSublayers\"),"),
+    (
+        "resdyn/lm/adapters/newfam.py",
+        None,
+        "from resdyn.lm.sublayers import LayerSublayers\n\n\nclass NewSublayers(LayerSublayers):\n"
+        '    mlp_post = "post_feedforward_layernorm"\n',
+    ),
+    (
+        "resdyn/lm/families.py",
+        "FAMILIES: dict[str, Family] = {",
+        'FAMILIES: dict[str, Family] = {\n    "newfam": Family(("newfam",), "NewLayer", '
+        '"resdyn.lm.adapters.newfam:NewSublayers"),',
+    ),
 ]
 
-FIGURE_RULES = {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
-                "figure_lens_trajectory"}
+FIGURE_RULES = {
+    "figure_ckpt",
+    "figure_lens",
+    "figure_model",
+    "figure_zoo",
+    "figure_global",
+    "figure_trajectory",
+    "figure_lens_trajectory",
+}
 
 
 def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tmp_path):
@@ -374,8 +469,12 @@ def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tm
     for rel, text in originals.items():
         (work / rel).write_text(text)
 
-    edit(work / "resdyn/artifacts/study_a.py", "class SpectraTable(", "def _unused_helper():\n    return 1\n\n\n"
-         "class NewTable(TsvArtifact):\n    relpath = CKPT_DIR + \"new.tsv\"\n\n\nclass SpectraTable(")
+    edit(
+        work / "resdyn/artifacts/study_a.py",
+        "class SpectraTable(",
+        "def _unused_helper():\n    return 1\n\n\n"
+        'class NewTable(TsvArtifact):\n    relpath = CKPT_DIR + "new.tsv"\n\n\nclass SpectraTable(',
+    )
     assert params_changed(work) <= FIGURE_RULES
     (work / "resdyn/artifacts/study_a.py").write_text(originals["resdyn/artifacts/study_a.py"])
 
@@ -389,12 +488,21 @@ def test_symbol_edits_rerun_exactly_the_rules_whose_scripts_reach_them(smoke, tm
     assert params_changed(work) == expected
     jobs = planned_jobs(work)
     assert set(jobs) >= expected and jobs["jacobians"] == 4  # 2 checkpoints x 2 layer blocks
-    assert not {"zoo_train", "resolve_checkpoint", "samples", "lens_tokens", "lens", "activations",
-                "lens_metrics", "communities"} & set(jobs)
+    assert not {
+        "zoo_train",
+        "resolve_checkpoint",
+        "samples",
+        "lens_tokens",
+        "lens",
+        "activations",
+        "lens_metrics",
+        "communities",
+    } & set(jobs)
 
 
 def test_settings_rerun_nothing(smoke):
     """checkpoint_every (Jacobians, lens) and device are settings, not rerun triggers."""
+
     def change(c):
         c["jacobian"]["checkpoint_every"] = 3
         c["lens"]["checkpoint_every"] = 7
@@ -404,8 +512,8 @@ def test_settings_rerun_nothing(smoke):
 
 
 def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
-    """Revisions are planned per checkpoint: a local model whose checkpoints are folders (the zoo's weights), run up to its
-    spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
+    """Revisions are planned per checkpoint: a local model whose checkpoints are folders (the zoo's
+    weights), run up to its spectra. A new first checkpoint plans only its own jobs (no samples: they depend on the
     tokenizer, not on which checkpoint comes first); reordering them, or removing the one the
     tokenizer was copied from, plans nothing."""
     from resdyn.provenance import changes
@@ -417,6 +525,7 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
         def change(c):
             c["models"] = {"tiny_local": {"source": "local", "dataset": "kjv", "paths": paths}}
             c["scaling"]["groups"] = {"llama": ["tiny_local"]}
+
         return change
 
     def targets(paths):
@@ -429,7 +538,11 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     out = snakemake(work, "-n", *targets(added), config=with_config(work, "added", local(added))).stdout
     jobs = changes.parse_dry_run(out)
     assert sorted((j.rule, j.wildcards.get("ckpt")) for j in jobs) == [
-        ("jacobians", "first"), ("jacobians", "first"), ("resolve_checkpoint", "first"), ("spectra", "first")]
+        ("jacobians", "first"),
+        ("jacobians", "first"),
+        ("resolve_checkpoint", "first"),
+        ("spectra", "first"),
+    ]
     reordered = {"step30": before["step30"], "step0": before["step0"]}
     out = snakemake(work, "-n", *targets(reordered), config=with_config(work, "reordered", local(reordered))).stdout
     assert "Nothing to be done" in out, out[-3000:]
@@ -459,8 +572,9 @@ def test_plan_changes_names_the_symbol_and_the_cost(smoke, tmp_path):
     """`resdyn plan --changes` after an edit: the rule, the changed symbol, and hours."""
     work = edited_copy(smoke, tmp_path / "wf")
     edit(work / "resdyn/study_a/jacobian.py", "    x = h[t].detach().clone()", "    x = h[t].detach().clone() * 1")
-    proc = subprocess.run([RESDYN, "plan", "configs/smoke.yaml", "--changes"], cwd=work, env=env_for(work),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [RESDYN, "plan", "configs/smoke.yaml", "--changes"], cwd=work, env=env_for(work), capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert re.search(r"^jacobians: 4 job\(s\), 0 GPU-h, [0-9.e-]+ CPU-h$", text, re.M), text
@@ -475,8 +589,20 @@ def dag_outputs(work: Path, config: str) -> dict[str, str]:
 
 
 A_RULES = {"jacobians", "spectra", "schur", "communities", "coupling", "checkpoints", "bootstrap", "figure_trajectory"}
-B_RULES = {"lens_tokens", "lens", "lens_metrics", "rss", "resolution", "phases", "phase_metrics", "scaling", "causal",
-           "figure_lens", "figure_global", "figure_lens_trajectory"}
+B_RULES = {
+    "lens_tokens",
+    "lens",
+    "lens_metrics",
+    "rss",
+    "resolution",
+    "phases",
+    "phase_metrics",
+    "scaling",
+    "causal",
+    "figure_lens",
+    "figure_global",
+    "figure_lens_trajectory",
+}
 A_FIGURES = {"eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici", "uncertainty"}
 B_FIGURES = {"lens", "rss", "resolution", "phase_metrics", "causal"}
 
@@ -520,35 +646,71 @@ def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
     figures = sorted((work / "results" / "figures").glob("tiny_llama/**/*.p[nd][gf]"))
     before = {p: p.read_bytes() for p in figures}
     module = work / "resdyn" / "plots" / "study_a_spectra.py"
-    module.write_text(module.read_text().replace('def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n',
-                                                 'def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n'
-                                                 '    title = title + " (edited)"\n', 1))
-    assert planned_jobs(work).keys() == {"figure_ckpt", "figure_lens", "figure_model", "figure_zoo", "figure_global",
-                                         "figure_trajectory", "figure_lens_trajectory", "all"}
+    module.write_text(
+        module.read_text().replace(
+            "def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n",
+            'def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:\n    title = title + " (edited)"\n',
+            1,
+        )
+    )
+    assert planned_jobs(work).keys() == {
+        "figure_ckpt",
+        "figure_lens",
+        "figure_model",
+        "figure_zoo",
+        "figure_global",
+        "figure_trajectory",
+        "figure_lens_trajectory",
+        "all",
+    }
     snakemake(work, "--cores", "1")
     changed = {str(p.relative_to(work)) for p in figures if p.read_bytes() != before[p]}
-    assert changed == {f"results/figures/tiny_llama/{c}/funnel.{e}" for c in ("step0", "step30") for e in ("png", "pdf")}
+    assert changed == {
+        f"results/figures/tiny_llama/{c}/funnel.{e}" for c in ("step0", "step30") for e in ("png", "pdf")
+    }
     log = (work / "logs" / "figures" / "tiny_llama" / "step0" / "figure_ckpt.log").read_text()
     assert "drew funnel" in log and "restored unchanged eigenvalues" in log and "drew eigenvalues" not in log
     assert planned_jobs(work) == {}
 
 
 def test_lint_and_format(smoke):
-    lint = subprocess.run([SNAKEMAKE, "--lint", "--configfile", "configs/smoke.yaml"], cwd=ROOT, env=env_for(ROOT),
-                          capture_output=True, text=True)
+    lint = subprocess.run(
+        [SNAKEMAKE, "--lint", "--configfile", "configs/smoke.yaml"],
+        cwd=ROOT,
+        env=env_for(ROOT),
+        capture_output=True,
+        text=True,
+    )
     assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
-    fmt = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"],
-                         cwd=ROOT, capture_output=True, text=True)
+    fmt = subprocess.run(
+        [str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow/rules"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
-@pytest.mark.parametrize("config", ["config.yaml", "configs/smoke.yaml", "configs/paper-a.yaml", "configs/paper-b.yaml", "configs/paper-b-extended.yaml",
-                                    "configs/pythia.yaml"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "config.yaml",
+        "configs/smoke.yaml",
+        "configs/paper-a.yaml",
+        "configs/paper-b.yaml",
+        "configs/paper-b-extended.yaml",
+        "configs/pythia.yaml",
+    ],
+)
 def test_dry_run_every_config(config, paper_hub_cache):
     # offline, hub models must be in the cache: stand-in snapshots of the paper presets' models
-    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", config], cwd=ROOT,
-                          env={**env_for(ROOT), "HF_HUB_CACHE": str(paper_hub_cache)},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [SNAKEMAKE, "-n", "--configfile", config],
+        cwd=ROOT,
+        env={**env_for(ROOT), "HF_HUB_CACHE": str(paper_hub_cache)},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -557,10 +719,11 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
     copy whose step30 bootstrap was redone with another seed, and run the example notebook on it."""
     import matplotlib.pyplot as plt
     import numpy as np
-    from notebooks import run_notebook
 
     import resdyn
     from resdyn import artifacts as A
+
+    from helpers.notebooks import run_notebook
 
     def cli(*args):
         return subprocess.run([RESDYN, *args], cwd=smoke, env=env_for(smoke), capture_output=True, text=True)
@@ -571,13 +734,20 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
     assert {"spectra", "bootstrap", "lens_metrics", "rss", "phase_metrics", "communities", "scorecard"} <= set(tables)
     spectra = tables["spectra"]
     ident = spectra[["model", "family", "n_layers", "d_model", "ckpt", "step", "tokens"]].drop_duplicates()
-    assert ident.values.tolist() == [["tiny_llama", "llama", 6, 32, "step0", 0.0, 0.0],
-                                     ["tiny_llama", "llama", 6, 32, "step30", 30.0, 30 * 8 * 32.0]]
+    assert ident.values.tolist() == [
+        ["tiny_llama", "llama", 6, 32, "step0", 0.0, 0.0],
+        ["tiny_llama", "llama", 6, 32, "step30", 30.0, 30 * 8 * 32.0],
+    ]
     prov = io.read_json(smoke / "results/tiny_llama/step30/spectra.tsv.prov.json")
-    assert set(spectra["code_version"]) <= {prov["params"]["code"], io.read_json(
-        smoke / "results/tiny_llama/step0/spectra.tsv.prov.json")["params"]["code"]}
-    assert set(spectra["resdyn_version"]) == {resdyn.__version__} == {io.read_json(tmp_path / "t/catalog.json")[
-        "resdyn_version"]}
+    assert set(spectra["code_version"]) <= {
+        prov["params"]["code"],
+        io.read_json(smoke / "results/tiny_llama/step0/spectra.tsv.prov.json")["params"]["code"],
+    }
+    assert (
+        set(spectra["resdyn_version"])
+        == {resdyn.__version__}
+        == {io.read_json(tmp_path / "t/catalog.json")["resdyn_version"]}
+    )
     assert cli("compare", "results", str(tmp_path / "t")).returncode == 0
 
     other = tmp_path / "other"  # the same run, its step30 bootstrap redone with seed 1
@@ -593,8 +763,9 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
     io.write_json(side, io.prov_path(boot))
     out = cli("compare", "results", str(other))
     assert out.returncode == 1, out.stdout + out.stderr
-    assert re.findall(r"^DIFFERENT (\w+): (\S+):", out.stdout, re.M) == [("bootstrap",
-                                                                          "results/tiny_llama/step30/bootstrap.tsv")]
+    assert re.findall(r"^DIFFERENT (\w+): (\S+):", out.stdout, re.M) == [
+        ("bootstrap", "results/tiny_llama/step30/bootstrap.tsv")
+    ]
     assert "ci_low:" in out.stdout and re.search(r"provenance difference: params seed \d+ → \d+", out.stdout)
 
     plt.close("all")

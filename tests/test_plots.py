@@ -32,9 +32,14 @@ from resdyn.plots import (
 from resdyn.provenance import sidecars
 
 # One namespace over the figure modules (the tests below predate the split of resdyn/plots.py).
-plots = SimpleNamespace(**{k: v for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge,
-                                           trajectory)
-                           for k, v in vars(m).items() if not k.startswith("__")})
+plots = SimpleNamespace(
+    **{
+        k: v
+        for m in (style, common, zoo, study_a_spectra, study_a_topology, study_b, bridge, trajectory)
+        for k, v in vars(m).items()
+        if not k.startswith("__")
+    }
+)
 
 # ------------------------------------------------------------------------------- helpers
 
@@ -78,9 +83,15 @@ def _eq(a, b) -> None:
 
 def training_df(n: int = 4) -> pd.DataFrame:
     step = np.arange(n) * 100
-    return pd.DataFrame({"step": step, "lr": np.linspace(0, 1e-3, n),
-                         "train_loss": np.r_[np.nan, np.linspace(5, 3, n - 1)] if n > 1 else [np.nan],
-                         "heldout_loss": np.linspace(6, 3.2, n), "unigram_loss": np.full(n, 4.5)})
+    return pd.DataFrame(
+        {
+            "step": step,
+            "lr": np.linspace(0, 1e-3, n),
+            "train_loss": np.r_[np.nan, np.linspace(5, 3, n - 1)] if n > 1 else [np.nan],
+            "heldout_loss": np.linspace(6, 3.2, n),
+            "unigram_loss": np.full(n, 4.5),
+        }
+    )
 
 
 def spectra_df(n_layers: int = 3) -> pd.DataFrame:
@@ -88,12 +99,23 @@ def spectra_df(n_layers: int = 3) -> pd.DataFrame:
     rows = []
     for L in range(n_layers):
         for kind in ("attn", "mlp"):
-            rows.append({"layer": L, "kind": kind, "s": 2 * L + (kind == "mlp"),
-                         "henrici": rng.uniform(), "henrici_JmI": rng.uniform(),
-                         "complex_frac_J_tol1e-09": rng.uniform(), "complex_frac_J_tol1e-06": rng.uniform(),
-                         "complex_frac_J_tol1e-03": rng.uniform(), "complex_frac_JmI_tol1e-06": rng.uniform(),
-                         "self_alignment_kfrac": rng.uniform(), "self_alignment_k1": rng.uniform(),
-                         "self_alignment_kerank": rng.uniform(), "erank_J": rng.uniform(1, 8)})
+            rows.append(
+                {
+                    "layer": L,
+                    "kind": kind,
+                    "s": 2 * L + (kind == "mlp"),
+                    "henrici": rng.uniform(),
+                    "henrici_JmI": rng.uniform(),
+                    "complex_frac_J_tol1e-09": rng.uniform(),
+                    "complex_frac_J_tol1e-06": rng.uniform(),
+                    "complex_frac_J_tol1e-03": rng.uniform(),
+                    "complex_frac_JmI_tol1e-06": rng.uniform(),
+                    "self_alignment_kfrac": rng.uniform(),
+                    "self_alignment_k1": rng.uniform(),
+                    "self_alignment_kerank": rng.uniform(),
+                    "erank_J": rng.uniform(1, 8),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -103,23 +125,46 @@ def spectra_arrays(n_layers: int = 3, d: int = 6) -> dict:
     for L in range(n_layers):
         for kind in ("attn", "mlp"):
             lam = np.linalg.eigvals(rng.standard_normal((d, d)) / np.sqrt(d) + np.eye(d))
-            out[f"L{L:03d}_{kind}"] = {"eigenvalues": lam.astype(np.complex128),
-                                       "singular_values": np.sort(rng.uniform(0, 2, d))[::-1],
-                                       "singular_values_JmI": np.sort(rng.uniform(0, 2, d))[::-1]}
+            out[f"L{L:03d}_{kind}"] = {
+                "eigenvalues": lam.astype(np.complex128),
+                "singular_values": np.sort(rng.uniform(0, 2, d))[::-1],
+                "singular_values_JmI": np.sort(rng.uniform(0, 2, d))[::-1],
+            }
     return out
 
 
 def bottleneck_df(n: int = 6) -> pd.DataFrame:
     s = np.arange(n)
-    return pd.DataFrame({"s": s, "layer": s // 2, "kind": np.where(s % 2, "mlp", "attn"), "d": 16,
-                         "erank": 16 * 0.6 ** s, "participation_ratio": 10 * 0.5 ** s,
-                         "log10_fro": np.linspace(0, 3, n), "erank_single": np.full(n, 12.0),
-                         "pr_single": np.full(n, 8.0)})
+    return pd.DataFrame(
+        {
+            "s": s,
+            "layer": s // 2,
+            "kind": np.where(s % 2, "mlp", "attn"),
+            "d": 16,
+            "erank": 16 * 0.6**s,
+            "participation_ratio": 10 * 0.5**s,
+            "log10_fro": np.linspace(0, 3, n),
+            "erank_single": np.full(n, 12.0),
+            "pr_single": np.full(n, 8.0),
+        }
+    )
 
 
 def schur_df(alphas=(0.0, 0.5, 1.0), n: int = 5) -> pd.DataFrame:
-    rows = [{"alpha": a, "s": s, "layer": s // 2, "kind": ("attn", "mlp")[s % 2], "erank": 16 * (0.9 - 0.3 * a) ** s,
-             "pr": 3.0, "log10_fro": 0.0, "henrici_single": a / 2} for a in alphas for s in range(n)]
+    rows = [
+        {
+            "alpha": a,
+            "s": s,
+            "layer": s // 2,
+            "kind": ("attn", "mlp")[s % 2],
+            "erank": 16 * (0.9 - 0.3 * a) ** s,
+            "pr": 3.0,
+            "log10_fro": 0.0,
+            "henrici_single": a / 2,
+        }
+        for a in alphas
+        for s in range(n)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -135,24 +180,42 @@ def ckpt_df(ckpts=("step0", "mid", "final")) -> pd.DataFrame:
 
 
 def summary_df() -> pd.DataFrame:
-    return pd.DataFrame({"layer": [0, 0, 1, 1], "boundary": ["pre_attn", "pre_mlp", "pre_attn", "pre_mlp"],
-                         "n_communities": [3, 2, 4, 1], "sizes": ["[5, 2, 1]", "[6, 2]", [3, 2, 2, 1], "[8]"],
-                         "quality": [0.4, 0.3, 0.5, 0.0]})
+    return pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1],
+            "boundary": ["pre_attn", "pre_mlp", "pre_attn", "pre_mlp"],
+            "n_communities": [3, 2, 4, 1],
+            "sizes": ["[5, 2, 1]", "[6, 2]", [3, 2, 2, 1], "[8]"],
+            "quality": [0.4, 0.3, 0.5, 0.0],
+        }
+    )
 
 
 def coupling_df() -> pd.DataFrame:
-    return pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "boundary": ["pre_attn", "pre_mlp"] * 3,
-                         "effect_log_median_ratio": [0.2, -0.1, 0.5, 0.05, 0.3, -0.4],
-                         "p_value": [0.01, 0.5, 0.001, 0.9, 0.02, 0.03],
-                         "q_value": [0.03, 0.6, 0.006, 0.9, 0.04, 0.045],
-                         "significant": [True, False, True, False, True, True],
-                         "henrici": [0.1, 0.3, 0.2, 0.6, 0.5, 0.4]})
+    return pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1, 2, 2],
+            "boundary": ["pre_attn", "pre_mlp"] * 3,
+            "effect_log_median_ratio": [0.2, -0.1, 0.5, 0.05, 0.3, -0.4],
+            "p_value": [0.01, 0.5, 0.001, 0.9, 0.02, 0.03],
+            "q_value": [0.03, 0.6, 0.006, 0.9, 0.04, 0.045],
+            "significant": [True, False, True, False, True, True],
+            "henrici": [0.1, 0.3, 0.2, 0.6, 0.5, 0.4],
+        }
+    )
 
 
 def counts_df() -> pd.DataFrame:
-    return pd.DataFrame({"model": ["a", "a", "a", "b", "b", "b"], "ckpt": ["step0", "mid", "final"] * 2,
-                         "n_significant_layers": [0, 3, 5, 1, 2, 4], "n_layers": [8] * 6,
-                         "n_significant_boundaries": [0, 4, 9, 2, 2, 7], "n_boundaries": [16] * 6})
+    return pd.DataFrame(
+        {
+            "model": ["a", "a", "a", "b", "b", "b"],
+            "ckpt": ["step0", "mid", "final"] * 2,
+            "n_significant_layers": [0, 3, 5, 1, 2, 4],
+            "n_layers": [8] * 6,
+            "n_significant_boundaries": [0, 4, 9, 2, 2, 7],
+            "n_boundaries": [16] * 6,
+        }
+    )
 
 
 def similarity_df(ckpts=("step0", "mid", "final"), n_layers: int = 3) -> pd.DataFrame:
@@ -162,9 +225,19 @@ def similarity_df(ckpts=("step0", "mid", "final"), n_layers: int = 3) -> pd.Data
             for b in ("pre_attn", "pre_mlp"):
                 for ref, rc in (("final", ckpts[-1]), ("first", ckpts[0])):
                     same = c == rc
-                    rows.append({"ckpt": c, "layer": L, "boundary": b, "reference_ckpt": rc, "reference": ref,
-                                 "nmi": 1.0 if same else 0.3 + 0.1 * L + 0.2 * i, "ari": 1.0 if same else 0.1 * L,
-                                 "modularity": 0.1 * i + 0.01 * L, "reason": None})
+                    rows.append(
+                        {
+                            "ckpt": c,
+                            "layer": L,
+                            "boundary": b,
+                            "reference_ckpt": rc,
+                            "reference": ref,
+                            "nmi": 1.0 if same else 0.3 + 0.1 * L + 0.2 * i,
+                            "ari": 1.0 if same else 0.1 * L,
+                            "modularity": 0.1 * i + 0.01 * L,
+                            "reason": None,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -172,8 +245,17 @@ def lens_df(n: int = 4) -> pd.DataFrame:
     rows = []
     for lens in ("tuned", "logit"):
         for L in range(n + 1):
-            rows.append({"lens": lens, "layer": L, "kl": (n - L) * (1 if lens == "tuned" else 2.0),
-                         "ce": 3 + (n - L) * 0.1, "hit1": L / n, "hit5": min(1, L / n + 0.2), "n_tokens": 100})
+            rows.append(
+                {
+                    "lens": lens,
+                    "layer": L,
+                    "kl": (n - L) * (1 if lens == "tuned" else 2.0),
+                    "ce": 3 + (n - L) * 0.1,
+                    "hit1": L / n,
+                    "hit5": min(1, L / n + 0.2),
+                    "n_tokens": 100,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -181,9 +263,16 @@ def rss_df(n: int = 9, ks=(2, 4, 8), d: int = 16) -> pd.DataFrame:
     rows = []
     for k in ks:
         for L in range(n):
-            rows.append({"layer": L, "k": k, "k_fraction": k / d,
-                         "rss": 0.5 + 0.4 * np.sin(np.pi * L / (n - 1)) * (k / d) ** 0.1,
-                         "grassmann_distance": 0.3, "energy": 0.5})
+            rows.append(
+                {
+                    "layer": L,
+                    "k": k,
+                    "k_fraction": k / d,
+                    "rss": 0.5 + 0.4 * np.sin(np.pi * L / (n - 1)) * (k / d) ** 0.1,
+                    "grassmann_distance": 0.3,
+                    "energy": 0.5,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -193,16 +282,30 @@ PHASES = {"b1": 2, "b2": 6, "peak": 4, "reason": "", "k": 4, "n": 9}
 def resolution_df() -> pd.DataFrame:
     e = np.array([0.2, 0.5, 0.9, 0.4])
     v = np.array([0.9, 0.6, 0.1, 0.5])
-    return pd.DataFrame({"k_fraction": [0.05, 0.1, 0.5, 0.08], "k": [1, 2, 8, 1], "energy": e,
-                         "mean_rss": 1 - v, "visibility": v, "pareto": [True, True, True, False]})
+    return pd.DataFrame(
+        {
+            "k_fraction": [0.05, 0.1, 0.5, 0.08],
+            "k": [1, 2, 8, 1],
+            "energy": e,
+            "mean_rss": 1 - v,
+            "visibility": v,
+            "pareto": [True, True, True, False],
+        }
+    )
 
 
 def geometry_df(n: int = 8) -> pd.DataFrame:
     L = np.arange(n + 1)
-    df = pd.DataFrame({"layer": L, "state": ["h_L"] * n + ["output"], "hidden_erank": 10 + L,
-                       "update_orthogonality": np.r_[np.linspace(0.1, 0.5, n), np.nan],
-                       "norm_ratio": np.r_[np.linspace(1, 2, n), np.nan],
-                       "relative_update_norm": np.r_[np.linspace(0.3, 0.1, n), np.nan]})
+    df = pd.DataFrame(
+        {
+            "layer": L,
+            "state": ["h_L"] * n + ["output"],
+            "hidden_erank": 10 + L,
+            "update_orthogonality": np.r_[np.linspace(0.1, 0.5, n), np.nan],
+            "norm_ratio": np.r_[np.linspace(1, 2, n), np.nan],
+            "relative_update_norm": np.r_[np.linspace(0.3, 0.1, n), np.nan],
+        }
+    )
     return df
 
 
@@ -216,10 +319,16 @@ def widths_df() -> pd.DataFrame:
 
 def fits_df(status: str = "ok") -> pd.DataFrame:
     ok = status == "ok"
-    return pd.DataFrame({"phase": [1, 2, 3], "status": status,
-                         "slope": [0.0, 0.5, 0.5] if ok else np.nan, "intercept": [2.0, -2.0, -1.0] if ok else np.nan,
-                         "slope_ci_low": [0.0, 0.4, 0.3] if ok else np.nan,
-                         "slope_ci_high": [0.0, 0.6, 0.7] if ok else np.nan})
+    return pd.DataFrame(
+        {
+            "phase": [1, 2, 3],
+            "status": status,
+            "slope": [0.0, 0.5, 0.5] if ok else np.nan,
+            "intercept": [2.0, -2.0, -1.0] if ok else np.nan,
+            "slope_ci_low": [0.0, 0.4, 0.3] if ok else np.nan,
+            "slope_ci_high": [0.0, 0.6, 0.7] if ok else np.nan,
+        }
+    )
 
 
 # ------------------------------------------------------------------------------- figure functions
@@ -268,8 +377,10 @@ def test_eigenvalue_grid_wraps_deep_models_and_tolerates_nan():
     assert len(fig.get_axes()) == 19
     for ax in fig.get_axes():
         if ax.get_subplotspec().is_last_row() or not any(
-                a.get_subplotspec().colspan == ax.get_subplotspec().colspan
-                and a.get_subplotspec().rowspan.start > ax.get_subplotspec().rowspan.start for a in fig.get_axes()):
+            a.get_subplotspec().colspan == ax.get_subplotspec().colspan
+            and a.get_subplotspec().rowspan.start > ax.get_subplotspec().rowspan.start
+            for a in fig.get_axes()
+        ):
             assert ax.get_xlabel()
     _render(fig)
     with pytest.raises(ValueError, match="L9_attention"):
@@ -318,8 +429,13 @@ def test_funnel_log_scale_and_reference():
     assert len(ax.get_lines()) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        (ax,) = _check(plots.funnel(df.assign(erank=np.nan, participation_ratio=np.nan, erank_single=np.nan,
-                                              pr_single=np.nan, d=np.nan), "t"), 1)
+        (ax,) = _check(
+            plots.funnel(
+                df.assign(erank=np.nan, participation_ratio=np.nan, erank_single=np.nan, pr_single=np.nan, d=np.nan),
+                "t",
+            ),
+            1,
+        )
     assert ax.get_yscale() == "linear"
 
 
@@ -360,8 +476,13 @@ def test_community_sizes():
     _eq(_line(ax_s, "median size").get_ydata(), [2, 4, 2, 8])
     assert ax_s.get_yscale() == "log"
     # without quality: two axes; NaN sizes and counts are fine
-    _check(plots.community_sizes(df.drop(columns="quality").assign(sizes=[np.nan, "[]", "[2]", None],
-                                                                     n_communities=[np.nan, 0, 1, np.nan]), "t"), 2)
+    _check(
+        plots.community_sizes(
+            df.drop(columns="quality").assign(sizes=[np.nan, "[]", "[2]", None], n_communities=[np.nan, 0, 1, np.nan]),
+            "t",
+        ),
+        2,
+    )
     with pytest.raises(ValueError, match="not a list of sizes"):
         plots.community_sizes(df.assign(sizes=["[1, 2", "[1]", "[1]", "[1]"]), "t")
     # the pipeline's communities_summary.tsv writes sizes comma-joined
@@ -448,8 +569,15 @@ def test_significant_counts_bars():
     assert ax.texts[0].get_text() == "0/8"  # count of layers / layers
     _check(plots.significant_counts(df.head(1).assign(n_significant_layers=np.nan), "t"), 1)
     # a table without the layer count (e.g. an older coupling_counts.tsv) falls back, and says "tests"
-    (ax,) = _check(plots.significant_counts(df.drop(columns=["n_significant_layers", "n_layers"]).rename(
-        columns={"n_significant_boundaries": "n_significant"}), "t"), 1)
+    (ax,) = _check(
+        plots.significant_counts(
+            df.drop(columns=["n_significant_layers", "n_layers"]).rename(
+                columns={"n_significant_boundaries": "n_significant"}
+            ),
+            "t",
+        ),
+        1,
+    )
     assert [p.get_height() for p in ax.patches] == [0, 2, 4, 2, 9, 7] and ax.get_ylabel().endswith("tests (count)")
     with pytest.raises(ValueError, match="n_significant_layers"):
         plots.significant_counts(df.drop(columns="n_significant_layers"), "t")
@@ -562,37 +690,99 @@ def test_phase_width_scaling_fits_and_too_few_depths():
 
 def bridge_df(n: int = 5) -> pd.DataFrame:
     L = np.arange(n)
-    return pd.DataFrame({"layer": L, "rss": 0.9 - 0.05 * L, "transport": 0.6 + 0.02 * L, "random_mean": 0.25 + 0 * L,
-                         "random_sd": 0.05 + 0 * L, "chance": 0.25 + 0 * L, "complex_frac_attn": 0.1 * L,
-                         "complex_frac_mlp": 0.05 * L, "henrici_attn": 0.3 + 0.01 * L, "henrici_mlp": 0.4 + 0 * L,
-                         "cum_erank": 30.0 - 2 * L})
+    return pd.DataFrame(
+        {
+            "layer": L,
+            "rss": 0.9 - 0.05 * L,
+            "transport": 0.6 + 0.02 * L,
+            "random_mean": 0.25 + 0 * L,
+            "random_sd": 0.05 + 0 * L,
+            "chance": 0.25 + 0 * L,
+            "complex_frac_attn": 0.1 * L,
+            "complex_frac_mlp": 0.05 * L,
+            "henrici_attn": 0.3 + 0.01 * L,
+            "henrici_mlp": 0.4 + 0 * L,
+            "cum_erank": 30.0 - 2 * L,
+        }
+    )
 
 
 def causal_df(n: int = 4) -> pd.DataFrame:
-    rows = [{"layer": L, "intervention": iv, "kl": 0.5 + L, "flip_rate": 0.1 * L, "random_kl_mean": 0.2 + 0.1 * L,
-             "random_kl_sd": 0.05, "random_flip_mean": 0.02 * L} for iv in ("project", "patch") for L in range(n)]
+    rows = [
+        {
+            "layer": L,
+            "intervention": iv,
+            "kl": 0.5 + L,
+            "flip_rate": 0.1 * L,
+            "random_kl_mean": 0.2 + 0.1 * L,
+            "random_kl_sd": 0.05,
+            "random_flip_mean": 0.02 * L,
+        }
+        for iv in ("project", "patch")
+        for L in range(n)
+    ]
     return pd.DataFrame(rows)
 
 
 def bootstrap_df(n: int = 4) -> pd.DataFrame:
-    rows = [{"metric": m, "s": s, "estimate": 0.5 + 0.1 * s, "ci_low": 0.4 + 0.1 * s, "ci_high": 0.6 + 0.1 * s,
-             "level": 0.95} for m in ("henrici", "complex_frac") for s in range(n)]
-    rows.append({"metric": "cum_erank_final", "s": np.nan, "estimate": 3.0, "ci_low": 2.5, "ci_high": 3.5,
-                 "level": 0.95})
+    rows = [
+        {
+            "metric": m,
+            "s": s,
+            "estimate": 0.5 + 0.1 * s,
+            "ci_low": 0.4 + 0.1 * s,
+            "ci_high": 0.6 + 0.1 * s,
+            "level": 0.95,
+        }
+        for m in ("henrici", "complex_frac")
+        for s in range(n)
+    ]
+    rows.append(
+        {"metric": "cum_erank_final", "s": np.nan, "estimate": 3.0, "ci_low": 2.5, "ci_high": 3.5, "level": 0.95}
+    )
     return pd.DataFrame(rows)
 
 
 def boot_trajectory_df(n: int = 3) -> pd.DataFrame:
     """Whole-model bootstrap rows of n checkpoints of two models, as render.trajectory_table gives them."""
-    return pd.DataFrame([{"model": m, "ckpt": f"step{10 * i}", "ckpt_index": i, "step": 10.0 * i, "metric": "cum",
-                          "layer": np.nan, "estimate": 3.0 + i, "ci_low": 2.5 + i, "ci_high": 3.5 + i,
-                          "bootstrapped": True} for m in ("a", "b") for i in range(n)])
+    return pd.DataFrame(
+        [
+            {
+                "model": m,
+                "ckpt": f"step{10 * i}",
+                "ckpt_index": i,
+                "step": 10.0 * i,
+                "metric": "cum",
+                "layer": np.nan,
+                "estimate": 3.0 + i,
+                "ci_low": 2.5 + i,
+                "ci_high": 3.5 + i,
+                "bootstrapped": True,
+            }
+            for m in ("a", "b")
+            for i in range(n)
+        ]
+    )
 
 
 def phase_trajectory_df(n: int = 3) -> pd.DataFrame:
-    return pd.DataFrame([{"model": "a", "ckpt": f"step{10 * i}", "ckpt_index": i, "step": 10.0 * i, "phase": ph,
-                          "phase_name": name, "metric": "hidden_erank", "mean": 2.0 + i, "sd": 0.5}
-                         for i in range(n) for ph, name in ((1, "rise"), (2, "plateau"))])
+    return pd.DataFrame(
+        [
+            {
+                "model": "a",
+                "ckpt": f"step{10 * i}",
+                "ckpt_index": i,
+                "step": 10.0 * i,
+                "phase": ph,
+                "phase_name": name,
+                "metric": "hidden_erank",
+                "mean": 2.0 + i,
+                "sd": 0.5,
+            }
+            for i in range(n)
+            for ph, name in ((1, "rise"), (2, "plateau"))
+        ]
+    )
 
 
 def _one_row_cases():
@@ -613,7 +803,9 @@ def _one_row_cases():
         "lens_curves": lambda: plots.lens_curves(lens_df().head(1), "m"),
         "rss_profile_plot": lambda: plots.rss_profile_plot(rss_df().head(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(resolution_df().head(1), "m"),
-        "phase_metric_profiles": lambda: plots.phase_metric_profiles(geometry_df().head(1), PHASES, ["hidden_erank"], "m"),
+        "phase_metric_profiles": lambda: plots.phase_metric_profiles(
+            geometry_df().head(1), PHASES, ["hidden_erank"], "m"
+        ),
         "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df().head(1), fits_df().head(1), "m"),
         "bridge_profiles": lambda: plots.bridge_profiles(bridge_df(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
         "causal_effects": lambda: plots.causal_effects(causal_df(1), "m"),
@@ -640,8 +832,7 @@ def _nan_cases():
         "operator_profile": lambda: plots.operator_profile(_nan(spectra_df()), "m"),
         "funnel": lambda: plots.funnel(_nan(bottleneck_df()), "m"),
         "schur_curves": lambda: plots.schur_curves(_nan(schur_df(), keep=("alpha",)), "m"),
-        "checkpoint_comparison": lambda: plots.checkpoint_comparison(
-            _nan(ckpt_df()), ["henrici", "cum_erank"], "m"),
+        "checkpoint_comparison": lambda: plots.checkpoint_comparison(_nan(ckpt_df()), ["henrici", "cum_erank"], "m"),
         "community_sizes": lambda: plots.community_sizes(_nan(summary_df()), "m"),
         "coupling_profile": lambda: plots.coupling_profile(_nan(coupling_df()), "m"),
         "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(_nan(coupling_df()), "m"),
@@ -651,7 +842,8 @@ def _nan_cases():
         "rss_profile_plot": lambda: plots.rss_profile_plot(_nan(rss_df(), keep=("k",)), PHASES, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(_nan(resolution_df()), "m"),
         "phase_metric_profiles": lambda: plots.phase_metric_profiles(
-            _nan(geometry_df()), {"b1": np.nan, "b2": 3, "peak": None, "reason": "x"}, ["norm_ratio"], "m"),
+            _nan(geometry_df()), {"b1": np.nan, "b2": 3, "peak": None, "reason": "x"}, ["norm_ratio"], "m"
+        ),
         "phase_width_scaling": lambda: plots.phase_width_scaling(widths_df(), _nan(fits_df()), "m"),
         "bridge_profiles": lambda: plots.bridge_profiles(_nan(bridge_df()), PHASES, "m"),
         "causal_effects": lambda: plots.causal_effects(_nan(causal_df()), "m"),
@@ -715,7 +907,7 @@ def _pdf_literal(raw: bytes, key: bytes) -> str:
                 j = i + 1
                 while j < i + 4 and ord("0") <= raw[j] <= ord("7"):
                     j += 1
-                out.append(int(raw[i + 1:j], 8))
+                out.append(int(raw[i + 1 : j], 8))
                 i = j
             else:
                 out.append(nxt)
@@ -731,10 +923,17 @@ def _pdf_literal(raw: bytes, key: bytes) -> str:
         i += 1
 
 
-PROV = {"rule": "figure_funnel", "wildcards": {"model": "zoo-8", "ckpt": "final"},
-        "params": {"dpi": 120, "note": "a (nested) \\ path λ"}, "inputs": {"results/x.tsv": "ab" * 32},
-        "git": {"commit": None, "dirty": True}, "n": np.int64(3), "x": np.float32(0.5), "bad": float("nan"),
-        "end": None}
+PROV = {
+    "rule": "figure_funnel",
+    "wildcards": {"model": "zoo-8", "ckpt": "final"},
+    "params": {"dpi": 120, "note": "a (nested) \\ path λ"},
+    "inputs": {"results/x.tsv": "ab" * 32},
+    "git": {"commit": None, "dirty": True},
+    "n": np.int64(3),
+    "x": np.float32(0.5),
+    "bad": float("nan"),
+    "end": None,
+}
 PROV_JSON = json.loads(json.dumps({**PROV, "n": 3, "x": 0.5, "bad": None}))
 
 
@@ -800,7 +999,8 @@ def test_save_figure_closes_pyplot_figures(tmp_path):
 def test_numerical_modules_do_not_import_matplotlib():
     code = (
         "import sys\n"
-        "import resdyn.study_a.spectral, resdyn.study_b.readout, resdyn.study_b.phases, resdyn.study_a.schur, resdyn.study_b.geometry\n"
+        "import resdyn.study_a.spectral, resdyn.study_b.readout, resdyn.study_b.phases, resdyn.study_a.schur, "
+        "resdyn.study_b.geometry\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn'))\n"
         "print(bad[:5]); sys.exit(1 if bad else 0)\n"
     )
@@ -818,7 +1018,11 @@ def test_style_constants_are_seaborns_and_plots_import_neither_seaborn_nor_scipy
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == (pytest.approx(value) if isinstance(value, float) else value), key
-    code = "import sys, resdyn.plots; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('seaborn', 'scipy', 'torch')); print(bad[:5]); sys.exit(1 if bad else 0)"
+    code = (
+        "import sys, resdyn.plots; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('seaborn', 'scipy', 'torch')); "
+        "print(bad[:5]); sys.exit(1 if bad else 0)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -849,8 +1053,13 @@ def test_catalogue_paths_and_study_filter():
     assert catalogue.input_paths(spec, model="m", ckpt="c") == ["results/m/c/rss.tsv", "results/m/c/phases.json"]
     assert catalogue.output_path(catalogue.by_name("phase_widths")) == "results/figures/scaling/phase_widths.png"
     only_b = {"studies": ["B"]}
-    assert [f.name for f in catalogue.of_scope("lens", only_b)] == ["lens", "rss", "resolution", "phase_metrics",
-                                                                   "causal"]
+    assert [f.name for f in catalogue.of_scope("lens", only_b)] == [
+        "lens",
+        "rss",
+        "resolution",
+        "phase_metrics",
+        "causal",
+    ]
     assert catalogue.of_scope("ckpt", only_b) == ()
 
 
@@ -889,11 +1098,15 @@ def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_pa
     (plots_dir / "study_b.py").write_text((plots_dir / "study_b.py").read_text() + "\n# a comment\n")
     assert _versions(pkg) == after
     # a module-level helper of study_b: every study_b figure, nothing else
-    (plots_dir / "study_b.py").write_text((plots_dir / "study_b.py").read_text().replace(
-        '_LENS_STYLE = {"tuned": (PALETTE[0], "-", "o")', '_LENS_STYLE = {"tuned": (PALETTE[5], "-", "o")'))
+    (plots_dir / "study_b.py").write_text(
+        (plots_dir / "study_b.py")
+        .read_text()
+        .replace('_LENS_STYLE = {"tuned": (PALETTE[0], "-", "o")', '_LENS_STYLE = {"tuned": (PALETTE[5], "-", "o")')
+    )
     edited = _versions(pkg)
     assert {n for n in after if after[n] != edited[n]} == {
-        f.name for f in catalogue.FIGURES if f.module == "resdyn.plots.study_b"}
+        f.name for f in catalogue.FIGURES if f.module == "resdyn.plots.study_b"
+    }
     # the shared helpers, the render module and what they import: every figure
     for rel in ("plots/common.py", "plots/render.py", "io.py"):
         (pkg / rel).write_text((pkg / rel).read_text() + "\n# edited\n")
@@ -913,8 +1126,19 @@ def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> 
             out.unlink(missing_ok=True)
         inputs = {str(work / Path(p).name): sidecars.hash_path(work / Path(p).name) for p in spec.inputs}
         version = (code or {}).get(name) or catalogue.figure_code_version(name)
-        drawn[name] = render.render(name, spec.plot, inputs, str(png), str(pdf), f"m · {name}", spec.caption, 60,
-                                    version, {"rule": "figure_ckpt", "start": repr(np.random.rand())}, cache)
+        drawn[name] = render.render(
+            name,
+            spec.plot,
+            inputs,
+            str(png),
+            str(pdf),
+            f"m · {name}",
+            spec.caption,
+            60,
+            version,
+            {"rule": "figure_ckpt", "start": repr(np.random.rand())},
+            cache,
+        )
     return drawn
 
 
@@ -958,7 +1182,9 @@ def test_select_metrics_defaults_names_and_errors():
     assert select_metrics(df, ("c", "a"), ("a",), "t") == ["c", "a"]
     with pytest.raises(ValueError, match="at least one column"):
         select_metrics(df, [], ("a",), "t")
-    with pytest.raises(ValueError, match=r"geometry table has none of the default metrics \['x', 'y'\]; it has \['a', 'c'\]"):
+    with pytest.raises(
+        ValueError, match=r"geometry table has none of the default metrics \['x', 'y'\]; it has \['a', 'c'\]"
+    ):
         select_metrics(df, None, ("x", "y"), "geometry table")
     with pytest.raises(ValueError, match=r"none of the default metrics \['shown'\]"):
         select_metrics(df, None, ("x",), "t", listed=("shown",))

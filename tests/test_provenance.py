@@ -19,8 +19,15 @@ from resdyn.provenance import sidecars
 
 
 def _sm(rule: str, inputs: list[Path], outputs: list[Path], log: Path) -> SimpleNamespace:
-    return SimpleNamespace(rule=rule, input=[str(p) for p in inputs], output=[str(p) for p in outputs],
-                           params={"x": 1}, wildcards={}, log=[str(log)], threads=1)
+    return SimpleNamespace(
+        rule=rule,
+        input=[str(p) for p in inputs],
+        output=[str(p) for p in outputs],
+        params={"x": 1},
+        wildcards={},
+        log=[str(log)],
+        threads=1,
+    )
 
 
 def _run(rule, inputs, outputs, body, tmp):
@@ -39,6 +46,7 @@ def chain(tmp_path, monkeypatch):
         b.mkdir(parents=True)
         (b / "layer000.txt").write_text(a.read_text() * 2)
         (b / "layer001.txt").write_text("x")
+
     _run("make_b", [a], [b], make_b, tmp_path)
     _run("make_c", [b], [c], lambda: c.write_text("c\n"), tmp_path)
     return src, a, b, c
@@ -55,8 +63,10 @@ def test_sidecar_records_outputs_and_a_folder_manifest(chain):
     assert side_a["outputs"] == {str(a): side_a["artifact"]["sha256"]}
     side_b = io.read_json(io.prov_path(b))
     files = side_b["artifact"]["files"]
-    assert files == {"layer000.txt": hashlib.sha256((b / "layer000.txt").read_bytes()).hexdigest(),
-                     "layer001.txt": hashlib.sha256(b"x").hexdigest()}
+    assert files == {
+        "layer000.txt": hashlib.sha256((b / "layer000.txt").read_bytes()).hexdigest(),
+        "layer001.txt": hashlib.sha256(b"x").hexdigest(),
+    }
     # the folder digest is the documented one: sha256 over sorted (name, file hash)
     h = hashlib.sha256()
     for name in sorted(files):
@@ -95,10 +105,15 @@ def test_file_changed_inside_a_folder_output_is_named(chain):
 def test_changed_source_input(chain):
     src, a, _, _ = chain
     src.write_text("bye\n")
-    assert _problems() == [sidecars.problem(
-        "changed input", a, f"input {src} changed since it was made "
-        f"(sha256 {hashlib.sha256(b'hello' + bytes([10])).hexdigest()[:12]}… → "
-        f"{hashlib.sha256(b'bye' + bytes([10])).hexdigest()[:12]}…)")]
+    assert _problems() == [
+        sidecars.problem(
+            "changed input",
+            a,
+            f"input {src} changed since it was made "
+            f"(sha256 {hashlib.sha256(b'hello' + bytes([10])).hexdigest()[:12]}… → "
+            f"{hashlib.sha256(b'bye' + bytes([10])).hexdigest()[:12]}…)",
+        )
+    ]
 
 
 def test_stale_chain_when_an_input_was_rebuilt(chain, tmp_path):
@@ -106,8 +121,11 @@ def test_stale_chain_when_an_input_was_rebuilt(chain, tmp_path):
     src.write_text("bye\n")
     _run("make_a", [src], [a], lambda: io.write_tsv(__import__("pandas").DataFrame({"v": [3.0]}), a), tmp_path)
     lines = _problems()
-    assert lines == [sidecars.problem("stale chain", b, f"made from a version of {a} that no longer exists "
-                                        "(it was rebuilt since by rule make_a)")]
+    assert lines == [
+        sidecars.problem(
+            "stale chain", b, f"made from a version of {a} that no longer exists (it was rebuilt since by rule make_a)"
+        )
+    ]
 
 
 def test_missing_sidecar_and_sidecar_without_artifact(chain):
@@ -129,8 +147,11 @@ def test_unreadable_sidecar(chain):
 def test_a_step_refuses_an_input_its_rule_did_not_write(chain, tmp_path):
     _, _, b, c = chain
     (b / "layer000.txt").write_text("corrupt")
-    with pytest.raises(sidecars.InputChanged, match=r"input results/b differs from what its rule wrote "
-                                                      r"\(changed layer000.txt\)"):
+    with pytest.raises(
+        sidecars.InputChanged,
+        match=r"input results/b differs from what its rule wrote "
+        r"\(changed layer000.txt\)",
+    ):
         _run("make_c", [b], [c], lambda: c.write_text("c2\n"), tmp_path)
     assert c.read_text() == "c\n"  # nothing rewritten, the old sidecar still names the good input
     assert json.loads(io.prov_path(c).read_text())["inputs"][str(b)] != io.sha256_tree(b)
@@ -155,5 +176,6 @@ def test_source_files_and_logs_are_not_artifacts(chain, tmp_path):
         assert checked == 0 and len(lines) == 1 and lines[0].startswith(f"not an artifact: {path}:"), lines
         assert "delete" not in lines[0]
     a.with_name("stray.tsv").write_text("x\n")  # a file under results/ without a sidecar is still found
-    assert sidecars.audit(["."])[1] == [sidecars.problem(
-        "missing sidecar", Path("results/stray.tsv"), "no provenance sidecar stray.tsv.prov.json")]
+    assert sidecars.audit(["."])[1] == [
+        sidecars.problem("missing sidecar", Path("results/stray.tsv"), "no provenance sidecar stray.tsv.prov.json")
+    ]

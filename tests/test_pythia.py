@@ -1,6 +1,6 @@
 """configs/pythia-mini.yaml end to end: tiny random GPT-NeoX models (parallel residual) read from
 a Hugging Face cache, study A over a checkpoint series and study B over a depth series on tuned
-lenses imported from a tuned-lens Space in that cache (tests/hubcache.py builds it).
+lenses imported from a tuned-lens Space in that cache (tests/helpers/hubcache.py builds it).
 
 Checks against independent values: the imported translators equal the published params.pt, the
 bottleneck rows are the layer operators' cumulative ranks (recomputed with numpy from the
@@ -20,15 +20,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import hubcache
 from resdyn import artifacts
 from resdyn.study_a import spectral
+
+from helpers import hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 CKPTS = ["step0", "step1000", "step143000"]
-MODELS = {"pythia_8l": "resdyn-ci/pythia-mini-8L", "pythia_12l": "resdyn-ci/pythia-mini-12L",
-          "pythia_16l": "resdyn-ci/pythia-mini-16L"}
+MODELS = {
+    "pythia_8l": "resdyn-ci/pythia-mini-8L",
+    "pythia_12l": "resdyn-ci/pythia-mini-12L",
+    "pythia_16l": "resdyn-ci/pythia-mini-16L",
+}
 
 
 def load_config_json(folder: Path) -> dict:
@@ -39,8 +43,11 @@ def load_config_json(folder: Path) -> dict:
 
 def _targets() -> list[str]:
     out = [f"results/pythia_8l/{c}/{t}" for c in CKPTS for t in ("bottleneck.tsv", "spectra.tsv")]
-    out += ["results/pythia_8l/step143000/coupling.tsv", "results/pythia_8l/step143000/schur.tsv",
-            "results/scaling/phase_widths.tsv"]
+    out += [
+        "results/pythia_8l/step143000/coupling.tsv",
+        "results/pythia_8l/step143000/schur.tsv",
+        "results/scaling/phase_widths.tsv",
+    ]
     return out + ["results/pythia_8l/step143000/lens_metrics.tsv"]
 
 
@@ -49,12 +56,34 @@ def pythia_run(tmp_path_factory):
     home = tmp_path_factory.mktemp("pythia-hf")
     hubcache.build_pythia(home)
     work = tmp_path_factory.mktemp("pythia-run")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("HF_HUB_CACHE", None)
-    proc = subprocess.run([SNAKEMAKE, "--cores", "2", "--configfile", str(ROOT / "configs" / "pythia-mini.yaml"),
-                           "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), *_targets()],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            SNAKEMAKE,
+            "--cores",
+            "2",
+            "--configfile",
+            str(ROOT / "configs" / "pythia-mini.yaml"),
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(work),
+            *_targets(),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return home, work
 
@@ -66,7 +95,9 @@ def test_study_a_funnel_over_the_checkpoint_series(pythia_run):
     for ckpt in CKPTS:
         bn = pd.read_csv(work / f"results/pythia_8l/{ckpt}/bottleneck.tsv", sep="\t")
         assert bn["kind"].tolist() == ["layer"] * 8 and bn["s"].tolist() == list(range(1, 16, 2))
-        loaders, attrs = artifacts.JacobianBlocks.read_means([work / f"results/pythia_8l/{ckpt}/jacobians/layers000-007"])
+        loaders, attrs = artifacts.JacobianBlocks.read_means(
+            [work / f"results/pythia_8l/{ckpt}/jacobians/layers000-007"]
+        )
         assert attrs["residual"] == "parallel" and attrs["family"] == "gpt_neox"
         product = np.eye(32)
         for L in range(8):

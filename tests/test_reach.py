@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hubcache
 import pytest
 import yaml
 
@@ -18,6 +17,8 @@ from resdyn.cluster import cost
 from resdyn.lm import families
 from resdyn.pipeline import config as rc
 from resdyn.pipeline import plan
+
+from helpers import hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -69,10 +70,21 @@ def test_generic_family_is_priced_and_flagged(offline_standins):
 
 @pytest.mark.slow
 def test_preset_dry_runs(standins, tmp_path):
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT),
-           "HF_HUB_CACHE": str(standins), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
-    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", str(PRESET), "--directory", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_CACHE": str(standins),
+        "HF_HUB_OFFLINE": "1",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [SNAKEMAKE, "-n", "--configfile", str(PRESET), "--directory", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     for rule in ("jacobians", "lens", "scaling"):

@@ -22,12 +22,22 @@ import torch
 import transformers
 import yaml
 
-from test_slurm import SUBMITTED_RE, _env, require_slurm, write_test_profile
+from helpers.slurm import SUBMITTED_RE, _env, require_slurm, write_test_profile
 
 REPO = Path(__file__).resolve().parents[1]
 #: the lens training of the job and of the reference (small, but ~tens of seconds on a loaded core)
-LENS = {"steps": 80, "tokens_per_step": 256, "lr": 1e-3, "optimizer": "adam", "eval_every": 20, "patience": 3,
-        "tol": 0.0, "seed": 0, "warmup_steps": 0, "lr_schedule": "constant"}  # tol 0: never converged early, all 80 steps
+LENS = {
+    "steps": 80,
+    "tokens_per_step": 256,
+    "lr": 1e-3,
+    "optimizer": "adam",
+    "eval_every": 20,
+    "patience": 3,
+    "tol": 0.0,
+    "seed": 0,
+    "warmup_steps": 0,
+    "lr_schedule": "constant",
+}  # tol 0: never converged early, all 80 steps
 CHECKPOINT_EVERY = 5
 
 SNAKEFILE = textwrap.dedent("""
@@ -70,8 +80,9 @@ def _start_now(jobid: str, timeout_s: float = 60.0) -> None:
     while time.monotonic() < deadline:  # requeued once the job's processes are gone: PENDING
         state = subprocess.run(["squeue", "-h", "-j", jobid, "-o", "%T"], capture_output=True, text=True).stdout
         if state.strip() == "PENDING":
-            res = subprocess.run(["scontrol", "update", f"JobId={jobid}", "StartTime=now"], capture_output=True,
-                                 text=True)
+            res = subprocess.run(
+                ["scontrol", "update", f"JobId={jobid}", "StartTime=now"], capture_output=True, text=True
+            )
             assert res.returncode == 0, res.stderr
             return
         time.sleep(0.2)
@@ -79,8 +90,15 @@ def _start_now(jobid: str, timeout_s: float = 60.0) -> None:
 
 
 def _tiny_model(folder: Path) -> None:
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
 
@@ -107,8 +125,14 @@ def test_a_requeued_lens_job_resumes_to_the_uninterrupted_artifact(tmp_path):
     prof = yaml.safe_load((profile / "config.yaml").read_text())
     assert prof["slurm-requeue"] is True  # the repository's setting, kept by the test profile
 
-    proc = subprocess.Popen(["snakemake", "--profile", str(profile)], cwd=wd, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["snakemake", "--profile", str(profile)],
+        cwd=wd,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     ckpt = wd / ".lens.partial.pt"
     jobid, requeued, deadline = None, False, time.monotonic() + 900
     try:
@@ -143,9 +167,14 @@ def test_a_requeued_lens_job_resumes_to_the_uninterrupted_artifact(tmp_path):
     for p in model.parameters():
         p.requires_grad_(False)
     ids = torch.as_tensor(np.load(wd / "ids.npy"))
-    reference = lens.train_lens(model, lens.token_batches(ids[8:], 8), heldout_batches=lens.token_batches(ids[:8], 8),
-                                checkpoint=tmp_path / "ref.partial.pt",
-                                checkpoint_every=CHECKPOINT_EVERY, **LENS)
+    reference = lens.train_lens(
+        model,
+        lens.token_batches(ids[8:], 8),
+        heldout_batches=lens.token_batches(ids[:8], 8),
+        checkpoint=tmp_path / "ref.partial.pt",
+        checkpoint_every=CHECKPOINT_EVERY,
+        **LENS,
+    )
     reference.save(tmp_path / "lens")
     got, want = _translators(wd / "lens", wd / "model"), _translators(tmp_path / "lens", wd / "model")
     for key in want:

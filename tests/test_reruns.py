@@ -8,14 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reruns.md"
 #: Directives that end a rule's params block.
-_NEXT = re.compile(r"^\s*(script|shell|run|wrapper|notebook|input|output|log|benchmark|threads|resources|"
-                   r"conda|priority|wildcard_constraints|message|group|localrule|cache|retries|params):")
+_NEXT = re.compile(
+    r"^\s*(script|shell|run|wrapper|notebook|input|output|log|benchmark|threads|resources|"
+    r"conda|priority|wildcard_constraints|message|group|localrule|cache|retries|params):"
+)
 
 
 def _config_keys(text: str) -> list[str]:
     """``config["a"]["b"]`` -> a.b; a subscript that is not a string literal -> <name>."""
     keys = []
-    for m in re.finditer(r'\bconfig((?:\[[^\]\[]+\])+)', text):
+    for m in re.finditer(r"\bconfig((?:\[[^\]\[]+\])+)", text):
         parts = re.findall(r"\[([^\]]+)\]", m[1])
         keys.append(".".join(p.strip("\"'") if p[0] in "\"'" else f"<{p.split('.')[-1]}>" for p in parts))
     return keys
@@ -55,6 +57,11 @@ def rule_params() -> dict[str, tuple[list[str], list[str]]]:
     return out
 
 
+def _split_cell(cell: str) -> list[str]:
+    """The entries of a table cell: `;`-separated, backticks dropped, empty and `—` left out."""
+    return [x.strip() for x in re.split(r";\s*", cell.replace("`", "")) if x.strip() not in ("", "—")]
+
+
 def doc_table() -> dict[str, tuple[list[str], list[str]]]:
     """The table of docs/reruns.md: | rule | reruns when these params change | settings |."""
     out = {}
@@ -62,15 +69,16 @@ def doc_table() -> dict[str, tuple[list[str], list[str]]]:
     for line in text.split("\n\n", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and cells[0].startswith("`"):
-            split = lambda c: [x.strip() for x in re.split(r";\s*", c.replace("`", "")) if x.strip() not in ("", "—")]
-            out[cells[0].strip("`")] = (split(cells[1]), split(cells[2]))
+            out[cells[0].strip("`")] = (_split_cell(cells[1]), _split_cell(cells[2]))
     return out
 
 
 def markdown_rows() -> str:
     """The table rows as they belong in docs/reruns.md (print this after changing a rule)."""
-    return "\n".join(f"| `{r}` | {'; '.join(f'`{x}`' for x in t) or '—'} | {'; '.join(f'`{x}`' for x in s) or '—'} |"
-                     for r, (t, s) in sorted(rule_params().items()))
+    return "\n".join(
+        f"| `{r}` | {'; '.join(f'`{x}`' for x in t) or '—'} | {'; '.join(f'`{x}`' for x in s) or '—'} |"
+        for r, (t, s) in sorted(rule_params().items())
+    )
 
 
 def test_docs_list_every_rules_triggers_and_settings():

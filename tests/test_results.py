@@ -22,19 +22,44 @@ from resdyn.provenance import sidecars
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sidecar(path: Path, run: Path, rule: str, params: dict, inputs: dict | None = None, checkpoint=None,
-            device: str = "cpu", torch: str = "2.4.0") -> None:
+def sidecar(
+    path: Path,
+    run: Path,
+    rule: str,
+    params: dict,
+    inputs: dict | None = None,
+    checkpoint=None,
+    device: str = "cpu",
+    torch: str = "2.4.0",
+) -> None:
     """A sidecar as provenance.Step.finish writes it (artifact fingerprint included)."""
-    prov = {"rule": rule, "wildcards": {}, "params": params, "inputs": inputs or {}, "checkpoint": checkpoint,
-            "git": {"commit": "abc123", "dirty": False}, "versions": {"resdyn": "9.9.9", "torch": torch},
-            "device": device, "artifact": sidecars.fingerprint(path)}
+    prov = {
+        "rule": rule,
+        "wildcards": {},
+        "params": params,
+        "inputs": inputs or {},
+        "checkpoint": checkpoint,
+        "git": {"commit": "abc123", "dirty": False},
+        "versions": {"resdyn": "9.9.9", "torch": torch},
+        "device": device,
+        "artifact": sidecars.fingerprint(path),
+    }
     io.write_json(prov, io.prov_path(path))
 
 
 def rss_table(seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"layer": [0, 1, 2], "k": 2, "k_fraction": 0.25, "d": 8, "rss": rng.uniform(0, 1, 3),
-                         "grassmann_distance": rng.uniform(0, 1, 3), "energy": rng.uniform(0, 1, 3)})
+    return pd.DataFrame(
+        {
+            "layer": [0, 1, 2],
+            "k": 2,
+            "k_fraction": 0.25,
+            "d": 8,
+            "rss": rng.uniform(0, 1, 3),
+            "grassmann_distance": rng.uniform(0, 1, 3),
+            "energy": rng.uniform(0, 1, 3),
+        }
+    )
 
 
 CKPTS = {  # ckpt name -> (checkpoint record, expected step, expected tokens)
@@ -51,15 +76,24 @@ def make_run(tmp: Path, seed: int = 0) -> Path:
         path = A.RssProfile.path(run, model="m", ckpt=ckpt)
         path.parent.mkdir(parents=True, exist_ok=True)
         A.RssProfile.write(rss_table(seed + i), path)
-        sidecar(path, run, "rss", {"code": "c0de", "seed": seed},
-                checkpoint={"model": "m", "checkpoint": ckpt, **rec})
+        sidecar(path, run, "rss", {"code": "c0de", "seed": seed}, checkpoint={"model": "m", "checkpoint": ckpt, **rec})
     folder = A.CommunityPartitions.path(run, model="m", ckpt="main")
     folder.mkdir()
-    part = pd.DataFrame({"unit": range(6), "community": [3, 3, 7, 7, 1, 1], "participation": 0.0,
-                         "is_boundary": False, "layer": 0, "boundary": "h"})
+    part = pd.DataFrame(
+        {
+            "unit": range(6),
+            "community": [3, 3, 7, 7, 1, 1],
+            "participation": 0.0,
+            "is_boundary": False,
+            "layer": 0,
+            "boundary": "h",
+        }
+    )
     A.CommunityPartitions.write(part, A.CommunityPartitions.layer_file(folder, 0))
-    io.write_json({"rule": "communities", "params": {"code": "c0de"}, "inputs": {},
-                   "artifact": sidecars.fingerprint(folder)}, io.prov_path(folder))
+    io.write_json(
+        {"rule": "communities", "params": {"code": "c0de"}, "inputs": {}, "artifact": sidecars.fingerprint(folder)},
+        io.prov_path(folder),
+    )
     return run
 
 
@@ -80,8 +114,10 @@ def test_collect_adds_identity_and_provenance(tmp_path):
         np.testing.assert_array_equal(rows["step"], step)
         np.testing.assert_array_equal(rows["tokens"], tokens)
         assert (rows["step_reason"] == ("" if np.isfinite(step) else "revision 'main' names no training step")).all()
-        pd.testing.assert_frame_equal(rows[list(A.RssProfile.columns)].reset_index(drop=True),
-                                      A.RssProfile.read(A.RssProfile.path(run, model="m", ckpt=ckpt)))
+        pd.testing.assert_frame_equal(
+            rows[list(A.RssProfile.columns)].reset_index(drop=True),
+            A.RssProfile.read(A.RssProfile.path(run, model="m", ckpt=ckpt)),
+        )
     assert set(rss["code_version"]) == {"c0de"} and set(rss["resdyn_version"]) == {"9.9.9"}
     assert set(rss["params"]) == {'{"seed": 0}'} and set(rss["versions"]) == {"resdyn=9.9.9 torch=2.4.0"}
     assert set(rss["stale"]) == {""} and set(rss["model"]) == {"m"}
@@ -98,8 +134,20 @@ def test_clashing_table_columns_are_renamed(tmp_path):
     run = tmp_path / "run"
     path = A.PhaseMetrics.path(run, model="m", ckpt="main")
     path.parent.mkdir(parents=True)
-    A.PhaseMetrics.write(pd.DataFrame({"phase": [1], "phase_name": ["rise"], "metric": ["x"], "mean": [1.0],
-                                       "sd": [np.nan], "n_layers": [1], "reason": ["one layer"]}), path)
+    A.PhaseMetrics.write(
+        pd.DataFrame(
+            {
+                "phase": [1],
+                "phase_name": ["rise"],
+                "metric": ["x"],
+                "mean": [1.0],
+                "sd": [np.nan],
+                "n_layers": [1],
+                "reason": ["one layer"],
+            }
+        ),
+        path,
+    )
     sidecar(path, run, "phase_metrics", {"code": "c"})
     t = results.collect(run).tables["phase_metrics"]
     assert t["phase_metrics_n_layers"].tolist() == [1] and t["n_layers"].isna().all()
@@ -124,8 +172,12 @@ def test_a_table_made_from_a_rebuilt_input_is_stale(tmp_path):
     run = make_run(tmp_path)
     up = A.RssProfile.path(run, model="m", ckpt="main")
     down = A.ResolutionTable.path(run, model="m", ckpt="main")
-    A.ResolutionTable.write(pd.DataFrame({"k_fraction": [0.25], "k": [2], "energy": [0.5], "mean_rss": [0.5],
-                                          "visibility": [0.5], "pareto": [True]}), down)
+    A.ResolutionTable.write(
+        pd.DataFrame(
+            {"k_fraction": [0.25], "k": [2], "energy": [0.5], "mean_rss": [0.5], "visibility": [0.5], "pareto": [True]}
+        ),
+        down,
+    )
     layout = results.run_layout(run)
     sidecar(down, run, "resolution", {"code": "c"}, inputs={str(up.relative_to(run)): "0" * 64})
     assert results.sidecar_problem(down, layout).startswith("stale: made from an older results/m/main/rss.tsv")
@@ -160,8 +212,13 @@ def test_not_a_results_tree(tmp_path):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "resdyn.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "resdyn.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_cli_exit_codes_and_one_line_errors(tmp_path):
@@ -215,12 +272,18 @@ def test_compare_a_run_with_itself_a_relabelled_and_a_perturbed_copy(tmp_path):
     A.CommunityPartitions.write(part, A.CommunityPartitions.layer_file(folder, 0))
     path = A.RssProfile.path(other, model="m", ckpt="main")  # one table made with another seed, on a GPU
     A.RssProfile.write(rss_table(5), path)
-    sidecar(path, other, "rss", {"code": "c0de", "seed": 4}, device="cuda:H100", torch="2.5.0",
-            checkpoint={"model": "m", "checkpoint": "main", **CKPTS["main"][0]})
+    sidecar(
+        path,
+        other,
+        "rss",
+        {"code": "c0de", "seed": 4},
+        device="cuda:H100",
+        torch="2.5.0",
+        checkpoint={"model": "m", "checkpoint": "main", **CKPTS["main"][0]},
+    )
     got = compare.compare_runs(run, other)
     assert [(d.table, d.file) for d in got.differences] == [("rss", "results/m/main/rss.tsv")]
-    assert got.differences[0].provenance == ("device cpu → cuda:H100; versions torch 2.4.0 → 2.5.0; "
-                                             "params seed 0 → 4")
+    assert got.differences[0].provenance == ("device cpu → cuda:H100; versions torch 2.4.0 → 2.5.0; params seed 0 → 4")
     assert {c.split(":")[0] for c in got.differences[0].columns} == {"rss", "grassmann_distance", "energy"}
     part["community"] = [0, 1, 0, 1, 2, 2]  # a different partition
     A.CommunityPartitions.write(part, A.CommunityPartitions.layer_file(folder, 0))
@@ -234,8 +297,10 @@ def test_a_renamed_results_folder_is_the_same_run(tmp_path):
     run = make_run(tmp_path)
     shutil.copytree(run / "results", tmp_path / "cluster_results")
     got = results.collect(tmp_path / "cluster_results")
-    assert got.skipped == [] and got.files["rss"] == ["results/m/main/rss.tsv",
-                                                      "results/m/stage1-step1000-tokens2B/rss.tsv"]
+    assert got.skipped == [] and got.files["rss"] == [
+        "results/m/main/rss.tsv",
+        "results/m/stage1-step1000-tokens2B/rss.tsv",
+    ]
     same = compare.compare_runs(run, tmp_path / "cluster_results")
     assert same.differences == [] and same.not_shared == [] and same.compared == {"rss": 2, "communities": 1}
 
@@ -246,8 +311,10 @@ def test_compare_runs_of_different_configs_says_what_is_not_shared(tmp_path):
     shutil.copytree(run, other)
     shutil.rmtree(A.CommunityPartitions.path(other, model="m", ckpt="main"))
     io.prov_path(A.CommunityPartitions.path(other, model="m", ckpt="main")).unlink()
-    for p in A.RssProfile.path(other, model="m", ckpt="main"), io.prov_path(A.RssProfile.path(other, model="m",
-                                                                                                ckpt="main")):
+    for p in (
+        A.RssProfile.path(other, model="m", ckpt="main"),
+        io.prov_path(A.RssProfile.path(other, model="m", ckpt="main")),
+    ):
         p.unlink()
     got = compare.compare_runs(run, other)
     assert got.differences == [] and got.compared == {"rss": 1}

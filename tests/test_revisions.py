@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-import hubcache
 import pytest
 import yaml
 
 from resdyn import cli
 from resdyn.lm import hub, revisions
 from resdyn.pipeline import config as rc
+
+from helpers import hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 OLMO, PYTHIA = "org/olmo-style", "org/pythia-style"
@@ -35,12 +36,15 @@ def offline(user_home, monkeypatch):
     return user_home
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("stage1-step471000-tokens1976B", ("stage1-step471000-tokens1976B", 1, 471000, "1976B")),
-    ("stage2-ingredient1-step1000-tokens5B", ("stage2-ingredient1-step1000-tokens5B", 2, 1000, "5B")),
-    ("step143000", ("step143000", 0, 143000, None)),
-    ("main", ("main", None, None, None)),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("stage1-step471000-tokens1976B", ("stage1-step471000-tokens1976B", 1, 471000, "1976B")),
+        ("stage2-ingredient1-step1000-tokens5B", ("stage2-ingredient1-step1000-tokens5B", 2, 1000, "5B")),
+        ("step143000", ("step143000", 0, 143000, None)),
+        ("main", ("main", None, None, None)),
+    ],
+)
 def test_revision_parse(name, expected):
     r = revisions.Revision.parse(name)
     assert (r.name, r.stage, r.step, r.tokens) == expected
@@ -58,8 +62,12 @@ def test_revisions_lists_cached_branches_in_training_order(offline, capsys):
     assert "4 training revisions of org/pythia-style, from the cache" in err
     assert cli.main(["revisions", OLMO]) == 0
     rows = [ln.split("\t") for ln in capsys.readouterr()[0].splitlines()[1:]]
-    assert rows == [["0", "0B", "stage1-step0-tokens0B"], ["1000", "5B", "stage1-step1000-tokens5B"],
-                    ["1000", "5B", "stage2-ingredient1-step1000-tokens5B"], ["", "", "main"]]
+    assert rows == [
+        ["0", "0B", "stage1-step0-tokens0B"],
+        ["1000", "5B", "stage1-step1000-tokens5B"],
+        ["1000", "5B", "stage2-ingredient1-step1000-tokens5B"],
+        ["", "", "main"],
+    ]
 
 
 def test_revisions_every_and_steps(offline, capsys):
@@ -69,13 +77,18 @@ def test_revisions_every_and_steps(offline, capsys):
     assert capsys.readouterr()[0].splitlines() == ["0\tstep0", "143000\tstep143000", "final\tmain"]
 
 
-@pytest.mark.parametrize("args, words", [
-    ([OLMO, "--steps", "1000"], ["step 1000 is ambiguous", "stage1-step1000-tokens5B",
-                                 "stage2-ingredient1-step1000-tokens5B"]),
-    ([PYTHIA, "--steps", "5000"], ["step 5000 has no branch", "nearest", "step1000", "step8000"]),
-    ([PYTHIA, "--steps", "five"], ["step 'five'"]),
-    (["org/unknown"], ["'org/unknown'", "no branches known", "HF_HUB_OFFLINE=1"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            [OLMO, "--steps", "1000"],
+            ["step 1000 is ambiguous", "stage1-step1000-tokens5B", "stage2-ingredient1-step1000-tokens5B"],
+        ),
+        ([PYTHIA, "--steps", "5000"], ["step 5000 has no branch", "nearest", "step1000", "step8000"]),
+        ([PYTHIA, "--steps", "five"], ["step 'five'"]),
+        (["org/unknown"], ["'org/unknown'", "no branches known", "HF_HUB_OFFLINE=1"]),
+    ],
+)
 def test_bad_steps_give_one_line(offline, capsys, args, words):
     assert cli.main(["revisions", *args]) == 2
     err = capsys.readouterr()[1].strip()
@@ -110,17 +123,22 @@ def test_online_branches_come_from_the_hub_refs(offline, monkeypatch):
 
 def _config(**olmo) -> dict:
     return {
-        "datasets": {"wiki": {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
-                              "split": "test"}},
-        "models": {"olmo": {"source": "hf", "repo": OLMO, "dataset": "wiki", **olmo},
-                   "pythia": {"source": "hf", "repo": PYTHIA, "dataset": "wiki", "steps": [0, 8000, "final"]}},
+        "datasets": {
+            "wiki": {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG, "split": "test"}
+        },
+        "models": {
+            "olmo": {"source": "hf", "repo": OLMO, "dataset": "wiki", **olmo},
+            "pythia": {"source": "hf", "repo": PYTHIA, "dataset": "wiki", "steps": [0, 8000, "final"]},
+        },
         "samples": {"n": 4, "length": 16},
     }
 
 
 def test_config_steps_resolve_to_branch_names(offline):
     cfg = rc.validate_config(_config(revisions=[0, "stage2-ingredient1-step1000-tokens5B", "final"]))
-    assert cfg["models"]["pythia"]["revisions"] == ["step0", "step8000", "main"] and "steps" not in cfg["models"]["pythia"]
+    assert (
+        cfg["models"]["pythia"]["revisions"] == ["step0", "step8000", "main"] and "steps" not in cfg["models"]["pythia"]
+    )
     assert rc.checkpoints(cfg, "pythia") == ["step0", "step8000", "main"]
     assert rc.checkpoints(cfg, "olmo") == ["stage1-step0-tokens0B", "stage2-ingredient1-step1000-tokens5B", "main"]
     spec = rc.checkpoint_spec(cfg, "olmo", "stage1-step0-tokens0B")
@@ -128,14 +146,25 @@ def test_config_steps_resolve_to_branch_names(offline):
     assert rc.validate_config(cfg) == cfg  # validating again changes nothing
 
 
-@pytest.mark.parametrize("olmo, words", [
-    ({"steps": [0, 1000]}, ["models.olmo.revisions", "'olmo'", "step 1000 is ambiguous",
-                            "stage1-step1000-tokens5B", "stage2-ingredient1-step1000-tokens5B"]),
-    ({"steps": [0, 3]}, ["models.olmo.revisions", "step 3 has no branch", "nearest"]),
-    ({"steps": [0], "revisions": ["main"]}, ["models.olmo.revisions", "not both"]),
-    ({"steps": [1000, 0]}, ["models.olmo.revisions", "ambiguous"]),
-    ({"revisions": [1000, "main"], "repo": "org/final-only"}, ["no training revisions", "branches: main"]),
-])
+@pytest.mark.parametrize(
+    "olmo, words",
+    [
+        (
+            {"steps": [0, 1000]},
+            [
+                "models.olmo.revisions",
+                "'olmo'",
+                "step 1000 is ambiguous",
+                "stage1-step1000-tokens5B",
+                "stage2-ingredient1-step1000-tokens5B",
+            ],
+        ),
+        ({"steps": [0, 3]}, ["models.olmo.revisions", "step 3 has no branch", "nearest"]),
+        ({"steps": [0], "revisions": ["main"]}, ["models.olmo.revisions", "not both"]),
+        ({"steps": [1000, 0]}, ["models.olmo.revisions", "ambiguous"]),
+        ({"revisions": [1000, "main"], "repo": "org/final-only"}, ["no training revisions", "branches: main"]),
+    ],
+)
 def test_bad_steps_stop_validation_with_one_line(offline, tmp_path, monkeypatch, olmo, words):
     if olmo.get("repo") == "org/final-only":
         hubcache.write_config_only(Path(offline) / "hub", "org/final-only", "main", {"model_type": "llama"})
@@ -165,13 +194,17 @@ def test_preset_revisions_follow_the_hub_naming_rules(preset):
                 continue  # a training step: resolved from the refs
             rule = next((r for org, r in NAMING_RULES.items() if m["repo"].startswith(org)), re.compile("main"))
             assert rule.fullmatch(rev), f"{preset}: {key} revision {rev!r} is not a branch name of {m['repo']}"
-        assert all(isinstance(s, int) or s == "final" for s in (m.get("steps") if isinstance(m.get("steps"), list) else []))
+        assert all(
+            isinstance(s, int) or s == "final" for s in (m.get("steps") if isinstance(m.get("steps"), list) else [])
+        )
 
 
 # --- resdyn fetch CONFIG --------------------------------------------------------------------------
 
-INCLUDE = ("--include config.json --include 'tokenizer*' --include 'vocab*' --include merges.txt "
-           "--include special_tokens_map.json --include '*.model'")
+INCLUDE = (
+    "--include config.json --include 'tokenizer*' --include 'vocab*' --include merges.txt "
+    "--include special_tokens_map.json --include '*.model'"
+)
 
 
 def _fetch(capsys, cfg: dict, tmp_path, *extra) -> tuple[int, list[str], str]:
@@ -195,9 +228,11 @@ def test_fetch_prints_exactly_the_missing_downloads(offline, capsys, tmp_path):
     code, lines, _ = _fetch(capsys, cfg, tmp_path)
     assert code == 0
     assert [ln for ln in lines if not ln.startswith("#")] == [
-        f"hf download org/absent --revision main {INCLUDE} --include '*.safetensors' --include '*.safetensors.index.json'",
+        f"hf download org/absent --revision main {INCLUDE} --include '*.safetensors' "
+        "--include '*.safetensors.index.json'",
         "hf download Salesforce/wikitext --repo-type dataset --include 'wikitext-2-raw-v1/*' --include README.md",
-        "hf download org/lenses --repo-type space --include lens/org/absent/config.json --include lens/org/absent/params.pt "
+        "hf download org/lenses --repo-type space --include lens/org/absent/config.json "
+        "--include lens/org/absent/params.pt "
         "--include lens/org/olmo-style/config.json --include lens/org/olmo-style/params.pt "
         "--include lens/org/pythia-style/config.json --include lens/org/pythia-style/params.pt",
     ]
@@ -209,11 +244,21 @@ def test_fetch_sizes_online_and_bin_only_revisions(offline, capsys, tmp_path, mo
 
     monkeypatch.delenv("HF_HUB_OFFLINE")
     trees = {
-        ("org/new", "step0"): {"config.json": 700, "pytorch_model.bin": 5_000, "tokenizer.json": 300,
-                               "README.md": 99, "flax_model.msgpack": 7_000},
-        ("org/new", "main"): {"config.json": 700, "model-00001-of-00002.safetensors": 2_000_000,
-                              "model-00002-of-00002.safetensors": 1_000_000, "model.safetensors.index.json": 50,
-                              "pytorch_model.bin": 3_000_000, "tokenizer.json": 300},
+        ("org/new", "step0"): {
+            "config.json": 700,
+            "pytorch_model.bin": 5_000,
+            "tokenizer.json": 300,
+            "README.md": 99,
+            "flax_model.msgpack": 7_000,
+        },
+        ("org/new", "main"): {
+            "config.json": 700,
+            "model-00001-of-00002.safetensors": 2_000_000,
+            "model-00002-of-00002.safetensors": 1_000_000,
+            "model.safetensors.index.json": 50,
+            "pytorch_model.bin": 3_000_000,
+            "tokenizer.json": 300,
+        },
     }
 
     def list_repo_tree(self, repo, revision=None, repo_type="model", recursive=False):
@@ -229,7 +274,8 @@ def test_fetch_sizes_online_and_bin_only_revisions(offline, capsys, tmp_path, mo
     code, lines, _ = _fetch(capsys, cfg, tmp_path)
     assert code == 0
     assert lines[lines.index("# model new @ step0: 6.0 KB") + 1] == (
-        f"hf download org/new --revision step0 {INCLUDE} --include '*.bin' --include '*.bin.index.json'")
+        f"hf download org/new --revision step0 {INCLUDE} --include '*.bin' --include '*.bin.index.json'"
+    )
     assert lines[lines.index("# model new @ main: 3.0 MB") + 1].endswith("--include '*.safetensors.index.json'")
     assert lines[-1].startswith("# 2 download(s), 3.0 MB;")
 
@@ -242,8 +288,20 @@ def test_fetch_run_and_an_unresolvable_model(offline, capsys, tmp_path, monkeypa
     cfg = _config(steps=[0, 3])  # step 3 has no branch: the rest is still fetched, the exit code says 1
     cfg["models"]["absent"] = {"source": "hf", "repo": "org/absent", "revisions": ["main"], "dataset": "wiki"}
     code, lines, err = _fetch(capsys, cfg, tmp_path, "--run")
-    assert code == 1 and ran == [["hf", "download", "org/absent", "--revision", "main", *[
-        a.strip("'") for a in INCLUDE.split()], "--include", "*.safetensors", "--include", "*.safetensors.index.json"]]
+    assert code == 1 and ran == [
+        [
+            "hf",
+            "download",
+            "org/absent",
+            "--revision",
+            "main",
+            *[a.strip("'") for a in INCLUDE.split()],
+            "--include",
+            "*.safetensors",
+            "--include",
+            "*.safetensors.index.json",
+        ]
+    ]
     assert "resdyn fetch: error: model olmo: model 'olmo' (org/olmo-style): step 3 has no branch" in err
 
 
@@ -254,7 +312,9 @@ _ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 def _id_table() -> set[str]:
     text = (ROOT / "docs" / "hub.md").read_text().split("## Hub ids of the presets and docs", 1)[1].split("\n## ", 1)[0]
-    return {i for row in text.splitlines() if row.startswith("| `") for i in re.findall(rf"`({_ID})`", row.split("|")[1])}
+    return {
+        i for row in text.splitlines() if row.startswith("| `") for i in re.findall(rf"`({_ID})`", row.split("|")[1])
+    }
 
 
 def _preset_ids() -> dict[str, str]:
@@ -271,8 +331,12 @@ def _preset_ids() -> dict[str, str]:
 def _doc_ids() -> dict[str, str]:
     """Ids in `hf download` commands and in `repo:` / `name:` keys of the docs, README and config comments."""
     out = {}
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "config.yaml",
-             *sorted((ROOT / "configs").glob("*.yaml"))]
+    files = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "config.yaml",
+        *sorted((ROOT / "configs").glob("*.yaml")),
+    ]
     for path in files:
         for line in path.read_text().splitlines():
             for m in re.finditer(rf"hf download(?: --repo-type \w+)? ({_ID})|\b(?:repo|name): ({_ID})", line):

@@ -13,14 +13,27 @@ COL = "complex_frac_J_tol1e-06"
 S = 12  # sublayers: early third s 0-3, late third s 8-11
 
 
-def ckpt_rows(ckpt: str, cf_early: float, cf_late: float, erank_end: float, n_sig: int,
-              rho: float = -0.6, p: float = 0.01) -> list[dict]:
+def ckpt_rows(
+    ckpt: str, cf_early: float, cf_late: float, erank_end: float, n_sig: int, rho: float = -0.6, p: float = 0.01
+) -> list[dict]:
     rows = []
     for s in range(S):
         cf = cf_early if s < 4 else (cf_late if s >= 8 else 0.5 * (cf_early + cf_late))
-        rows.append({"ckpt": ckpt, "layer": s // 2, "kind": ("attn", "mlp")[s % 2], "s": s, COL: cf,
-                     "henrici": 0.2 if s < 4 else 0.05, "cum_erank": 32.0 - (32.0 - erank_end) * s / (S - 1),
-                     "n_significant_layers": n_sig, "n_layers": 6, "sign_dependence_rho": rho, "sign_dependence_p": p})
+        rows.append(
+            {
+                "ckpt": ckpt,
+                "layer": s // 2,
+                "kind": ("attn", "mlp")[s % 2],
+                "s": s,
+                COL: cf,
+                "henrici": 0.2 if s < 4 else 0.05,
+                "cum_erank": 32.0 - (32.0 - erank_end) * s / (S - 1),
+                "n_significant_layers": n_sig,
+                "n_layers": 6,
+                "sign_dependence_rho": rho,
+                "sign_dependence_p": p,
+            }
+        )
     return rows
 
 
@@ -52,10 +65,28 @@ def lens_metrics(kl_tuned: float, kl_logit: float, n: int = 9) -> pd.DataFrame:
 
 
 def widths(status: str = "ok", slope: float = 0.8, lo: float = 0.5, hi: float = 1.1, n_depths: int = 3) -> pd.DataFrame:
-    return pd.DataFrame([
-        {"phase": 1, "status": status, "slope": 0.1, "slope_ci_low": -0.2, "slope_ci_high": 0.4, "n_depths": n_depths, "group": "g"},
-        {"phase": 2, "status": status, "slope": slope, "slope_ci_low": lo, "slope_ci_high": hi, "n_depths": n_depths, "group": "g"},
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "phase": 1,
+                "status": status,
+                "slope": 0.1,
+                "slope_ci_low": -0.2,
+                "slope_ci_high": 0.4,
+                "n_depths": n_depths,
+                "group": "g",
+            },
+            {
+                "phase": 2,
+                "status": status,
+                "slope": slope,
+                "slope_ci_low": lo,
+                "slope_ci_high": hi,
+                "n_depths": n_depths,
+                "group": "g",
+            },
+        ]
+    )
 
 
 def verdicts(table: pd.DataFrame) -> dict[str, str]:
@@ -68,7 +99,9 @@ def test_every_claim_holds():
         ["step0", "step500", "step1000"],
         schur_final=schur(e_alpha1=4.0, e_alpha0=20.0),
         phases=phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True),
-        lens_metrics=lens_metrics(0.1, 1.0), phase_widths=widths(), group="g",
+        lens_metrics=lens_metrics(0.1, 1.0),
+        phase_widths=widths(),
+        group="g",
     )
     assert list(t.columns) == sc.SCORECARD_COLUMNS
     assert list(t["claim_id"]) == list(sc.CLAIMS)
@@ -94,7 +127,9 @@ def test_every_claim_fails():
         ["step0", "step1000"],
         schur_final=schur(e_alpha1=4.0, e_alpha0=5.0),
         phases=phases_for(THREE_PHASES, b1=2, peak=5, b2=5, b1_found=True, b2_found=False),
-        lens_metrics=lens_metrics(0.5, 0.6), phase_widths=widths(slope=-0.3, lo=-0.6, hi=-0.1), group="g",
+        lens_metrics=lens_metrics(0.5, 0.6),
+        phase_widths=widths(slope=-0.3, lo=-0.6, hi=-0.1),
+        group="g",
     )
     assert set(verdicts(t).values()) == {"does not hold"}, t[["claim_id", "verdict", "reason"]]
     by = t.set_index("claim_id")
@@ -105,8 +140,10 @@ def test_every_claim_fails():
 def test_point_estimate_in_the_claimed_direction_but_interval_not():
     # coupling sign: rho < 0 but not significant; scaling: slope > 0 but CI includes 0
     t = sc.scorecard(
-        checkpoints(("step0", 0.5, 0.5, 31.0, 0, -0.3, 0.4)), ["step0"],
-        phase_widths=widths(slope=0.4, lo=-0.1, hi=0.9), group="g",
+        checkpoints(("step0", 0.5, 0.5, 31.0, 0, -0.3, 0.4)),
+        ["step0"],
+        phase_widths=widths(slope=0.4, lo=-0.1, hi=0.9),
+        group="g",
     )
     by = t.set_index("claim_id")
     assert by.loc["coupling_sign", "verdict"] == "does not hold" and "p 0.4" in by.loc["coupling_sign", "reason"]
@@ -115,23 +152,35 @@ def test_point_estimate_in_the_claimed_direction_but_interval_not():
 
 
 def test_counts_that_dip_do_not_grow():
-    t = sc.scorecard(checkpoints(("a", .5, .5, 30, 2), ("b", .5, .5, 30, 0), ("c", .5, .5, 30, 5)), ["a", "b", "c"])
+    t = sc.scorecard(
+        checkpoints(("a", 0.5, 0.5, 30, 2), ("b", 0.5, 0.5, 30, 0), ("c", 0.5, 0.5, 30, 5)), ["a", "b", "c"]
+    )
     row = t.set_index("claim_id").loc["coupling_grows"]
     assert row["verdict"] == "does not hold" and "decrease" in row["reason"]
 
 
 def test_untestable_claims_say_why():
     t = sc.scorecard(
-        checkpoints(("step30", 0.5, 0.5, 31.0, 1, np.nan, np.nan)), ["step30"],
+        checkpoints(("step30", 0.5, 0.5, 31.0, 1, np.nan, np.nan)),
+        ["step30"],
         schur_final=schur(e_alpha1=31.0, e_alpha0=31.5),
         phases=phases_for([0.6, 0.58, 0.62, 0.69, 0.70], b1=0, peak=4, b2=4, b1_found=True, b2_found=False),
-        lens_metrics=None, phase_widths=widths(status="too_few_depths", slope=np.nan, lo=np.nan, hi=np.nan, n_depths=1),
+        lens_metrics=None,
+        phase_widths=widths(status="too_few_depths", slope=np.nan, lo=np.nan, hi=np.nan, n_depths=1),
         group="g",
     )
     by = t.set_index("claim_id")
     untestable = {c for c, v in verdicts(t).items() if v == "not testable"}
-    assert untestable == {"gradient_learned", "collapse_learned", "schur_dissolves_collapse", "coupling_grows",
-                          "coupling_sign", "rss_three_phases", "tuned_beats_logit_early", "phase2_width_grows"}
+    assert untestable == {
+        "gradient_learned",
+        "collapse_learned",
+        "schur_dissolves_collapse",
+        "coupling_grows",
+        "coupling_sign",
+        "rss_three_phases",
+        "tuned_beats_logit_early",
+        "phase2_width_grows",
+    }
     assert by.loc["gradient_learned", "reason"] == "only one checkpoint"
     assert by.loc["collapse_learned", "reason"] == "only one checkpoint"
     assert by.loc["coupling_grows", "reason"] == "only one checkpoint"
@@ -142,8 +191,10 @@ def test_untestable_claims_say_why():
     assert by.loc["tuned_beats_logit_early", "reason"] == "no lens_metrics.tsv"
     # the one claim the single checkpoint can decide: a flat complex-fraction profile fails
     assert by.loc["rotational_gradient", "verdict"] == "does not hold"
-    assert sc.scorecard(None, ["x"], group=None).set_index("claim_id").loc["phase2_width_grows", "reason"] == \
-        "the model is in no scaling group"
+    assert (
+        sc.scorecard(None, ["x"], group=None).set_index("claim_id").loc["phase2_width_grows", "reason"]
+        == "the model is in no scaling group"
+    )
 
 
 def test_missing_tolerance_column_is_untestable():
@@ -154,8 +205,11 @@ def test_missing_tolerance_column_is_untestable():
 
 def test_multiple_prominent_peaks_fail_unimodality():
     twin = [0.1, 0.5, 0.9, 0.5, 0.2, 0.5, 0.9, 0.5, 0.1]
-    row = sc.scorecard(None, ["a"], phases=phases_for(twin, b1=1, peak=2, b2=7, b1_found=True, b2_found=True)) \
-        .set_index("claim_id").loc["rss_three_phases"]
+    row = (
+        sc.scorecard(None, ["a"], phases=phases_for(twin, b1=1, peak=2, b2=7, b1_found=True, b2_found=True))
+        .set_index("claim_id")
+        .loc["rss_three_phases"]
+    )
     assert row["verdict"] == "does not hold" and row["value"] == 2.0 and "not unimodal" in row["reason"]
 
 
@@ -177,7 +231,10 @@ def test_bootstrap_intervals_are_attached_and_paired():
     t = sc.scorecard(ck, ["s0", "s1"], bootstrap={"s0": b0, "s1": b1}, replicates={"s0": r0, "s1": r1})
     by = t.set_index("claim_id")
     row = b1[b1["metric"] == "complex_fraction_early_minus_late"].iloc[0]
-    assert (by.loc["rotational_gradient", "ci_low"], by.loc["rotational_gradient", "ci_high"]) == (row["ci_low"], row["ci_high"])
+    assert (by.loc["rotational_gradient", "ci_low"], by.loc["rotational_gradient", "ci_high"]) == (
+        row["ci_low"],
+        row["ci_high"],
+    )
     assert by.loc["rotational_gradient", "ci_source"].startswith("bootstrap 60 resamples of 4/4 samples")
     # paired: replicate-wise difference of the two checkpoints' replicates
     a = r0[r0["metric"] == "cum_erank_full_depth"]["value"].to_numpy()
@@ -194,9 +251,21 @@ def test_bootstrap_intervals_are_attached_and_paired():
 
 
 def _straddling(n: int) -> pd.DataFrame:
-    return pd.DataFrame([{"metric": "complex_fraction_early_minus_late", "bootstrapped": True, "ci_low": -0.1,
-                          "ci_high": 0.4, "estimate": 0.2, "n_resamples": 100, "n_bootstrap_samples": n,
-                          "n_samples_total": 50, "level": 0.95}])
+    return pd.DataFrame(
+        [
+            {
+                "metric": "complex_fraction_early_minus_late",
+                "bootstrapped": True,
+                "ci_low": -0.1,
+                "ci_high": 0.4,
+                "estimate": 0.2,
+                "n_resamples": 100,
+                "n_bootstrap_samples": n,
+                "n_samples_total": 50,
+                "level": 0.95,
+            }
+        ]
+    )
 
 
 def test_interval_that_straddles_zero_fails_the_claim():
@@ -230,12 +299,21 @@ def test_scaling_group():
 def test_claims_of_a_study_not_run_say_not_run(ran, tmp_path):
     """The scorecard of a one-study run (config key studies): the tables of the other study are
     absent, and its claims say "not run" (not "not testable"); the claims that ran are unchanged."""
-    a_claims = {"rotational_gradient", "gradient_learned", "collapse_learned", "schur_dissolves_collapse",
-                "coupling_grows", "coupling_sign"}
+    a_claims = {
+        "rotational_gradient",
+        "gradient_learned",
+        "collapse_learned",
+        "schur_dissolves_collapse",
+        "coupling_grows",
+        "coupling_sign",
+    }
     ck = checkpoints(("step0", 0.5, 0.5, 31.0, 0), ("step9", 0.9, 0.1, 4.0, 7))
     study_a = {"checkpoints": ck, "schur_final": schur(4.0, 20.0)}
-    study_b = {"phases": phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True),
-               "lens_metrics": lens_metrics(0.1, 1.0), "phase_widths": widths()}
+    study_b = {
+        "phases": phases_for(THREE_PHASES, b1=2, peak=5, b2=8, b1_found=True, b2_found=True),
+        "lens_metrics": lens_metrics(0.1, 1.0),
+        "phase_widths": widths(),
+    }
     inputs = {**(study_a if "A" in ran else {"checkpoints": None}), **(study_b if "B" in ran else {})}
     t = sc.scorecard(ckpt_order=["step0", "step9"], group="g", studies=ran, **inputs)
     expected_not_run = set(sc.CLAIMS) - a_claims if ran == ["A"] else a_claims
@@ -274,7 +352,7 @@ def test_scorecard_quotes_only_figures_of_the_claims_table():
 
 
 def test_coupling_grows_counts_layers_when_available():
-    ck = checkpoints(("step0", .5, .5, 30, 4), ("step1000", .5, .5, 30, 9))
+    ck = checkpoints(("step0", 0.5, 0.5, 30, 4), ("step1000", 0.5, 0.5, 30, 9))
     ck["n_significant_layers"] = np.where(ck["ckpt"] == "step0", 0, 5)
     row = sc.scorecard(ck, ["step0", "step1000"]).set_index("claim_id").loc["coupling_grows"]
     assert row["value"] == 5.0 and "layers" in row["statistic"] and "boundaries" not in row["detail"]

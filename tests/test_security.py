@@ -49,8 +49,13 @@ def unsafe_loads(source: str) -> list[str]:
         found += [f"line {i}: {what}" for pattern, what in _UNSAFE if pattern.search(code)]
     # torch.load without weights_only=True (its default changed across releases: say it)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "load"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "torch"
+        ):
             kw = {k.arg: k.value for k in node.keywords}
             if not (isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True):
                 found.append(f"line {node.lineno}: torch.load without weights_only=True")
@@ -64,22 +69,30 @@ def test_no_unsafe_deserialisation_in_the_package_and_the_workflow():
     assert not bad, "unsafe deserialisation:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("source", [
-    "import torch\nx = torch.load(p, weights_only=False)\n",
-    "import torch\nx = torch.load(p)\n",
-    "import pickle\n",
-    "import numpy as np\nnp.load(p, allow_pickle=True)\n",
-    "import yaml\nyaml.load(s, Loader=yaml.Loader)\n",
-    "import yaml\nyaml.unsafe_load(s)\n",
-    "m = f(p, trust_remote_code=True)\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nx = torch.load(p, weights_only=False)\n",
+        "import torch\nx = torch.load(p)\n",
+        "import pickle\n",
+        "import numpy as np\nnp.load(p, allow_pickle=True)\n",
+        "import yaml\nyaml.load(s, Loader=yaml.Loader)\n",
+        "import yaml\nyaml.unsafe_load(s)\n",
+        "m = f(p, trust_remote_code=True)\n",
+    ],
+)
 def test_the_scan_sees_each_unsafe_load(source):
     assert unsafe_loads(source)
 
 
 def test_the_scan_passes_safe_loads():
-    assert unsafe_loads('import torch\n"""torch.load(x, weights_only=False) in a docstring"""\n'
-                        "x = torch.load(p, map_location='cpu', weights_only=True)  # pickle\n") == []
+    assert (
+        unsafe_loads(
+            'import torch\n"""torch.load(x, weights_only=False) in a docstring"""\n'
+            "x = torch.load(p, map_location='cpu', weights_only=True)  # pickle\n"
+        )
+        == []
+    )
 
 
 class _Planted:
@@ -103,9 +116,14 @@ def test_a_pickled_resume_state_runs_no_code(tmp_path):
     state.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="not a training state resdyn wrote"):
         zoo.load_training_state(state)
-    genuine = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}, "step": 3,
-               "rows": [{"step": 0, "heldout_loss": float("nan"), "reason": "step 0"}], "running": [1.5],
-               "fingerprint": "abc"}
+    genuine = {
+        "model": {"w": torch.ones(2)},
+        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]},
+        "step": 3,
+        "rows": [{"step": 0, "heldout_loss": float("nan"), "reason": "step 0"}],
+        "running": [1.5],
+        "fingerprint": "abc",
+    }
     torch.save(genuine, state)
     assert zoo.load_training_state(state)["step"] == 3
 
@@ -130,8 +148,18 @@ def _artifact(tmp_path: Path) -> Path:
     return art
 
 
-@pytest.mark.parametrize("sidecar", ["{not json", "[1, 2]", '"a string"', '{"inputs": [1, 2]}',
-                                     '{"artifact": "abc"}', '{"rule": "x"}', '{"artifact": {"sha256": 5}}'])
+@pytest.mark.parametrize(
+    "sidecar",
+    [
+        "{not json",
+        "[1, 2]",
+        '"a string"',
+        '{"inputs": [1, 2]}',
+        '{"artifact": "abc"}',
+        '{"rule": "x"}',
+        '{"artifact": {"sha256": 5}}',
+    ],
+)
 def test_an_edited_input_with_a_broken_sidecar_stops_the_job(tmp_path, monkeypatch, sidecar):
     monkeypatch.chdir(tmp_path)
     art = _artifact(tmp_path)
@@ -148,8 +176,7 @@ def test_an_input_without_a_sidecar_is_only_fingerprinted(tmp_path):
     assert sidecars.check_input(src)["sha256"] == io.sha256_file(src)
 
 
-@pytest.mark.parametrize("sidecar", ["[1, 2]", '{"inputs": [1, 2]}', '{"inputs": {"a": 3}}', '"x"',
-                                     '{"params": []}'])
+@pytest.mark.parametrize("sidecar", ["[1, 2]", '{"inputs": [1, 2]}', '{"inputs": {"a": 3}}', '"x"', '{"params": []}'])
 def test_verify_and_provenance_report_a_malformed_sidecar_in_one_line(tmp_path, monkeypatch, capsys, sidecar):
     from resdyn import cli
 
@@ -172,15 +199,22 @@ def test_a_sidecar_naming_a_folder_above_the_run_is_refused(tmp_path, monkeypatc
     monkeypatch.chdir(run)
     art = _artifact(run)
     for above in ("/", str(tmp_path), ".."):
-        io.write_json({"rule": "x", "inputs": {above: "0" * 64}, "artifact": sidecars.fingerprint(art)},
-                      io.prov_path(art))
+        io.write_json(
+            {"rule": "x", "inputs": {above: "0" * 64}, "artifact": sidecars.fingerprint(art)}, io.prov_path(art)
+        )
         assert cli.main(["provenance", str(art)]) == 2
         assert "is a folder above the run folder" in capsys.readouterr().err
     # inputs inside the run and source files outside it stay allowed
     outside = tmp_path / "corpus.txt"
     outside.write_text("source")
-    io.write_json({"rule": "x", "inputs": {str(outside): io.sha256_file(outside), "results/a": None},
-                   "artifact": sidecars.fingerprint(art)}, io.prov_path(art))
+    io.write_json(
+        {
+            "rule": "x",
+            "inputs": {str(outside): io.sha256_file(outside), "results/a": None},
+            "artifact": sidecars.fingerprint(art),
+        },
+        io.prov_path(art),
+    )
     assert cli.main(["provenance", str(art)]) == 0
 
 
@@ -193,8 +227,10 @@ def _bash_ok(script: str) -> None:
 
 def test_fetch_output_is_a_script_that_runs_only_its_downloads(tmp_path):
     hostile = "main\ntouch " + str(tmp_path / "pwned") + " ; #"
-    downloads = [fetch.Download(f"model m @ {hostile}", "org/name", "model", hostile, ("*.json", "a b")),
-                 fetch.Download("dataset d $(touch x)", "org/data`id`", "dataset", None, ())]
+    downloads = [
+        fetch.Download(f"model m @ {hostile}", "org/name", "model", hostile, ("*.json", "a b")),
+        fetch.Download("dataset d $(touch x)", "org/data`id`", "dataset", None, ()),
+    ]
     script = fetch.render(downloads)
     _bash_ok(script)
     lines = script.splitlines()
@@ -203,11 +239,18 @@ def test_fetch_output_is_a_script_that_runs_only_its_downloads(tmp_path):
     assert shlex.split(commands[0]) == ["hf", "download", "org/data`id`", "--repo-type", "dataset"]
     assert any(line.startswith("# refused: model m @ main\\ntouch ") for line in lines), lines
     spaced = fetch.Download("model m", "org/name", "model", "v1;rm -rf x", ("a b",))
-    assert shlex.split(spaced.command()) == ["hf", "download", "org/name", "--revision", "v1;rm -rf x",
-                                             "--include", "a b"]
+    assert shlex.split(spaced.command()) == [
+        "hf",
+        "download",
+        "org/name",
+        "--revision",
+        "v1;rm -rf x",
+        "--include",
+        "a b",
+    ]
     # run the script with hf replaced by a stub: nothing but the two stub calls happens
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "hf").write_text("#!/bin/sh\necho called >> \"$HF_LOG\"\n")
+    (tmp_path / "bin" / "hf").write_text('#!/bin/sh\necho called >> "$HF_LOG"\n')
     (tmp_path / "bin" / "hf").chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HF_LOG": str(tmp_path / "log")}
     subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, check=True)
@@ -218,8 +261,13 @@ def test_fetch_output_is_a_script_that_runs_only_its_downloads(tmp_path):
 def test_the_download_hint_in_error_messages_is_quoted():
     cmd = hub.download_command("org/name", "a b;touch x")
     assert shlex.split(cmd) == ["hf", "download", "org/name", "--revision", "a b;touch x"]
-    assert shlex.split(hub.download_command("org/d", None, "dataset")) == ["hf", "download", "--repo-type",
-                                                                            "dataset", "org/d"]
+    assert shlex.split(hub.download_command("org/d", None, "dataset")) == [
+        "hf",
+        "download",
+        "--repo-type",
+        "dataset",
+        "org/d",
+    ]
 
 
 def _config(**over) -> dict:
@@ -233,12 +281,15 @@ def _config(**over) -> dict:
     return cfg
 
 
-@pytest.mark.parametrize("key, value", [
-    ("models.tiny\n", None),  # a model name with a trailing newline
-    ("datasets.kjv.name", "org/data\nrm -rf ~"),
-    ("datasets.kjv.revision", "main; touch x"),
-    ("datasets.kjv.split", "train\n"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("models.tiny\n", None),  # a model name with a trailing newline
+        ("datasets.kjv.name", "org/data\nrm -rf ~"),
+        ("datasets.kjv.revision", "main; touch x"),
+        ("datasets.kjv.split", "train\n"),
+    ],
+)
 def test_names_with_shell_or_newline_characters_are_refused(key, value):
     cfg = _config()
     if value is None:  # rename a model
@@ -278,13 +329,30 @@ def test_every_name_pattern_anchors_at_the_very_end():
 # --- shapes from config.json --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key, value", [("hidden_size", 0), ("num_hidden_layers", -3), ("vocab_size", 10**12),
-                                        ("num_attention_heads", 0), ("intermediate_size", -1), ("head_dim", 0),
-                                        ("num_key_value_heads", 64)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("hidden_size", 0),
+        ("num_hidden_layers", -3),
+        ("vocab_size", 10**12),
+        ("num_attention_heads", 0),
+        ("intermediate_size", -1),
+        ("head_dim", 0),
+        ("num_key_value_heads", 64),
+    ],
+)
 def test_a_bad_shape_in_config_json_names_the_file_key_value_and_range(key, value):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
-           key: value}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 64,
+        key: value,
+    }
     with pytest.raises(hub.HubError) as err:
         hub.architecture(cfg, source="/models/x/config.json")
     msg = str(err.value)

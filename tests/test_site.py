@@ -42,8 +42,12 @@ def test_gpu_and_cpu_jobs_get_their_own_qos_constraint_and_flags(clean):
         assert res[rule]["slurm_extra"] == "--signal=B:USR1@120 --gres-flags=enforce-binding"
         assert "slurm_partition" not in res[rule]  # never the CPU partition
     for rule in ("schur", "communities", "rss", "samples", "zoo_train"):
-        assert res[rule] == {"qos": "normal", "constraint": "intel", "slurm_extra": "--exclude=n01",
-                             "slurm_partition": "cpuq"}, rule
+        assert res[rule] == {
+            "qos": "normal",
+            "constraint": "intel",
+            "slurm_extra": "--exclude=n01",
+            "slurm_partition": "cpuq",
+        }, rule
     assert "corpus" not in res and "resolve_checkpoint" not in res  # localrules: never submitted
 
 
@@ -68,8 +72,16 @@ def test_an_sbatch_flag_the_plugin_sets_or_sbatch_lacks_is_one_line(clean, var, 
     assert msg.startswith(f"{var}={flags!r}: ") and "\n" not in msg and "allowed: --begin" in msg
 
 
-@pytest.mark.parametrize("kind,want", [("a100-40", "a100_40g"), ("a100-80", "a100_80g|h100_80g"),
-                                       ("h100", "a100_80g|h100_80g"), ("l40s", "l40s_48g"), ("h200", "h200_141g")])
+@pytest.mark.parametrize(
+    "kind,want",
+    [
+        ("a100-40", "a100_40g"),
+        ("a100-80", "a100_80g|h100_80g"),
+        ("h100", "a100_80g|h100_80g"),
+        ("l40s", "l40s_48g"),
+        ("h200", "h200_141g"),
+    ],
+)
 def test_the_constraint_table_picks_the_entry_of_the_gpu_kinds_memory(clean, tmp_path, kind, want):
     text = "40=a100_40g,48=l40s_48g,80=a100_80g|h100_80g,141=h200_141g"
     clean.setenv("RESDYN_GPU_KIND", kind)

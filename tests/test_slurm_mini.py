@@ -1,5 +1,5 @@
 """The paper run in miniature through real SLURM: configs/paper-mini.yaml, hub models and a hub
-dataset from an offline HF cache (tests/hubcache.py), the literal profiles/slurm.
+dataset from an offline HF cache (tests/helpers/hubcache.py), the literal profiles/slurm.
 
 The local test cluster (.ci/slurm-up) has no GPU and a few cores, so `sbatch` is wrapped: the
 wrapper records the exact options each submission asked for, then drops the GPU request and caps
@@ -10,7 +10,8 @@ and elapsed time (SLURM's RunTime) stayed within what it requested and was grant
 
 One checkpoint per family runs study A's Jacobians (OLMo 3 at step 0 and final, Gemma 4 its
 activations; Llama 3.1 also spectra and bootstrap) and one Qwen2.5 model study B's lens, lens
-metrics and the causal test: every rule profiles/slurm gives a GPU, about 17 SLURM jobs. The whole preset runs in dry-run form in tests/test_hub.py.
+metrics and the causal test: every rule profiles/slurm gives a GPU, about 17 SLURM jobs. The whole
+preset runs in dry-run form in tests/test_hub.py.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ import pandas as pd
 import pytest
 import yaml
 
-import hubcache
-from test_slurm import (
+from helpers.slurm import (
     SLURM_PROFILE,
     SUBMITTED_RE,
     TEST_STATUS_DELAY_S,
@@ -87,8 +87,9 @@ def _wrap_slurm(bin_dir: Path, logs: Path, cpus: int, mem_mb: int) -> Path:
         real = shutil.which(tool)
         assert real, f"no {tool} on PATH"
         wrapper = bin_dir / tool
-        wrapper.write_text(WRAPPER.format(python=sys.executable, log=str(logs / f"{tool}.jsonl"), cpus=cpus,
-                                          mem=mem_mb, real=real))
+        wrapper.write_text(
+            WRAPPER.format(python=sys.executable, log=str(logs / f"{tool}.jsonl"), cpus=cpus, mem=mem_mb, real=real)
+        )
         wrapper.chmod(0o755)
     return bin_dir
 
@@ -109,10 +110,18 @@ def _profile(dest: Path, slurm: dict, logdir: Path) -> Path:
     for res in prof["set-resources"].values():
         res.pop("slurm_partition", None)
         res.pop("slurm_account", None)
-    prof.update({"jobs": 4, "retries": 0, "keep-going": False, "latency-wait": 5,
-                 "slurm-status-command": "squeue",
-                 "slurm-init-seconds-before-status-checks": TEST_STATUS_DELAY_S,
-                 "slurm-logdir": str(logdir), "slurm-keep-successful-logs": True})
+    prof.update(
+        {
+            "jobs": 4,
+            "retries": 0,
+            "keep-going": False,
+            "latency-wait": 5,
+            "slurm-status-command": "squeue",
+            "slurm-init-seconds-before-status-checks": TEST_STATUS_DELAY_S,
+            "slurm-logdir": str(logdir),
+            "slurm-keep-successful-logs": True,
+        }
+    )
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
     return dest
@@ -152,7 +161,7 @@ def _seconds(slurm_time: str) -> float:
 
 def _mb(value: str) -> float:
     m = re.fullmatch(r"([\d.]+)([KMGT]?)", value)
-    return float(m[1]) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 ** 2}[m[2]]
+    return float(m[1]) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[m[2]]
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -180,8 +189,9 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
     watcher = _JobWatcher()
     watcher.start()
     t0 = time.monotonic()
-    res = _run(["snakemake", *MINI_TARGETS, "--configfile", "configs/paper-mini.yaml", "--profile", str(profile)],
-               wd, env, 900)
+    res = _run(
+        ["snakemake", *MINI_TARGETS, "--configfile", "configs/paper-mini.yaml", "--profile", str(profile)], wd, env, 900
+    )
     wall = time.monotonic() - t0
     watcher.stop.set()
     watcher.join()
@@ -207,8 +217,17 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
         rule, wildcards = re.match(r"rule_(\w+?)(?:_wildcards_(.*))?$", rec["Comment"]).group(1, 2)
         gpus = _option(args, "--gpus") or _option(args, "--gres")
         cpus = _option(args, "--cpus-per-gpu") if gpus else _option(args, "--cpus-per-task")
-        rows.append({"jobid": jobid, "rule": rule, "wildcards": wildcards or "", "gpus": gpus, "cpus": cpus,
-                     "mem_mb": int(_option(args, "--mem")), "time_s": _seconds(_option(args, "-t"))})
+        rows.append(
+            {
+                "jobid": jobid,
+                "rule": rule,
+                "wildcards": wildcards or "",
+                "gpus": gpus,
+                "cpus": cpus,
+                "mem_mb": int(_option(args, "--mem")),
+                "time_s": _seconds(_option(args, "-t")),
+            }
+        )
     assert GPU_RULES <= {job["rule"] for job in rows}, (GPU_RULES, rows)  # every GPU rule ran
     for job in rows:
         if job["rule"] in GPU_RULES:
@@ -228,9 +247,16 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
         parts = job.wildcards.split("_") if job.wildcards else []
         bench = wd / "benchmarks" / "out" / job.rule / Path(*_wildcard_path(job.rule, parts)).with_suffix(".tsv")
         b = pd.read_csv(bench, sep="\t").iloc[0]
-        used.append({"granted_mem_mb": _mb(rec["MinMemoryNode"]), "granted_cpus": int(rec["NumCPUs"]),
-                     "limit_s": _seconds(rec["TimeLimit"]), "elapsed_s": _seconds(rec["RunTime"]),
-                     "rule_s": float(b["s"]), "peak_rss_mb": float(b["max_rss"])})
+        used.append(
+            {
+                "granted_mem_mb": _mb(rec["MinMemoryNode"]),
+                "granted_cpus": int(rec["NumCPUs"]),
+                "limit_s": _seconds(rec["TimeLimit"]),
+                "elapsed_s": _seconds(rec["RunTime"]),
+                "rule_s": float(b["s"]),
+                "peak_rss_mb": float(b["max_rss"]),
+            }
+        )
     table = pd.concat([jobs.reset_index(drop=True), pd.DataFrame(used)], axis=1).fillna({"gpus": "-"})
     table.to_csv(tmp_path / "jobs.tsv", sep="\t", index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 20):
@@ -245,7 +271,12 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
 
     for target in MINI_TARGETS:
         assert (wd / target).exists(), target
-    for model, ckpt in (("llama31", "main"), ("olmo3", "stage1-step0"), ("olmo3", "stage1-step1413814"), ("olmo2_8l", "main")):
+    for model, ckpt in (
+        ("llama31", "main"),
+        ("olmo3", "stage1-step0"),
+        ("olmo3", "stage1-step1413814"),
+        ("olmo2_8l", "main"),
+    ):
         for f in (wd / "results" / model / ckpt / "jacobians" / "layers000-007").glob("layer*.h5"):
             with h5py.File(f, "r") as h5:
                 assert h5["attn"]["mean"].shape == (32, 32), f

@@ -322,8 +322,9 @@ def test_complex_fraction_of_j_minus_i_is_relative_to_lambda_minus_one():
     assert m["complex_frac_JmI_tol1e-06"] == pytest.approx(6 / d)
     assert m["complex_frac_J_tol1e-06"] == 0.0
     # the closed-form eigenvalues give the same count
-    lam = 1 + np.concatenate([eps * np.exp(1j * np.array(thetas)), eps * np.exp(-1j * np.array(thetas)),
-                              [0.3, -0.2, 0.0, eps]])
+    lam = 1 + np.concatenate(
+        [eps * np.exp(1j * np.array(thetas)), eps * np.exp(-1j * np.array(thetas)), [0.3, -0.2, 0.0, eps]]
+    )
     assert sp.shifted_complex_fraction(lam, 1.0, 1e-6) == pytest.approx(6 / d)
     # eigenvalues at 1 with roundoff-level imaginary parts do not count
     assert sp.shifted_complex_fraction(np.array([1 + 1e-17j, 1 - 1e-17j, 2.0]), 1.0, 1e-6) == 0.0

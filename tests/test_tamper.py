@@ -1,4 +1,4 @@
-"""Tampers with a finished run are caught; bad run-time inputs stop cleanly (see tests/tamper.py).
+"""Tampers with a finished run are caught; bad run-time inputs stop cleanly (see tests/helpers/tamper.py).
 
 One finished run (local model + text corpus, smoke sizes) per session; every case works on a
 fresh copy of it. A tamper must be flagged by `resdyn verify` with the expected kind and file,
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tamper as T
 import yaml
+
+from helpers import tamper as T
 
 pytestmark = pytest.mark.slow
 

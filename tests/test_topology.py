@@ -33,11 +33,7 @@ def planted(n_tokens=1500, size=30, noise=1.0, seed=0):
     truth = np.repeat(np.arange(4), size)
     which = np.array([0, 0, 1, 1])[truth]
     sign = np.array([1.0, -1.0, 1.0, -1.0])[truth]
-    X = (
-        shared[:, which] * sign
-        + 0.7 * own[:, truth]
-        + noise * rng.standard_normal((n_tokens, truth.size))
-    )
+    X = shared[:, which] * sign + 0.7 * own[:, truth] + noise * rng.standard_normal((n_tokens, truth.size))
     return X, truth
 
 
@@ -89,9 +85,7 @@ def test_correlation_from_uneven_chunk_iterable_and_float32():
     gen = (X[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
     R, info = T.correlation_matrix(gen)
     assert info["n_tokens"] == 101
-    np.testing.assert_allclose(
-        R, np.corrcoef(X.astype(np.float64), rowvar=False), atol=1e-10, rtol=0
-    )
+    np.testing.assert_allclose(R, np.corrcoef(X.astype(np.float64), rowvar=False), atol=1e-10, rtol=0)
 
 
 def test_correlation_does_not_modify_input():
@@ -111,9 +105,7 @@ def test_constant_unit_gives_zero_with_warning():
     assert (R[2] == 0).all() and (R[:, 2] == 0).all()
     assert info["constant_units"].tolist() == [2]
     keep = [0, 1, 3, 4]
-    np.testing.assert_allclose(
-        R[np.ix_(keep, keep)], np.corrcoef(X[:, keep], rowvar=False), atol=1e-10
-    )
+    np.testing.assert_allclose(R[np.ix_(keep, keep)], np.corrcoef(X[:, keep], rowvar=False), atol=1e-10)
     with pytest.warns(RuntimeWarning):
         g = T.correlation_graph(X, top_k=4)
     assert g.degree(2) == 0 and g["n_constant_units"] == 1
@@ -216,9 +208,7 @@ def test_resolution_grid_selects_max_signed_modularity():
 def test_signed_modularity_matches_dense_formula():
     rng = np.random.default_rng(8)
     n = 15
-    edges = [
-        (i, j, rng.normal()) for i, j in itertools.combinations(range(n), 2) if rng.random() < 0.4
-    ]
+    edges = [(i, j, rng.normal()) for i, j in itertools.combinations(range(n), 2) if rng.random() < 0.4]
     g = signed_graph(n, edges)
     labels = rng.integers(0, 3, n)
     W = np.zeros((n, n))
@@ -233,9 +223,7 @@ def test_signed_modularity_matches_dense_formula():
     assert T.signed_modularity(g, labels) == pytest.approx(ref, abs=1e-12)
     # no negative edges → Newman modularity (igraph)
     gp = signed_graph(n, [e for e in edges if e[2] > 0])
-    assert T.signed_modularity(gp, labels) == pytest.approx(
-        gp.modularity(labels.tolist(), weights="weight"), abs=1e-12
-    )
+    assert T.signed_modularity(gp, labels) == pytest.approx(gp.modularity(labels.tolist(), weights="weight"), abs=1e-12)
 
 
 def test_quality_is_signed_cpm_objective():
@@ -258,9 +246,7 @@ def test_quality_is_signed_cpm_objective():
         inside = [w for a, b, w in edges if lab[a] == c and lab[b] == c]
         n_c = int((lab == c).sum())
         expected += 2 * (
-            sum(w for w in inside if w > 0)
-            - sum(-w for w in inside if w < 0)
-            - gamma * n_c * (n_c - 1) / 2
+            sum(w for w in inside if w > 0) - sum(-w for w in inside if w < 0) - gamma * n_c * (n_c - 1) / 2
         )
     assert part.quality == pytest.approx(expected)
     assert lab.tolist() == [0, 0, 0, 1, 1, 1]  # canonical: equal sizes → smallest member first
@@ -469,9 +455,7 @@ def test_coupling_too_few_units_is_nan_not_crash():
 
 def test_bh_matches_statsmodels():
     rng = np.random.default_rng(10)
-    p = np.concatenate(
-        [rng.uniform(size=40), rng.uniform(0, 0.01, size=10), [0.02, 0.02, 1.0, 0.0]]
-    )
+    p = np.concatenate([rng.uniform(size=40), rng.uniform(0, 0.01, size=10), [0.02, 0.02, 1.0, 0.0]])
     np.testing.assert_allclose(T.bh_fdr(p), multipletests(p, method="fdr_bh")[1], atol=1e-15)
     q = T.bh_fdr(p)
     order = np.argsort(p)
@@ -516,8 +500,7 @@ def test_community_table_and_summary():
 
 def test_coupling_table_q_and_significance():
     rows = [
-        {"checkpoint": "a", "boundary": i, "p_value": p}
-        for i, p in enumerate([0.001, 0.02, 0.04, 0.5, float("nan")])
+        {"checkpoint": "a", "boundary": i, "p_value": p} for i, p in enumerate([0.001, 0.02, 0.04, 0.5, float("nan")])
     ] + [{"checkpoint": "b", "boundary": 0, "p_value": 0.03}]
     df = T.coupling_table(rows, q_level=0.05)
     np.testing.assert_allclose(
@@ -526,9 +509,7 @@ def test_coupling_table_q_and_significance():
     )
     assert df["significant"].tolist() == [True, True, True, False, False, True]  # q(0.04) = 0.05
     by = T.coupling_table(rows, q_level=0.05, by=["checkpoint"])
-    np.testing.assert_allclose(
-        by["q_value"].iloc[:4], multipletests([0.001, 0.02, 0.04, 0.5], method="fdr_bh")[1]
-    )
+    np.testing.assert_allclose(by["q_value"].iloc[:4], multipletests([0.001, 0.02, 0.04, 0.5], method="fdr_bh")[1])
     assert by["q_value"].iloc[5] == pytest.approx(0.03) and math.isnan(by["q_value"].iloc[4])
     assert not T.coupling_table(rows, q_level=0.001)["significant"].iloc[1]
     with pytest.raises(ValueError, match="p_value"):
@@ -614,9 +595,7 @@ def test_coupling_from_tables(tmp_path):
         (1, "attn"): np.eye(d) * 2,
         (1, "mlp"): np.diag(diag_big),
     }
-    spectra = pd.DataFrame(
-        {"layer": [0, 0, 1], "kind": ["attn", "mlp", "attn"], "henrici": [0.1, 0.2, 0.3]}
-    )
+    spectra = pd.DataFrame({"layer": [0, 0, 1], "kind": ["attn", "mlp", "attn"], "henrici": [0.1, 0.2, 0.3]})
     df = T.coupling_from_tables(parts, jac, spectra, gain="J", q_level=0.05)
     assert df[["layer", "boundary", "s"]].values.tolist() == [
         [0, "pre_attn", 0],
@@ -660,12 +639,14 @@ def test_layer_significance_hand_built():
     # layer 0: p (0.001, 0.5) -> Simes 0.002; layer 1: (0.04, 0.03) -> 0.04; layer 2: (0.9, 0.6) -> 0.9;
     # layer 3: one boundary 0.01 (a parallel layer); layer 4: no test.
     # BH over the 4 tested layers, sorted 0.002, 0.01, 0.04, 0.9: q = 0.008, 0.02, 0.0533, 0.9
-    coupling = pd.DataFrame({
-        "layer": [0, 0, 1, 1, 2, 2, 3, 4, 4],
-        "boundary": ["pre_attn", "pre_mlp"] * 3 + ["pre_attn", "pre_attn", "pre_mlp"],
-        "p_value": [0.001, 0.5, 0.04, 0.03, 0.9, 0.6, 0.01, np.nan, np.nan],
-        "reason": [None] * 7 + ["need ≥ 1 boundary", "need ≥ 1 boundary"],
-    })
+    coupling = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1, 2, 2, 3, 4, 4],
+            "boundary": ["pre_attn", "pre_mlp"] * 3 + ["pre_attn", "pre_attn", "pre_mlp"],
+            "p_value": [0.001, 0.5, 0.04, 0.03, 0.9, 0.6, 0.01, np.nan, np.nan],
+            "reason": [None] * 7 + ["need ≥ 1 boundary", "need ≥ 1 boundary"],
+        }
+    )
     out = T.layer_significance(coupling, q_level=0.05)
     assert list(out.columns) == list(T.LAYER_COLUMNS)
     assert out["layer"].tolist() == [0, 1, 2, 3, 4]
@@ -696,13 +677,33 @@ def test_layer_significance_from_coupling_of_planted_layers(tmp_path):
     rng = np.random.default_rng(3)
     is_b = np.zeros(d, dtype=bool)
     is_b[:15] = True
-    parts = pd.concat([pd.DataFrame({"unit": np.arange(d), "community": 0, "participation": 0.0, "is_boundary": is_b,
-                                     "layer": L, "boundary": b}) for L in range(3) for b in ("pre_attn", "pre_mlp")])
+    parts = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "unit": np.arange(d),
+                    "community": 0,
+                    "participation": 0.0,
+                    "is_boundary": is_b,
+                    "layer": L,
+                    "boundary": b,
+                }
+            )
+            for L in range(3)
+            for b in ("pre_attn", "pre_mlp")
+        ]
+    )
     CommunityPartitions.write(parts, CommunityPartitions.layer_file(tmp_path, 0))
     big = np.diag(np.where(is_b, 3.0, 1.0) * rng.uniform(0.9, 1.1, d))
     flat = lambda: np.diag(rng.uniform(0.9, 1.1, d))  # noqa: E731
-    jac = {(0, "attn"): big, (0, "mlp"): flat(), (1, "attn"): flat(), (1, "mlp"): flat(),
-           (2, "attn"): flat(), (2, "mlp"): big}
+    jac = {
+        (0, "attn"): big,
+        (0, "mlp"): flat(),
+        (1, "attn"): flat(),
+        (1, "mlp"): flat(),
+        (2, "attn"): flat(),
+        (2, "mlp"): big,
+    }
     coupling = T.coupling_from_tables(CommunityPartitions.read_folder(tmp_path), jac, pd.DataFrame())
     layers = T.layer_significance(coupling)
     assert layers["significant"].tolist() == [True, False, True]

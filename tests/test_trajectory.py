@@ -10,6 +10,7 @@ import pytest
 from resdyn import artifacts as A
 from resdyn.plots import catalogue, render, trajectory
 
+
 def data_lines(ax) -> list:
     """The plotted lines (errorbar caps are unlabelled lines too)."""
     return [line for line in ax.lines if not line.get_label().startswith("_")]
@@ -19,12 +20,32 @@ PAIRS = [("m1", "step0"), ("m1", "step30"), ("m2", "stage1-step10-tokens1B"), ("
 
 
 def boot(shift: float) -> pd.DataFrame:
-    rows = [dict(metric="henrici", layer=0, kind="attn", s=0, estimate=0.1, ci_low=0.05, ci_high=0.2),
-            dict(metric="cum_erank_full_depth", layer=np.nan, kind="all", s=np.nan, estimate=3.0 + shift,
-                 ci_low=2.5 + shift, ci_high=3.5 + shift)]
+    rows = [
+        dict(metric="henrici", layer=0, kind="attn", s=0, estimate=0.1, ci_low=0.05, ci_high=0.2),
+        dict(
+            metric="cum_erank_full_depth",
+            layer=np.nan,
+            kind="all",
+            s=np.nan,
+            estimate=3.0 + shift,
+            ci_low=2.5 + shift,
+            ci_high=3.5 + shift,
+        ),
+    ]
     t = pd.DataFrame(rows)
-    for col, v in dict(level=0.95, n_resamples=10, n_bootstrap_samples=4, n_samples_total=4, estimate_all_samples=1.0,
-                       seed=0, bootstrapped=True, note="", reason="", method="percentile", interval="percentile").items():
+    for col, v in dict(
+        level=0.95,
+        n_resamples=10,
+        n_bootstrap_samples=4,
+        n_samples_total=4,
+        estimate_all_samples=1.0,
+        seed=0,
+        bootstrapped=True,
+        note="",
+        reason="",
+        method="percentile",
+        interval="percentile",
+    ).items():
         t[col] = v
     return t
 
@@ -32,11 +53,15 @@ def boot(shift: float) -> pd.DataFrame:
 def test_catalogue_trajectory_figures_and_inputs():
     specs = {f.name: f for f in catalogue.FIGURES if f.scope in catalogue.TRAJECTORY_SCOPES}
     assert {n: (f.scope, f.category) for n, f in specs.items()} == {
-        "trajectory_a": ("trajectory", "Study A"), "trajectory_b": ("lens_trajectory", "Study B")}
+        "trajectory_a": ("trajectory", "Study A"),
+        "trajectory_b": ("lens_trajectory", "Study B"),
+    }
     spec = specs["trajectory_a"]
     assert catalogue.output_path(spec) == "results/figures/trajectory/trajectory_a.png"
-    assert catalogue.trajectory_inputs(spec, PAIRS[:2]) == ["results/m1/step0/bootstrap.tsv",
-                                                            "results/m1/step30/bootstrap.tsv"]
+    assert catalogue.trajectory_inputs(spec, PAIRS[:2]) == [
+        "results/m1/step0/bootstrap.tsv",
+        "results/m1/step30/bootstrap.tsv",
+    ]
     for f in specs.values():  # every input is a table the artifacts layer reads
         assert all(issubclass(A.by_relpath(t), A.TsvArtifact) for t in f.inputs)
 
@@ -72,12 +97,23 @@ def test_a_checkpoint_without_step_uses_training_order():
 
 
 def test_study_b_trajectory_mean_and_sd_per_phase():
-    pm = pd.DataFrame({"phase": [1, 2], "phase_name": ["rise", "plateau"], "metric": "hidden_erank",
-                       "mean": [2.0, 3.0], "sd": [np.nan, 0.5], "n_layers": [1, 3], "reason": ["one layer", ""]})
+    pm = pd.DataFrame(
+        {
+            "phase": [1, 2],
+            "phase_name": ["rise", "plateau"],
+            "metric": "hidden_erank",
+            "mean": [2.0, 3.0],
+            "sd": [np.nan, 0.5],
+            "n_layers": [1, 3],
+            "reason": ["one layer", ""],
+        }
+    )
     fig = trajectory.study_b_trajectory(render.trajectory_table([pm, pm.assign(mean=[4.0, 5.0])], PAIRS[:2]))
     (ax,) = fig.axes
     assert {line.get_label(): line.get_ydata().tolist() for line in data_lines(ax)} == {
-        "m1 · rise": [2.0, 4.0], "m1 · plateau": [3.0, 5.0]}
+        "m1 · rise": [2.0, 4.0],
+        "m1 · plateau": [3.0, 5.0],
+    }
 
 
 def test_render_a_trajectory_figure(tmp_path):
@@ -90,9 +126,11 @@ def test_render_a_trajectory_figure(tmp_path):
     png, pdf = tmp_path / "t.png", tmp_path / "t.pdf"
     spec = catalogue.by_name("trajectory_a")
     inputs = {p: None for p in paths}
-    assert render.render(spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {},
-                         None, pairs=PAIRS[:2])
+    assert render.render(
+        spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {}, None, pairs=PAIRS[:2]
+    )
     assert png.stat().st_size > 0 and pdf.stat().st_size > 0
     with pytest.raises(ValueError, match=r"1 templates × 3 checkpoints"):
-        render.render(spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {},
-                      None, pairs=PAIRS[:3])
+        render.render(
+            spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {}, None, pairs=PAIRS[:3]
+        )

@@ -1,7 +1,7 @@
 """A config of one's own never dies: the configs a user writes from the README (one hub model; two
 models of different families; no scaling groups; a group with one model; study A only; study B
 only) plan a DAG whose every job has its inputs, and (slow) run to the end, on tiny hub-cache
-models with OLMo-style and Pythia-style branch names (tests/hubcache.py USER_MODELS' repos and
+models with OLMo-style and Pythia-style branch names (tests/helpers/hubcache.py USER_MODELS' repos and
 branches). The models behind those names are the tiny Qwen3 and Gemma 3 stand-ins of
 configs/reach-mini.yaml, so that the one full run also takes those families through the whole
 DAG."""
@@ -20,7 +20,7 @@ import h5py
 import pytest
 import yaml
 
-import hubcache
+from helpers import hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -28,8 +28,15 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 pytestmark = pytest.mark.slow
 
 _TINY = {  # small enough that a whole run is minutes on 2 cores
-    "datasets": {"wiki": {"source": "hf", "name": hubcache.DATASET, "config": hubcache.DATASET_CONFIG,
-                          "split": "test", "heldout_fraction": 0.5}},
+    "datasets": {
+        "wiki": {
+            "source": "hf",
+            "name": hubcache.DATASET,
+            "config": hubcache.DATASET_CONFIG,
+            "split": "test",
+            "heldout_fraction": 0.5,
+        }
+    },
     "samples": {"n": 4, "length": 16},
     "lens": {"n_train_blocks": 8, "n_heldout_blocks": 2, "steps": 4, "tokens_per_step": 64, "eval_every": 2},
     "bootstrap": {"n_resamples": 6, "interval": "studentized"},
@@ -41,21 +48,31 @@ PYTHIA = {"source": "hf", "repo": "org/pythia-style", "revisions": ["main"], "da
 
 #: the cache's models: USER_MODELS' repositories and branch names, with the tiny Qwen3 (OLMo-style
 #: branches) and Gemma 3 (Pythia-style) of hubcache.REACH_MODELS behind them
-MODELS = {"org/olmo-style": (hubcache._qwen3, 4, hubcache.USER_MODELS["org/olmo-style"][2]),
-          "org/pythia-style": (hubcache._gemma3, 4, hubcache.USER_MODELS["org/pythia-style"][2])}
+MODELS = {
+    "org/olmo-style": (hubcache._qwen3, 4, hubcache.USER_MODELS["org/olmo-style"][2]),
+    "org/pythia-style": (hubcache._gemma3, 4, hubcache.USER_MODELS["org/pythia-style"][2]),
+}
 FAMILIES = {"olmo": "qwen3", "pythia": "gemma3"}  # config key -> the family its config.json names
 
 #: name -> (config beyond _TINY, rule -> jobs expected in the plan (0: not scheduled))
 CONFIGS = {
     "one_hub_model": ({"models": {"olmo": OLMO}}, {"jacobians": 2, "lens": 1, "scaling": 0, "bridge": 1}),
-    "two_families_no_groups": ({"models": {"olmo": OLMO, "pythia": PYTHIA}},
-                               {"resolve_checkpoint": 3, "scaling": 0, "bridge": 2, "scorecard": 2}),
-    "group_of_one": ({"models": {"olmo": OLMO, "pythia": PYTHIA}, "studies": ["B"],
-                      "scaling": {"groups": {"pythia": ["pythia"]}}}, {"scaling": 1, "jacobians": 0, "bridge": 0}),
-    "study_a_only": ({"models": {"olmo": OLMO}, "studies": ["A"]},
-                     {"jacobians": 2, "lens": 0, "scaling": 0, "bridge": 0, "scorecard": 1}),
-    "study_b_only": ({"models": {"pythia": PYTHIA}, "studies": ["B"]},
-                     {"jacobians": 0, "lens": 1, "phases": 1, "scaling": 0, "bridge": 0, "scorecard": 1}),
+    "two_families_no_groups": (
+        {"models": {"olmo": OLMO, "pythia": PYTHIA}},
+        {"resolve_checkpoint": 3, "scaling": 0, "bridge": 2, "scorecard": 2},
+    ),
+    "group_of_one": (
+        {"models": {"olmo": OLMO, "pythia": PYTHIA}, "studies": ["B"], "scaling": {"groups": {"pythia": ["pythia"]}}},
+        {"scaling": 1, "jacobians": 0, "bridge": 0},
+    ),
+    "study_a_only": (
+        {"models": {"olmo": OLMO}, "studies": ["A"]},
+        {"jacobians": 2, "lens": 0, "scaling": 0, "bridge": 0, "scorecard": 1},
+    ),
+    "study_b_only": (
+        {"models": {"pythia": PYTHIA}, "studies": ["B"]},
+        {"jacobians": 0, "lens": 1, "phases": 1, "scaling": 0, "bridge": 0, "scorecard": 1},
+    ),
 }
 
 
@@ -71,11 +88,29 @@ def _run(work: Path, home: Path, name: str, *args: str) -> subprocess.CompletedP
     cfg = {**copy.deepcopy(_TINY), **copy.deepcopy(extra)}
     work.mkdir(parents=True, exist_ok=True)
     (work / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(work), "--configfile",
-                           str(work / "cfg.yaml"), *args], env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [
+            SNAKEMAKE,
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(work),
+            "--configfile",
+            str(work / "cfg.yaml"),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def _planned(out: str) -> dict[str, int]:
@@ -124,8 +159,21 @@ def test_user_config_runs_to_the_end(user_home, two_families_run, tmp_path, name
     dry = _run(work, user_home, name, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     jobs = _planned(dry.stdout)
-    model_jobs = {"resolve_checkpoint", "resolve_tokenizer", "samples", "lens_tokens", "jacobians", "activations",
-                  "lens", "lens_metrics", "causal", "rss", "resolution", "phases", "phase_metrics"}  # done already
+    model_jobs = {
+        "resolve_checkpoint",
+        "resolve_tokenizer",
+        "samples",
+        "lens_tokens",
+        "jacobians",
+        "activations",
+        "lens",
+        "lens_metrics",
+        "causal",
+        "rss",
+        "resolution",
+        "phases",
+        "phase_metrics",
+    }  # done already
     assert jobs.get("scaling") == 1 and not model_jobs & set(jobs), jobs
     proc = _run(work, user_home, name, "--cores", "2")
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])

@@ -18,13 +18,20 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 def _snakemake(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _untracked_or_changed() -> set[str]:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     return {line[3:] for line in out.splitlines()}
 
 
@@ -36,16 +43,30 @@ def test_directory_puts_every_output_under_it(tmp_path):
     run = tmp_path / "scratch" / "run"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    dry = _snakemake("-n", "--cores", "2", "--directory", str(run), "--configfile", str(REPO / "configs/smoke.yaml"),
-                     cwd=elsewhere)
+    dry = _snakemake(
+        "-n", "--cores", "2", "--directory", str(run), "--configfile", str(REPO / "configs/smoke.yaml"), cwd=elsewhere
+    )
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     assert "results/" in dry.stdout and "logs/" in dry.stdout
     assert str(REPO) not in "".join(line for line in dry.stdout.splitlines() if line.strip().startswith("output:"))
-    done = _snakemake("results/data/kjv/train.jsonl", "--cores", "1", "--directory", str(run), "--configfile",
-                      str(REPO / "configs/smoke.yaml"), cwd=elsewhere)
+    done = _snakemake(
+        "results/data/kjv/train.jsonl",
+        "--cores",
+        "1",
+        "--directory",
+        str(run),
+        "--configfile",
+        str(REPO / "configs/smoke.yaml"),
+        cwd=elsewhere,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for rel in ("results/data/kjv/train.jsonl", "results/data/kjv/heldout.jsonl", "logs/corpus/kjv.log",
-                "benchmarks/out/corpus/kjv.tsv", ".snakemake"):
+    for rel in (
+        "results/data/kjv/train.jsonl",
+        "results/data/kjv/heldout.jsonl",
+        "logs/corpus/kjv.log",
+        "benchmarks/out/corpus/kjv.tsv",
+        ".snakemake",
+    ):
         assert (run / rel).exists(), rel
     assert not any(elsewhere.iterdir())  # nothing where snakemake was started
     assert _untracked_or_changed() == before  # nor in the repository
@@ -61,9 +82,11 @@ def test_a_directory_without_write_access_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.mkstemp", refuse)
     with pytest.raises(ValueError) as err:
         site.check_workdir("/scratch/run")
-    assert str(err.value) == ("working directory (snakemake --directory) '/scratch/run' is not writable (Permission "
-                              "denied): results/, models/, logs/ and benchmarks/ go there; choose a folder you can "
-                              "write, e.g. on scratch")
+    assert str(err.value) == (
+        "working directory (snakemake --directory) '/scratch/run' is not writable (Permission "
+        "denied): results/, models/, logs/ and benchmarks/ go there; choose a folder you can "
+        "write, e.g. on scratch"
+    )
 
 
 @pytest.mark.slow

@@ -11,7 +11,13 @@ with sidecars.step(snakemake) as step:
     model, _ = models.load_model(record, p.device, placement=p.placement)
     ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)
     activations.stream_activation_files(
-        model, ids, sample_ids, p.skip_positions, snakemake.output[0], p.dtype,
-        {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]}, structure.residual_kind(model),
+        model,
+        ids,
+        sample_ids,
+        p.skip_positions,
+        snakemake.output[0],
+        p.dtype,
+        {**models.model_attrs(record), "samples_hash": sattrs["samples_hash"]},
+        structure.residual_kind(model),
         where=f"model {record['model']} checkpoint {record['checkpoint']}",
     )

@@ -14,7 +14,12 @@ with sidecars.step(snakemake) as step:
     cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(snakemake.input.phases), source=snakemake.input.phases)
     translators = [fitted.translator_matrix(L) for L in range(fitted.n_layers)]
     table = causal.causal_table(
-        model, ids[: p.n_samples], translators, k=readout.k_from_fraction(structure.hidden_size(model), p.k_fraction),
-        n_random=p.n_random, seed=p.seed, phases=cuts.to_json(),
+        model,
+        ids[: p.n_samples],
+        translators,
+        k=readout.k_from_fraction(structure.hidden_size(model), p.k_fraction),
+        n_random=p.n_random,
+        seed=p.seed,
+        phases=cuts.to_json(),
     )
     artifacts.CausalTable.write(table, snakemake.output[0])

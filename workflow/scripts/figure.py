@@ -31,9 +31,24 @@ with sidecars.step(snakemake) as step:
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
         png, pdf = snakemake.output[spec.name], snakemake.output[f"{spec.name}_pdf"]
         code = catalogue.figure_code_version(spec.name)
-        prov = {**base, "inputs": {i: step.input_hashes[i] for i in inputs}, "outputs": {png: None, pdf: None},
-                "params": {**base["params"], "figure": spec.name, "plot": spec.plot, "caption": spec.caption}}
-        drawn = render.render(spec.name, spec.plot, prov["inputs"], png, pdf, f"{p.title} · {spec.name}",
-                              spec.caption, p.dpi, code, prov, p.cache,
-                              pairs=[tuple(x) for x in p.pairs] if spec.scope in catalogue.TRAJECTORY_SCOPES else None)
+        prov = {
+            **base,
+            "inputs": {i: step.input_hashes[i] for i in inputs},
+            "outputs": {png: None, pdf: None},
+            "params": {**base["params"], "figure": spec.name, "plot": spec.plot, "caption": spec.caption},
+        }
+        drawn = render.render(
+            spec.name,
+            spec.plot,
+            prov["inputs"],
+            png,
+            pdf,
+            f"{p.title} · {spec.name}",
+            spec.caption,
+            p.dpi,
+            code,
+            prov,
+            p.cache,
+            pairs=[tuple(x) for x in p.pairs] if spec.scope in catalogue.TRAJECTORY_SCOPES else None,
+        )
         log.info("%s %s", "drew" if drawn else "restored unchanged", spec.name)

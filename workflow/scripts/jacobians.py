@@ -17,9 +17,14 @@ with sidecars.step(snakemake) as step:
     # into place at the end (artifacts.JacobianBlocks.staging says why).
     staging = artifacts.JacobianBlocks.staging(out)
     jacobian.write_layer_block(
-        model, ids, sample_ids, layers,
+        model,
+        ids,
+        sample_ids,
+        layers,
         {layer: artifacts.JacobianBlocks.layer_file(staging, layer) for layer in layers},
-        positions=p.positions, store_dtype=p.store_dtype, store_first_n=p.store_first_n,
+        positions=p.positions,
+        store_dtype=p.store_dtype,
+        store_first_n=p.store_first_n,
         checkpoint_every=p.checkpoint_every,
         attrs={**models.model_attrs(record), "samples_hash": sattrs["samples_hash"], "code_version": p.code},
     )

@@ -11,11 +11,16 @@ with sidecars.step(snakemake) as step:
     p = snakemake.params
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device, placement=p.placement)
-    meta = dict(model_id=record.get("repo") or record["model"], model_revision=record.get("revision") or record["checkpoint"],
-                model_hash=record["content_hash"])
+    meta = dict(
+        model_id=record.get("repo") or record["model"],
+        model_revision=record.get("revision") or record["checkpoint"],
+        model_hash=record["content_hash"],
+    )
     out = Path(snakemake.output[0])
     if p.source:  # a published tuned lens, checked against this model, instead of training
-        folder = lens_import.fetch_tuned_lens(p.source["path"], p.source["repo"], p.source["revision"], p.source["repo_type"])
+        folder = lens_import.fetch_tuned_lens(
+            p.source["path"], p.source["repo"], p.source["revision"], p.source["repo_type"]
+        )
         fitted = lens_import.import_tuned_lens(folder, model, source=p.source, meta=meta)
     else:
         ids, _, sattrs = artifacts.Samples.read(snakemake.input.tokens)
@@ -23,8 +28,13 @@ with sidecars.step(snakemake) as step:
         opts["warmup_steps"] = opts.pop("warmup")
         batch = max(1, opts["tokens_per_step"] // ids.shape[1])
         fitted = lens.train_lens(
-            model, lens.token_batches(ids[: p.n_train], batch), heldout_batches=lens.token_batches(ids[p.n_train :], batch),
-            checkpoint=artifacts.LensCheckpoint.path(out), checkpoint_every=p.checkpoint_every, **meta, **opts,
+            model,
+            lens.token_batches(ids[: p.n_train], batch),
+            heldout_batches=lens.token_batches(ids[p.n_train :], batch),
+            checkpoint=artifacts.LensCheckpoint.path(out),
+            checkpoint_every=p.checkpoint_every,
+            **meta,
+            **opts,
         )
     fitted.save(out)
     fitted.export_tuned_lens(out / artifacts.LensFolder.TUNED_LENS_DIR)

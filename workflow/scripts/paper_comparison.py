@@ -17,22 +17,40 @@ with sidecars.step(snakemake) as step:
     def cuts(path):
         return phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path).to_json()
 
-    tables = {key: per_model(key, read) for key, read in (
-        ("checkpoints", artifacts.CheckpointsTable.read), ("coupling_counts", artifacts.CouplingCounts.read),
-        ("bottleneck", artifacts.BottleneckTable.read), ("bootstrap", artifacts.BootstrapTable.read),
-        ("phases", cuts), ("geometry", artifacts.LayerGeometry.read), ("phase_metrics", artifacts.PhaseMetrics.read),
-    )}
-    models = [paper.ModelTables(
-        model=m, ckpts=p.ckpts[m], lens_ckpt=p.lens_ckpts[m],
-        checkpoints=tables["checkpoints"].get(m), coupling_counts=tables["coupling_counts"].get(m),
-        bottleneck={p.ckpts[m][-1]: tables["bottleneck"][m]} if m in tables["bottleneck"] else {},
-        bootstrap={p.ckpts[m][-1]: tables["bootstrap"][m]} if m in tables["bootstrap"] else {},
-        phases=tables["phases"].get(m), geometry=tables["geometry"].get(m),
-        phase_metrics=tables["phase_metrics"].get(m), complex_tol=p.complex_tol,
-    ) for m in p.models]
+    tables = {
+        key: per_model(key, read)
+        for key, read in (
+            ("checkpoints", artifacts.CheckpointsTable.read),
+            ("coupling_counts", artifacts.CouplingCounts.read),
+            ("bottleneck", artifacts.BottleneckTable.read),
+            ("bootstrap", artifacts.BootstrapTable.read),
+            ("phases", cuts),
+            ("geometry", artifacts.LayerGeometry.read),
+            ("phase_metrics", artifacts.PhaseMetrics.read),
+        )
+    }
+    models = [
+        paper.ModelTables(
+            model=m,
+            ckpts=p.ckpts[m],
+            lens_ckpt=p.lens_ckpts[m],
+            checkpoints=tables["checkpoints"].get(m),
+            coupling_counts=tables["coupling_counts"].get(m),
+            bottleneck={p.ckpts[m][-1]: tables["bottleneck"][m]} if m in tables["bottleneck"] else {},
+            bootstrap={p.ckpts[m][-1]: tables["bootstrap"][m]} if m in tables["bootstrap"] else {},
+            phases=tables["phases"].get(m),
+            geometry=tables["geometry"].get(m),
+            phase_metrics=tables["phase_metrics"].get(m),
+            complex_tol=p.complex_tol,
+        )
+        for m in p.models
+    ]
     widths = inp.get("phase_widths")
     table = paper.paper_comparison(
-        artifacts.ClaimsTable.load(), models, p.studies,
-        None if widths is None else artifacts.ScalingFits.read(widths), p.groups,
+        artifacts.ClaimsTable.load(),
+        models,
+        p.studies,
+        None if widths is None else artifacts.ScalingFits.read(widths),
+        p.groups,
     )
     artifacts.PaperComparison.write(table, snakemake.output[0])

@@ -6,4 +6,6 @@ from resdyn.study_b import readout
 
 with sidecars.step(snakemake) as step:
     translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])
-    artifacts.ResolutionTable.write(readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0])
+    artifacts.ResolutionTable.write(
+        readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0]
+    )

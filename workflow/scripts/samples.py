@@ -12,6 +12,8 @@ with sidecars.step(snakemake) as step:
     keys = "samples.n" if snakemake.input.get("heldout") else "lens.n_train_blocks + lens.n_heldout_blocks"
     ids, sample_ids = corpus.draw_blocks(stream, p.n, p.length, p.seed, f"dataset {p.dataset!r} ({docs_path})", keys)
     step.extra["samples_hash"] = artifacts.Samples.write(
-        snakemake.output[0], ids, sample_ids,
+        snakemake.output[0],
+        ids,
+        sample_ids,
         {"dataset": p.dataset, "split_file": docs_path, "seed": p.seed, "stream_tokens": len(stream)},
     )

@@ -13,8 +13,15 @@ with sidecars.step(snakemake) as step:
     for model, path in zip(p.models, snakemake.input.phases, strict=True):
         cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
         for phase, width in enumerate(cuts.widths, start=1):
-            rows.append({"group": model_of[model], "model": model, "n_layers": p.n_layers[model],
-                         "phase": phase, "width": width})
+            rows.append(
+                {
+                    "group": model_of[model],
+                    "model": model,
+                    "n_layers": p.n_layers[model],
+                    "phase": phase,
+                    "width": width,
+                }
+            )
     widths = pd.DataFrame(rows, columns=list(artifacts.ScalingWidths.columns))
     fits = [geometry.depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
     artifacts.ScalingWidths.write(widths, snakemake.output.widths)

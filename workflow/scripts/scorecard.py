@@ -15,15 +15,24 @@ with sidecars.step(snakemake) as step:
         return None if path is None else cls.read(path)
 
     phases_path = inp.get("phases")
-    cuts = None if phases_path is None else phases.Cutpoints.from_json(
-        artifacts.PhaseCuts.read(phases_path), source=phases_path
+    cuts = (
+        None
+        if phases_path is None
+        else phases.Cutpoints.from_json(artifacts.PhaseCuts.read(phases_path), source=phases_path)
     )
     table = scorecard.scorecard(
-        read(artifacts.CheckpointsTable, "checkpoints"), p.ckpts, read(artifacts.SchurCurves, "schur"),
+        read(artifacts.CheckpointsTable, "checkpoints"),
+        p.ckpts,
+        read(artifacts.SchurCurves, "schur"),
         None if cuts is None else cuts.to_json(),
-        read(artifacts.LensMetrics, "lens_metrics"), read(artifacts.ScalingFits, "phase_widths"), p.group,
+        read(artifacts.LensMetrics, "lens_metrics"),
+        read(artifacts.ScalingFits, "phase_widths"),
+        p.group,
         {c: artifacts.BootstrapTable.read(f) for c, f in zip(p.ckpts, inp.get("bootstrap", []))},
         {c: artifacts.BootstrapReplicates.read(f) for c, f in zip(p.ckpts, inp.get("replicates", []))},
-        complex_tol=p.complex_tol, level=p.level, studies=p.studies, claims=artifacts.ClaimsTable.load(),
+        complex_tol=p.complex_tol,
+        level=p.level,
+        studies=p.studies,
+        claims=artifacts.ClaimsTable.load(),
     )
     artifacts.ScorecardTable.write(table, snakemake.output[0])

@@ -5,4 +5,6 @@ from resdyn.lm import corpus
 from resdyn.provenance import sidecars
 
 with sidecars.step(snakemake) as step:
-    corpus.train_tokenizer(artifacts.Corpus.read(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0])
+    corpus.train_tokenizer(
+        artifacts.Corpus.read(snakemake.input.train), snakemake.params.vocab_size, snakemake.output[0]
+    )

@@ -18,11 +18,21 @@ with sidecars.step(snakemake) as step:
     staging = weights.with_name(".weights.staging")
     curve = zoo.train_zoo_model(
         zoo.Architecture(**{**arch, "n_kv_heads": arch["n_kv_heads"] or arch["n_heads"]}),
-        train_stream, heldout_stream, snakemake.input.tokenizer,
+        train_stream,
+        heldout_stream,
+        snakemake.input.tokenizer,
         {s: staging / f"step{s}" for s in t["checkpoints"]},
-        steps=t["steps"], batch_size=t["batch_size"], seq_len=t["seq_len"], lr=t["lr"], warmup=t["warmup"],
-        weight_decay=t["weight_decay"], eval_every=t["eval_every"], n_eval_windows=t["n_eval_windows"],
-        seed=t["seed"], state_path=staging / "training_state.pt", precision=t["precision"],
+        steps=t["steps"],
+        batch_size=t["batch_size"],
+        seq_len=t["seq_len"],
+        lr=t["lr"],
+        warmup=t["warmup"],
+        weight_decay=t["weight_decay"],
+        eval_every=t["eval_every"],
+        n_eval_windows=t["n_eval_windows"],
+        seed=t["seed"],
+        state_path=staging / "training_state.pt",
+        precision=t["precision"],
     )
     shutil.rmtree(weights, ignore_errors=True)
     staging.rename(weights)

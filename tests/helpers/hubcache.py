@@ -10,7 +10,7 @@ Each model is built from its family's own transformers config class (so its conf
 real format: Gemma 4 nested in ``text_config`` with per-layer inputs and KV sharing, Llama 3.1
 with llama3 RoPE scaling, ...), at tiny sizes, with weights from a fixed seed.
 
-    python tests/hubcache.py HF_HOME        # then: HF_HOME=HF_HOME HF_HUB_OFFLINE=1 snakemake ...
+    python tests/helpers/hubcache.py HF_HOME        # then: HF_HOME=HF_HOME HF_HUB_OFFLINE=1 snakemake ...
 """
 
 from __future__ import annotations
@@ -42,8 +42,14 @@ _COMMON = dict(
 def _llama31(n_layers: int):
     from transformers import LlamaConfig
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     return LlamaConfig(**_COMMON, num_hidden_layers=n_layers, rope_parameters=rope)
 
 
@@ -69,8 +75,14 @@ def _qwen3(n_layers: int):
     """Qwen3 in miniature: per-head q/k norms, the upper half of the layers sliding."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(**_COMMON, num_hidden_layers=n_layers, head_dim=8, use_sliding_window=True, sliding_window=8,
-                       max_window_layers=n_layers // 2)
+    return Qwen3Config(
+        **_COMMON,
+        num_hidden_layers=n_layers,
+        head_dim=8,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=n_layers // 2,
+    )
 
 
 def _gemma3(n_layers: int):
@@ -78,8 +90,13 @@ def _gemma3(n_layers: int):
     layers with their own RoPE, sqrt(d)-scaled embedding."""
     from transformers import Gemma3TextConfig
 
-    return Gemma3TextConfig(**_COMMON, num_hidden_layers=n_layers, head_dim=8, sliding_window=8,
-                            layer_types=["sliding_attention", "full_attention"] * (n_layers // 2))
+    return Gemma3TextConfig(
+        **_COMMON,
+        num_hidden_layers=n_layers,
+        head_dim=8,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * (n_layers // 2),
+    )
 
 
 def _gemma4_e4b(n_layers: int):
@@ -198,16 +215,25 @@ def write_config_only(hub_cache: Path, repo: str, revision: str, config: dict) -
 # publish (model_type, layers, width, heads, KV heads, d_ff, vocabulary, positions) and an empty
 # safetensors file, so that configs/paper-{a,b}.yaml validate and dry-run offline in CI.
 def _shape(model_type, n_layers, d, heads, kv, d_ff, vocab, positions) -> dict:
-    return {"model_type": model_type, "num_hidden_layers": n_layers, "hidden_size": d,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": d_ff,
-            "vocab_size": vocab, "max_position_embeddings": positions}
+    return {
+        "model_type": model_type,
+        "num_hidden_layers": n_layers,
+        "hidden_size": d,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": d_ff,
+        "vocab_size": vocab,
+        "max_position_embeddings": positions,
+    }
 
 
 PAPER_STANDINS: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": _shape("llama", 32, 4096, 32, 8, 14336, 128256, 131072),
     "allenai/Olmo-3-1025-7B": _shape("olmo3", 32, 4096, 32, 32, 11008, 100278, 65536),
-    "google/gemma-4-E4B": {"model_type": "gemma4",
-                           "text_config": _shape("gemma4_text", 42, 2560, 8, 2, 10240, 262144, 131072)},
+    "google/gemma-4-E4B": {
+        "model_type": "gemma4",
+        "text_config": _shape("gemma4_text", 42, 2560, 8, 2, 10240, 262144, 131072),
+    },
     "Qwen/Qwen2.5-0.5B": _shape("qwen2", 24, 896, 14, 2, 4864, 151936, 32768),
     "Qwen/Qwen2.5-1.5B": _shape("qwen2", 28, 1536, 12, 2, 8960, 151936, 131072),
     "Qwen/Qwen2.5-3B": _shape("qwen2", 36, 2048, 16, 2, 11008, 151936, 32768),
@@ -224,12 +250,18 @@ PAPER_STANDINS: dict[str, dict] = {
     "Qwen/Qwen3-4B-Base": _shape("qwen3", 36, 2560, 32, 8, 9728, 151936, 32768),
     "Qwen/Qwen3-8B-Base": _shape("qwen3", 36, 4096, 32, 8, 12288, 151936, 32768),
     "google/gemma-3-1b-pt": _shape("gemma3_text", 26, 1152, 4, 1, 6912, 262144, 32768),
-    "google/gemma-3-4b-pt": {"model_type": "gemma3",
-                             "text_config": _shape("gemma3_text", 34, 2560, 8, 4, 10240, 262208, 131072)},
-    "google/gemma-3-12b-pt": {"model_type": "gemma3",
-                              "text_config": _shape("gemma3_text", 48, 3840, 16, 8, 15360, 262208, 131072)},
-    "google/gemma-3-27b-pt": {"model_type": "gemma3",
-                              "text_config": _shape("gemma3_text", 62, 5376, 32, 16, 21504, 262208, 131072)},
+    "google/gemma-3-4b-pt": {
+        "model_type": "gemma3",
+        "text_config": _shape("gemma3_text", 34, 2560, 8, 4, 10240, 262208, 131072),
+    },
+    "google/gemma-3-12b-pt": {
+        "model_type": "gemma3",
+        "text_config": _shape("gemma3_text", 48, 3840, 16, 8, 15360, 262208, 131072),
+    },
+    "google/gemma-3-27b-pt": {
+        "model_type": "gemma3",
+        "text_config": _shape("gemma3_text", 62, 5376, 32, 16, 21504, 262208, 131072),
+    },
     # configs/pythia.yaml (GPT-NeoX: no num_key_value_heads, heads = kv heads)
     "EleutherAI/pythia-70m-deduped": _shape("gpt_neox", 6, 512, 8, 8, 2048, 50304, 2048),
     "EleutherAI/pythia-160m-deduped": _shape("gpt_neox", 12, 768, 12, 12, 3072, 50304, 2048),
@@ -271,7 +303,9 @@ def build_paper_standins(hub_cache: Path, config_files: list[Path]) -> Path:
                 add_snapshot(hub_cache, ds["name"], ds.get("revision") or "main", "dataset")
         lens = cfg.get("lens", {})
         if lens.get("source") == "tuned_lens" and lens.get("repo"):  # published-lens stand-ins (files only)
-            space = add_snapshot(hub_cache, lens["repo"], lens.get("revision") or "main", lens.get("repo_type", "space"))
+            space = add_snapshot(
+                hub_cache, lens["repo"], lens.get("revision") or "main", lens.get("repo_type", "space")
+            )
             for key, m in cfg["models"].items():
                 folder = space / lens["path"].format(model=key, repo=m.get("repo", ""), ckpt="")
                 folder.mkdir(parents=True, exist_ok=True)
@@ -287,16 +321,33 @@ def _gpt_neox(n_layers: int):
     """Pythia in miniature: parallel residual, partial rotary (rotary_pct 0.25), LayerNorms."""
     from transformers import GPTNeoXConfig
 
-    return GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=128, num_attention_heads=4,
-                         max_position_embeddings=128, num_hidden_layers=n_layers, rotary_pct=0.25,
-                         use_parallel_residual=True, bos_token_id=0, eos_token_id=0)
+    return GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=128,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        num_hidden_layers=n_layers,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 def _gpt2(n_layers: int):
     from transformers import GPT2Config
 
-    return GPT2Config(vocab_size=VOCAB, n_embd=32, n_inner=64, n_head=4, n_positions=128, n_layer=n_layers,
-                      bos_token_id=0, eos_token_id=0)
+    return GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_inner=64,
+        n_head=4,
+        n_positions=128,
+        n_layer=n_layers,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 PYTHIA_LENS_REPO = "resdyn-ci/tuned-lens"  # a Space, like AlignmentResearch/tuned-lens
@@ -363,7 +414,7 @@ def build(hf_home: Path, models: dict | None = None) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # never build a cache in a folder named --help
-        sys.exit("usage: python tests/hubcache.py HF_HOME  (writes the paper-mini models and dataset there)")
+        sys.exit("usage: python tests/helpers/hubcache.py HF_HOME  (writes the paper-mini models and dataset there)")
     print(build(Path(sys.argv[1])))
 
 
@@ -372,8 +423,11 @@ if __name__ == "__main__":
 #: OLMo-style branches (stage, step, tokens; a stage-2 branch at a stage-1 step, so step 1000 is
 #: ambiguous) and Pythia-style ones (their alphabetical order is not their training order)
 USER_MODELS: dict[str, tuple] = {
-    "org/olmo-style": (_llama31, 8, ["stage1-step0-tokens0B", "stage1-step1000-tokens5B",
-                                     "stage2-ingredient1-step1000-tokens5B", "main"]),
+    "org/olmo-style": (
+        _llama31,
+        8,
+        ["stage1-step0-tokens0B", "stage1-step1000-tokens5B", "stage2-ingredient1-step1000-tokens5B", "main"],
+    ),
     "org/pythia-style": (_gpt_neox, 8, ["step0", "step1000", "step143000", "step8000", "main"]),
 }
 

@@ -1,8 +1,9 @@
 """Shared by the resume tests: run a job in a subprocess, SIGKILL it once its checkpoint exists.
 
-A runner script starts with :data:`RUNNER_HEADER` (formatted with ``tests=``), which sets
-``out`` (the output folder) and ``slow`` (whether to slow the job down so that it can be killed
-between checkpoints, with :func:`slow_down`).
+A runner script starts with :data:`RUNNER_HEADER` (formatted with ``tests=``, the tests/ folder, so
+that the runner imports ``from helpers import ...`` as the tests do), which sets ``out`` (the output
+folder) and ``slow`` (whether to slow the job down so that it can be killed between checkpoints,
+with :func:`slow_down`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 RUNNER_HEADER = """\
 import logging, sys, time
@@ -23,7 +24,7 @@ import numpy as np, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-import sigkill
+from helpers import sigkill
 out, slow = sys.argv[1], sys.argv[2] == "slow"
 """
 
@@ -43,8 +44,13 @@ def slow_down(owner, name: str, seconds: float) -> None:
 def start(script: Path, out: Path, mode: str) -> subprocess.Popen:
     """The runner ``script`` on ``out`` in ``mode`` ("slow" or "fast"), with this repo's resdyn."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(script), str(out), mode], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(out), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def kill_once_checkpointed(proc: subprocess.Popen, checkpoint: Path, timeout_s: float) -> None:

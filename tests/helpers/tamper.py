@@ -3,7 +3,7 @@
 Used by tests/test_tamper.py (one finished run per session, a fresh copy per tamper) and runnable
 by hand to print the table:
 
-    python tests/tamper.py /tmp/tamper-work      # builds the run there once, then tampers copies
+    python tests/helpers/tamper.py /tmp/tamper-work      # builds the run there once, then tampers copies
 
 The run is a workflow copy with a *local* model (random tiny Llama saved with save_pretrained,
 its own BPE tokenizer) and a *text* corpus, so that local weights, tokenizer files and corpus
@@ -26,10 +26,22 @@ import h5py
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "models", "logs", ".snakemake", "report.html",
-                                "__pycache__", ".pytest_cache", "out", "*.egg-info", "benchmarks")
+IGNORE = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "results",
+    "models",
+    "logs",
+    ".snakemake",
+    "report.html",
+    "__pycache__",
+    ".pytest_cache",
+    "out",
+    "*.egg-info",
+    "benchmarks",
+)
 CONFIG = "configs/tamper.yaml"
 MODEL, CKPT = "loc", "local"
 DATA_DIRS = ("results", "models", "local", "corpus", "configs", ".snakemake")
@@ -97,9 +109,16 @@ def make_local_model(folder: Path, docs: list[str], seed: int = 0) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     corpus.train_tokenizer(docs, 300, folder)
     vocab = len(AutoTokenizer.from_pretrained(str(folder)))
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(str(folder), safe_serialization=True)
 
@@ -108,11 +127,21 @@ def tamper_config(paths: list[str]) -> dict:
     """The smoke preset's sizes, on the local model and the text corpus."""
     smoke = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
     cfg = {k: v for k, v in smoke.items() if k not in ("datasets", "models", "scaling", "tokenizer")}
-    cfg["datasets"] = {"txt": {"source": "text", "paths": paths, "split_paragraphs": True,
-                               "heldout_fraction": 0.2}}
-    cfg["models"] = {MODEL: {"source": "local", "dataset": "txt", "family": "llama", "path": "local/m",
-                             "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64,
-                             "max_position": 64}}
+    cfg["datasets"] = {"txt": {"source": "text", "paths": paths, "split_paragraphs": True, "heldout_fraction": 0.2}}
+    cfg["models"] = {
+        MODEL: {
+            "source": "local",
+            "dataset": "txt",
+            "family": "llama",
+            "path": "local/m",
+            "n_layers": 4,
+            "d_model": 32,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "d_ff": 64,
+            "max_position": 64,
+        }
+    }
     cfg["jacobian"] = {**cfg["jacobian"], "layers_per_job": 2}
     cfg["scaling"] = {"groups": {"llama": [MODEL]}}
     return cfg
@@ -183,8 +212,10 @@ def _swap_weights(work: Path) -> None:
     rng = np.random.default_rng(1)
     import torch
 
-    swapped = {k: torch.as_tensor(rng.normal(0, 0.02, v.shape).astype(np.float32)) if v.ndim == 2 else v
-               for k, v in tensors.items()}
+    swapped = {
+        k: torch.as_tensor(rng.normal(0, 0.02, v.shape).astype(np.float32)) if v.ndim == 2 else v
+        for k, v in tensors.items()
+    }
     save_file(swapped, str(path), metadata={"format": "pt"})
 
 
@@ -193,8 +224,17 @@ def _stale_chain(work: Path) -> None:
     cfg = yaml.safe_load((work / CONFIG).read_text())
     cfg["phases"]["smoothing"] = "none"
     (work / "configs" / "stale.yaml").write_text(yaml.safe_dump(cfg))
-    proc = snakemake(work, "--cores", "1", "--allowed-rules", "phases", "--forcerun", "phases",
-                     f"{R}/phases.json", config="configs/stale.yaml")
+    proc = snakemake(
+        work,
+        "--cores",
+        "1",
+        "--allowed-rules",
+        "phases",
+        "--forcerun",
+        "phases",
+        f"{R}/phases.json",
+        config="configs/stale.yaml",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -233,46 +273,84 @@ def _orphan_artifact(work: Path) -> None:
 
 
 TAMPERS = [
-    Tamper("flipped value in a Jacobian HDF5",
-           lambda w: _flip_h5(next((w / R / "jacobians").rglob("layer000.h5")), "attn/mean"),
-           ("changed output", "jacobians/layers000-001: differs from what rule jacobians wrote (changed layer000.h5")),
-    Tamper("deleted sidecar of a Jacobian block",
-           lambda w: (w / R / "jacobians" / "layers002-003.prov.json").unlink(),
-           ("missing sidecar", "jacobians/layers002-003")),
-    Tamper("swapped local model weights", _swap_weights,
-           ("changed input", "local/m/model.safetensors"), {"resolve_checkpoint", "jacobians", "lens"}),
-    Tamper("edited final table (scorecard.tsv)", lambda w: _edit_tsv(w / "results" / MODEL / "scorecard.tsv"),
-           ("changed output", f"results/{MODEL}/scorecard.tsv")),
-    Tamper("edited intermediate table (spectra.tsv)", lambda w: _edit_tsv(w / R / "spectra.tsv"),
-           ("changed output", f"{R}/spectra.tsv"), {"checkpoints", "bridge"}),
-    Tamper("edited corpus text file",
-           lambda w: _edit_text(w / "corpus" / "part0.txt", "the", "a"),
-           ("changed input", "corpus/part0.txt"), {"corpus", "samples", "lens_tokens", "jacobians"}),
-    Tamper("edited tokenizer file (local model)",
-           lambda w: _edit_text(w / "local" / "m" / "tokenizer.json", '"<|endoftext|>"', '"<|end|>"'),
-           ("changed input", "local/m/tokenizer.json"), {"resolve_checkpoint", "samples"}),
-    Tamper("edited model config.json (local model)",
-           lambda w: _edit_text(w / "local" / "m" / "config.json", '"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'),
-           ("changed input", "local/m/config.json"), {"resolve_checkpoint", "jacobians"}),
-    Tamper("sidecar without artifact (bootstrap.tsv deleted)", _sidecar_of_missing,
-           ("sidecar without artifact", f"{R}/bootstrap.tsv.prov.json"), {"bootstrap"}),
-    Tamper("stale chain (phases.json rebuilt, consumers not)", _stale_chain,
-           ("stale chain", f"made from a version of {R}/phases.json"), {"phase_metrics", "bridge", "causal"}),
-    Tamper("corrupted samples.h5 (flipped token id)",
-           lambda w: _flip_h5(w / "results" / MODEL / "samples.h5", "input_ids"),
-           ("changed output", f"results/{MODEL}/samples.h5")),
-    Tamper("edited checkpoint.json", _edit_checkpoint_record,
-           ("changed output", f"models/{MODEL}/{CKPT}/checkpoint.json")),
-    Tamper("file added inside a directory output (lens/)", _add_file_to_dir,
-           ("changed output", "added extra.txt")),
-    Tamper("file removed from a directory output (activations/)", _remove_file_from_dir,
-           ("changed output", "removed layer00")),
-    Tamper("figure PNG replaced", _replace_png,
-           ("changed output", f"results/figures/{MODEL}/{CKPT}/funnel.png")),
-    Tamper("corrupt sidecar (not JSON)", _corrupt_sidecar,
-           ("unreadable sidecar", f"{R}/rss.tsv")),
-    Tamper("artifact without provenance (file dropped into results/)", _orphan_artifact,
-           ("missing sidecar", f"results/{MODEL}/notes.tsv")),
+    Tamper(
+        "flipped value in a Jacobian HDF5",
+        lambda w: _flip_h5(next((w / R / "jacobians").rglob("layer000.h5")), "attn/mean"),
+        ("changed output", "jacobians/layers000-001: differs from what rule jacobians wrote (changed layer000.h5"),
+    ),
+    Tamper(
+        "deleted sidecar of a Jacobian block",
+        lambda w: (w / R / "jacobians" / "layers002-003.prov.json").unlink(),
+        ("missing sidecar", "jacobians/layers002-003"),
+    ),
+    Tamper(
+        "swapped local model weights",
+        _swap_weights,
+        ("changed input", "local/m/model.safetensors"),
+        {"resolve_checkpoint", "jacobians", "lens"},
+    ),
+    Tamper(
+        "edited final table (scorecard.tsv)",
+        lambda w: _edit_tsv(w / "results" / MODEL / "scorecard.tsv"),
+        ("changed output", f"results/{MODEL}/scorecard.tsv"),
+    ),
+    Tamper(
+        "edited intermediate table (spectra.tsv)",
+        lambda w: _edit_tsv(w / R / "spectra.tsv"),
+        ("changed output", f"{R}/spectra.tsv"),
+        {"checkpoints", "bridge"},
+    ),
+    Tamper(
+        "edited corpus text file",
+        lambda w: _edit_text(w / "corpus" / "part0.txt", "the", "a"),
+        ("changed input", "corpus/part0.txt"),
+        {"corpus", "samples", "lens_tokens", "jacobians"},
+    ),
+    Tamper(
+        "edited tokenizer file (local model)",
+        lambda w: _edit_text(w / "local" / "m" / "tokenizer.json", '"<|endoftext|>"', '"<|end|>"'),
+        ("changed input", "local/m/tokenizer.json"),
+        {"resolve_checkpoint", "samples"},
+    ),
+    Tamper(
+        "edited model config.json (local model)",
+        lambda w: _edit_text(w / "local" / "m" / "config.json", '"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'),
+        ("changed input", "local/m/config.json"),
+        {"resolve_checkpoint", "jacobians"},
+    ),
+    Tamper(
+        "sidecar without artifact (bootstrap.tsv deleted)",
+        _sidecar_of_missing,
+        ("sidecar without artifact", f"{R}/bootstrap.tsv.prov.json"),
+        {"bootstrap"},
+    ),
+    Tamper(
+        "stale chain (phases.json rebuilt, consumers not)",
+        _stale_chain,
+        ("stale chain", f"made from a version of {R}/phases.json"),
+        {"phase_metrics", "bridge", "causal"},
+    ),
+    Tamper(
+        "corrupted samples.h5 (flipped token id)",
+        lambda w: _flip_h5(w / "results" / MODEL / "samples.h5", "input_ids"),
+        ("changed output", f"results/{MODEL}/samples.h5"),
+    ),
+    Tamper(
+        "edited checkpoint.json", _edit_checkpoint_record, ("changed output", f"models/{MODEL}/{CKPT}/checkpoint.json")
+    ),
+    Tamper("file added inside a directory output (lens/)", _add_file_to_dir, ("changed output", "added extra.txt")),
+    Tamper(
+        "file removed from a directory output (activations/)",
+        _remove_file_from_dir,
+        ("changed output", "removed layer00"),
+    ),
+    Tamper("figure PNG replaced", _replace_png, ("changed output", f"results/figures/{MODEL}/{CKPT}/funnel.png")),
+    Tamper("corrupt sidecar (not JSON)", _corrupt_sidecar, ("unreadable sidecar", f"{R}/rss.tsv")),
+    Tamper(
+        "artifact without provenance (file dropped into results/)",
+        _orphan_artifact,
+        ("missing sidecar", f"results/{MODEL}/notes.tsv"),
+    ),
 ]
 
 
