@@ -319,7 +319,7 @@ def test_gpt2_learned_positions_and_partial_rotary():
 
 
 # ----------------------------------------------------------------------------------------------
-# Families of issue #28: features that must be active in the oracle tests, the family table
+# Qwen3, Gemma 2/3, Phi-3, Granite, SmolLM3: features that must be active in the oracle tests, the family table
 # ----------------------------------------------------------------------------------------------
 
 

@@ -351,7 +351,7 @@ def test_without_heldout_runs_all_steps_and_reports_unconverged(llama, train_dat
     assert lens.convergence.final_heldout_kl.isna().all()
     assert set(lens.curves.split) == {"train"}
     assert sorted(set(lens.curves.step)) == [5, 10, 12]
-    # issue 29: its own writers accept it (no held-out KL: null in config.json, NaN back), and
+    # the Python API's lens round-trips: its own writers accept it (no held-out KL: null in config.json, NaN back), and
     # the metrics of the reloaded lens say why their held-out KL is empty
     back = L.Lens.load(lens.save(tmp_path / "lens"), llama)
     assert json.loads((tmp_path / "lens" / "config.json").read_text())["convergence"][0]["final_heldout_kl"] is None

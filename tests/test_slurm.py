@@ -121,8 +121,8 @@ def _toy_workflow(where: Path) -> Path:
 
 
 def _install_profile(home: Path) -> None:
-    """What users run: `make install-slurm-profile` (the Makefile's target once the lead has
-    has it; without it the same two steps, done here)."""
+    """What users run: `make install-slurm-profile` (the Makefile's target when it exists;
+    otherwise the same two steps, done here)."""
     env = _env(HOME=str(home), XDG_CONFIG_HOME=None)
     makefile = REPO / "Makefile"
     if makefile.exists() and re.search(r"^install-slurm-profile:", makefile.read_text(), re.M):

@@ -1,6 +1,6 @@
 """Exact per-sample sublayer Jacobians and their HDF5 accumulation (with resume).
 
-Definition (DESIGN.md, "Sublayers and boundaries"). For layer L, token position t and
+Definition (docs/design.md, "Sublayers and boundaries"). For layer L, token position t and
 sublayer kind ``attn`` (h_L -> m_L) or ``mlp`` (m_L -> h_{L+1}),
 
     J = ∂ out[t] / ∂ in[t]        (d × d, fp32; J[i, j] = ∂ out_i / ∂ in_j)

@@ -121,7 +121,7 @@ def _gemma4_e4b(n_layers: int):
     return Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None)
 
 
-#: configs/reach-mini.yaml: the families of issue #28 (run whole by tests/test_user_configs.py)
+#: configs/reach-mini.yaml: the Qwen3 and Gemma 3 stand-ins (run whole by tests/test_user_configs.py)
 REACH_MODELS: dict[str, tuple] = {
     "resdyn-ci/Qwen3-mini": (_qwen3, 4, ["main"]),
     "resdyn-ci/gemma-3-mini": (_gemma3, 4, ["main"]),
@@ -244,7 +244,7 @@ PAPER_STANDINS: dict[str, dict] = {
     "allenai/OLMo-2-1124-7B": _shape("olmo2", 32, 4096, 32, 32, 11008, 100352, 4096),
     "allenai/OLMo-2-1124-13B": _shape("olmo2", 40, 5120, 40, 40, 13824, 100352, 4096),
     "allenai/OLMo-2-0325-32B": _shape("olmo2", 64, 5120, 40, 8, 27648, 100352, 4096),
-    # configs/qwen3-gemma3.yaml (issue #28; Gemma 3 4B-27B are multimodal: the text tower in text_config)
+    # configs/qwen3-gemma3.yaml (Gemma 3 4B-27B are multimodal: the text tower in text_config)
     "Qwen/Qwen3-0.6B-Base": _shape("qwen3", 28, 1024, 16, 8, 3072, 151936, 32768),
     "Qwen/Qwen3-1.7B-Base": _shape("qwen3", 28, 2048, 16, 8, 6144, 151936, 32768),
     "Qwen/Qwen3-4B-Base": _shape("qwen3", 36, 2560, 32, 8, 9728, 151936, 32768),

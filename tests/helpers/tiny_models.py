@@ -64,7 +64,7 @@ def _configs() -> dict[str, tuple[type, object]]:
 
 
 def NEW_FAMILY_CONFIGS() -> dict[str, tuple[type, object]]:  # noqa: N802  (a table, like _configs)
-    """The families of issue #28, each with its specific features switched on at tiny sizes:
+    """Qwen3, Gemma 2/3, Phi-3, Granite and SmolLM3, each with its specific features switched on at tiny sizes:
     Qwen3 sliding layers; Gemma 2 soft-capping (scores of the random model reach ~±3, so a cap
     of 1 is far from linear) and sliding layers; Gemma 3 per-type RoPE and sliding layers;
     Phi-3 partial rotary and a window; Granite multipliers ≠ 1; SmolLM3 NoPE layers and a window."""
