@@ -57,6 +57,7 @@ from torch import nn
 from resdyn.artifacts import JacobianBlocks, JacobianSums
 from resdyn.io import sha256_array
 from resdyn.lm import decompose, norms, structure, sublayers
+from resdyn.numerics.checks import is_int
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
@@ -100,7 +101,7 @@ def resolve_positions(positions: PositionsArg, length: int) -> list[int]:
         raise ValueError("positions is an empty list: give at least one position")
     out = []
     for p in items:
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+        if not is_int(p):
             raise ValueError(f"position {p!r} is not an int (positions={positions!r})")
         if not -length <= p < length:
             raise ValueError(f"position {p} outside a sequence of length {length} (allowed {-length}..{length - 1})")
