@@ -58,6 +58,7 @@ from resdyn.artifacts import JacobianBlocks, JacobianSums
 from resdyn.io import sha256_array
 from resdyn.lm import decompose, norms, structure, sublayers
 from resdyn.numerics.checks import is_int
+from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, POWER_ITERATIONS, TANGENT_BUDGET_BYTES
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
@@ -69,11 +70,6 @@ def layer_kinds(adapter: sublayers.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
 SCHEMA = JacobianBlocks.SCHEMA
-#: d at or below which the spectral norm is exact (SVD); above it, power iteration.
-EXACT_SPECTRAL_MAX_D = 512
-POWER_ITERATIONS = 64
-#: Memory budget for one chunk of forward-mode tangents (bytes).
-TANGENT_BUDGET_BYTES = 1 << 30
 
 PositionsArg = None | int | str | Sequence[int]
 
@@ -406,8 +402,9 @@ def _sample_context(ctx: sublayers.SequenceContext, b: int) -> sublayers.Sequenc
 
 def default_batch_size(device: torch.device | str, d: int) -> int:
     """Samples per batched forward: 1 on a CPU (no gain there; results bit-equal to the
-    unbatched engine), on a GPU 16 (≤ 16·(2L+3)·T·d·4 bytes of states, ~1 GiB at d = 4096)."""
-    return 1 if torch.device(device).type != "cuda" else 16
+    unbatched engine), on a GPU :data:`JACOBIAN_GPU_BATCH` (≤ 16·(2L+3)·T·d·4 bytes of states,
+    ~1 GiB at d = 4096)."""
+    return 1 if torch.device(device).type != "cuda" else JACOBIAN_GPU_BATCH
 
 
 class JacobianEngine:
