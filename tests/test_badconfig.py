@@ -185,7 +185,7 @@ def test_defaults_pass_validation_together():
     assert small["causal"]["n_samples"] == 6
 
 
-def _dry_run(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
+def _dry_run(tmp_path: Path, config_text: str, *targets: str) -> subprocess.CompletedProcess:
     work = tmp_path / "wf"
     ignore = __import__("shutil").ignore_patterns(
         ".venv", ".git", "results", "models", "logs", ".snakemake", "__pycache__", "*.egg-info", "benchmarks", "tests"
@@ -194,7 +194,7 @@ def _dry_run(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
     (work / "configs" / "bad.yaml").write_text(config_text)
     env = {**os.environ, "PYTHONPATH": str(work)}
     return subprocess.run(
-        [str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", "configs/bad.yaml"],
+        [str(Path(sys.executable).parent / "snakemake"), *targets, "-n", "--configfile", "configs/bad.yaml"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -287,3 +287,27 @@ def test_local_model_with_a_good_config_json_validates(tmp_path):
     _local(LLAMA_JSON)(cfg, tmp_path)
     rc.validate_config(cfg, base_dir=ROOT)
     assert cfg["models"]["loc"]["family"] == "llama" and cfg["models"]["loc"]["n_layers"] == 4
+
+
+def test_scaling_table_without_groups_is_one_config_error():
+    cfg = copy.deepcopy(SMOKE)
+    cfg["scaling"] = {"groups": {}}
+    rc.validate_config(cfg)  # valid: the run just has no scaling table
+    with pytest.raises(rc.ConfigError) as err:
+        rc.scaling_groups(cfg)
+    assert "'scaling.groups'" in str(err.value) and "\n" not in str(err.value)
+    assert rc.scaling_groups(SMOKE) == {"llama": ["tiny_llama"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [["results/scaling/phase_widths.tsv"], ["--until", "scaling"]])
+def test_snakemake_asked_for_the_scaling_table_without_groups_says_so_in_one_line(tmp_path, target):
+    cfg = copy.deepcopy(SMOKE)
+    cfg["scaling"] = {"groups": {}}
+    proc = _dry_run(tmp_path, yaml.safe_dump(cfg), *target)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    hits = [ln for ln in out.splitlines() if "config key 'scaling.groups'" in ln]
+    assert len(hits) == 1 and "phase_widths.tsv" in hits[0] and len(hits[0]) < 400, out[-2000:]
+    assert "ArtifactError" not in out
+    assert not (tmp_path / "wf" / "results").exists()

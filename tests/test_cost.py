@@ -375,13 +375,23 @@ def _rule_blocks() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def _localrules() -> set[str]:
+    """The workflow's localrules: common.smk hands resdyn.cluster.cost.LOCALRULES to Snakemake,
+    and no .smk file lists any of its own."""
+    rules = REPO / "workflow" / "rules"
+    assert "workflow.localrules(*rcost.LOCALRULES)" in (rules / "common.smk").read_text()
+    for path in rules.glob("*.smk"):
+        assert not re.search(r"^\s*localrules:", path.read_text(), flags=re.M), path
+    return set(cost.LOCALRULES)
+
+
 def test_unpriced_rules_are_exactly_the_localrules_without_a_cost_function():
     """`resdyn plan` names the rules it does not price; that list must be the workflow's
     localrules minus the priced ones (the figure rules are generated, so a scan of `rule x:`
     lines would miss them)."""
-    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
-    local = set(re.findall(r"^\s+(\w+),$", common.split("localrules:")[1].split("\n\n")[0], flags=re.M))
+    local = _localrules()
     assert local - set(cost.RULES) == set(cost.LOCAL_UNPRICED_RULES)
+    assert set(cost.LOCAL_PRICED_RULES) <= set(cost.RULES)
 
 
 def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_other():
@@ -389,8 +399,7 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
     hand-written number; every priced rule has them; every rule without a cost function is a
     localrule (it runs on the submit host: nothing is requested for it)."""
     blocks = _rule_blocks()
-    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
-    local = set(re.findall(r"^\s+(\w+),$", common.split("localrules:")[1].split("\n\n")[0], flags=re.M))
+    local = _localrules()
     priced = set(cost.RULES)
     for rule, body in blocks.items():
         res = re.search(r"^    resources:\n((?:        .*\n)+)", body + "\n", flags=re.M)

@@ -60,6 +60,7 @@ import pandas as pd
 
 from resdyn import artifacts
 from resdyn.numerics import linalg
+from resdyn.numerics.checks import check_int
 from resdyn.study_a import spectral
 
 __all__ = [
@@ -102,12 +103,6 @@ NOT_BOOTSTRAPPED_NOTE = (
 
 # --------------------------------------------------------------------------------------------
 # generic utilities
-
-
-def _check_int(v: Any, name: str, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < low:
-        raise ValueError(f"{name} must be an integer ≥ {low}, got {v!r}")
-    return int(v)
 
 
 def _check_level(level: Any) -> float:
@@ -208,9 +203,9 @@ def bootstrap_indices(n_samples: int, n_resamples: int, seed: int) -> np.ndarray
         >>> idx.shape, bool(((idx >= 0) & (idx < 4)).all())
         ((3, 4), True)
     """
-    n = _check_int(n_samples, "n_samples", 1)
-    r = _check_int(n_resamples, "n_resamples", 1)
-    s = _check_int(seed, "seed", 0)
+    n = check_int(n_samples, "n_samples", 1)
+    r = check_int(n_resamples, "n_resamples", 1)
+    s = check_int(seed, "seed", 0)
     return np.random.default_rng(s).integers(0, n, size=(r, n), dtype=np.int64)
 
 
@@ -244,7 +239,7 @@ def bootstrap_ci(stat_fn: Callable[[np.ndarray], Any], n_samples: int, n_resampl
         (7.0, 7.0, 7.0)
     """
     lvl = _check_level(level)
-    n = _check_int(n_samples, "n_samples", 1)
+    n = check_int(n_samples, "n_samples", 1)
     reps = bootstrap(stat_fn, n, n_resamples, seed)
     low, high = percentile_ci(reps, lvl)
     est = np.asarray(stat_fn(np.arange(n)), dtype=np.float64)
@@ -258,7 +253,7 @@ def early_late(n_sublayers: int) -> tuple[np.ndarray, np.ndarray]:
         >>> [a.tolist() for a in early_late(12)], [a.tolist() for a in early_late(2)]
         ([[0, 1, 2, 3], [8, 9, 10, 11]], [[0], [1]])
     """
-    S = _check_int(n_sublayers, "n_sublayers", 2)
+    S = check_int(n_sublayers, "n_sublayers", 2)
     third = max(1, S // 3)
     return np.arange(third), np.arange(S - third, S)
 
@@ -537,8 +532,8 @@ def jacobian_bootstrap(
     torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
     (:func:`resdyn.cluster.cost.cost_bootstrap`).
     """
-    R = _check_int(n_resamples, "n_resamples", 1)
-    seed = _check_int(seed, "seed", 0)
+    R = check_int(n_resamples, "n_resamples", 1)
+    seed = check_int(seed, "seed", 0)
     if method not in METHODS:
         raise ValueError(f"bootstrap.method must be one of {list(METHODS)}, got {method!r}")
     if interval not in INTERVALS:
@@ -563,7 +558,7 @@ def jacobian_bootstrap(
     n, d = first.shape[0], first.shape[1]
     if n < 2:
         raise ValueError(f"the bootstrap needs at least 2 stored samples, got n = {n} (raise jacobian.store_first_n)")
-    total = n if n_samples_total is None else _check_int(n_samples_total, "n_samples_total", n)
+    total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
 
     idx = bootstrap_indices(n, R, seed)
     weights = np.stack([np.bincount(row, minlength=n) for row in idx]).astype(np.float64) / n  # (R, n)

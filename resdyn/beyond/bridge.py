@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts
+from resdyn.numerics.checks import is_int
 from resdyn.study_b import phases as ph
 from resdyn.study_b.readout import readout_subspace
 
@@ -103,7 +104,7 @@ def _orthonormal(V: Any, d: int, name: str) -> np.ndarray:
 
 
 def _int(v: Any, name: str, low: int, high: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    if not is_int(v):
         raise ValueError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
     v = int(v)
     if v < low or (high is not None and v > high):

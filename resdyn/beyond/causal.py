@@ -57,6 +57,7 @@ from torch import nn
 from resdyn import artifacts
 from resdyn.beyond.bridge import haar_subspace
 from resdyn.lm import decompose, structure
+from resdyn.numerics.checks import check_int, is_int
 from resdyn.study_b import phases as ph
 from resdyn.study_b.readout import readout_subspace
 
@@ -239,7 +240,7 @@ class Continuation:
         self.batch, self.length, self.d = self._streams[0].shape
 
     def _check_layer(self, layer: int) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer <= self.n_layers:
+        if not is_int(layer) or not 0 <= layer <= self.n_layers:
             raise ValueError(f"layer={layer!r}; allowed: integers 0..{self.n_layers} (n_layers = {self.n_layers})")
         return int(layer)
 
@@ -364,16 +365,13 @@ def causal_table(
         raise ValueError(f"interventions={list(interventions)!r}; allowed: non-empty subset of {INTERVENTIONS}")
     if "patch" in interventions and ids.shape[0] < 2:
         raise ValueError(f"patching needs at least 2 samples (a donor must be a different sample); got {ids.shape[0]}")
-    if isinstance(n_random, bool) or not isinstance(n_random, (int, np.integer)) or n_random < 2:
-        raise ValueError(f"n_random must be an integer ≥ 2 (for a mean and sd), got {n_random!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer ≥ 0, got {seed!r}")
+    check_int(n_random, "n_random", 2, why="for a mean and sd")
+    check_int(seed, "seed", 0)
     n = structure.n_layers(model)
     if len(translators) != n:
         raise ValueError(f"got {len(translators)} translators; the model has {n} layers (A_0 … A_{n - 1})")
     d = structure.hidden_size(model)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
-        raise ValueError(f"k must be an integer in [1, {d}] (d = hidden size), got {k!r}")
+    check_int(k, "k", 1, d, why="d = hidden size")
     layers = list(range(n)) if layers is None else [int(L) for L in layers]
     out_of_range = [L for L in layers if not 0 <= L < n]
     if out_of_range:

@@ -55,12 +55,7 @@ from resdyn.cluster.gpu_kinds import (
 )
 from resdyn.lm import families
 from resdyn.numerics.linalg import k_from_fraction
-
-EXACT_SPECTRAL_MAX_D = 512  # = resdyn.study_a.jacobian.EXACT_SPECTRAL_MAX_D (not imported: no torch here)
-
-
-JACOBIAN_GPU_BATCH = 16  # = resdyn.study_a.jacobian.default_batch_size on CUDA
-
+from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, TANGENT_BUDGET_BYTES
 
 WEIGHT_READ_BPS = 1.0e9
 
@@ -257,7 +252,7 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
     acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
     # tangent chunk of resdyn.study_a.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
-    chunk = max(1, min(d, int(2**30 // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
+    chunk = max(1, min(d, int(TANGENT_BUDGET_BYTES // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
     stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
     work = copies + stage + 8.0 * d * d * P
@@ -623,10 +618,19 @@ RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling",
 
 
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
-#: host (workflow/rules/common.smk) in seconds; nothing is requested or priced for them.
+#: host in seconds; nothing is requested or priced for them.
 LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
                         "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
                         "figure_lens_trajectory", "all")
+
+
+#: Priced rules that run on the submit host all the same: they fetch from the hub when it is
+#: reachable, and on clusters only the submit (login) host has internet.
+LOCAL_PRICED_RULES = ("corpus", "resolve_checkpoint", "resolve_tokenizer")
+
+
+#: The workflow's localrules (workflow/rules/common.smk passes them to Snakemake): never submitted.
+LOCALRULES = (*LOCAL_PRICED_RULES, *LOCAL_UNPRICED_RULES)
 
 
 def uses_gpu(config: dict, rule: str, kind: str | None = None) -> bool:

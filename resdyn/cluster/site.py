@@ -120,7 +120,7 @@ def set_resources(zoo_gpu: bool = False) -> dict[str, dict]:
     """The profile's ``set-resources``: every rule that is submitted gets its job class's settings,
     then its own ``RESDYN_SLURM_<RULE>_<SETTING>`` overrides (checked like the class's)."""
     gpus = gpu_rules(zoo_gpu)
-    rules = [r for r in rcost.RULES if r not in ("corpus", "resolve_checkpoint", "resolve_tokenizer")]  # localrules
+    rules = [r for r in rcost.RULES if r not in rcost.LOCALRULES]
     out = {}
     for rule in rules:
         res = job_class_settings(rule in gpus)

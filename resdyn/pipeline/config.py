@@ -304,6 +304,20 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
 OVERRIDE_SECTIONS = ("lens", "samples", "jacobian")
 
 
+def scaling_groups(config: dict) -> dict[str, list[str]]:
+    """``scaling.groups`` for the scaling table (results/scaling/phase_widths.tsv), or
+    :class:`ConfigError` in one line when there are none: the table fits phase width against depth
+    within each group, so without a group there is nothing to fit."""
+    groups = (config.get("scaling") or {}).get("groups") or {}
+    if not groups:
+        raise ConfigError(
+            "config key 'scaling.groups' is empty, and results/scaling/phase_widths.tsv fits phase width against "
+            "depth within each group: add one (scaling: {groups: {family: [model, ...]}}) or do not request the "
+            "scaling table"
+        )
+    return groups
+
+
 def model_config(config: dict, model: str) -> dict:
     """The config as ``model``'s jobs see it: its ``overrides`` merged key by key into the global
     ``lens``, ``samples`` and ``jacobian`` sections, and its ``device`` and ``gpu_kind``; the config

@@ -232,7 +232,9 @@ def unique_jobs(config: dict) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-#: Inputs of each rule in the DAG (rule -> rules whose outputs it reads), for the critical path.
+#: Inputs of each rule in the DAG (rule -> priced rules whose outputs it reads, directly or through
+#: unpriced rules: bridge, causal and phase_metrics read phases.json, made from rss
+#: and resolution), for the critical path.
 DEPENDS: dict[str, tuple[str, ...]] = {
     "zoo_train": ("tokenizer", "corpus"),
     "tokenizer": ("corpus",),
@@ -248,11 +250,11 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "communities": ("activations",),
     "coupling": ("communities", "jacobians", "spectra"),
     "lens": ("resolve_checkpoint", "lens_tokens"),
-    "lens_metrics": ("lens", "samples"),
+    "lens_metrics": ("resolve_checkpoint", "lens", "samples"),
     "rss": ("lens",),
     "resolution": ("lens",),
-    "causal": ("lens", "samples", "rss"),
-    "bridge": ("jacobians", "lens", "spectra", "rss"),
-    "phase_metrics": ("activations", "lens_metrics", "rss"),
+    "causal": ("resolve_checkpoint", "lens", "samples", "rss", "resolution"),
+    "bridge": ("jacobians", "lens", "spectra", "rss", "resolution"),
+    "phase_metrics": ("activations", "lens_metrics", "rss", "resolution"),
     "corpus": (),
 }

@@ -57,6 +57,8 @@ from torch import nn
 from resdyn.artifacts import JacobianBlocks, JacobianSums
 from resdyn.io import sha256_array
 from resdyn.lm import decompose, norms, structure, sublayers
+from resdyn.numerics.checks import is_int
+from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, POWER_ITERATIONS, TANGENT_BUDGET_BYTES
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
@@ -68,11 +70,6 @@ def layer_kinds(adapter: sublayers.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
 SCHEMA = JacobianBlocks.SCHEMA
-#: d at or below which the spectral norm is exact (SVD); above it, power iteration.
-EXACT_SPECTRAL_MAX_D = 512
-POWER_ITERATIONS = 64
-#: Memory budget for one chunk of forward-mode tangents (bytes).
-TANGENT_BUDGET_BYTES = 1 << 30
 
 PositionsArg = None | int | str | Sequence[int]
 
@@ -100,7 +97,7 @@ def resolve_positions(positions: PositionsArg, length: int) -> list[int]:
         raise ValueError("positions is an empty list: give at least one position")
     out = []
     for p in items:
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+        if not is_int(p):
             raise ValueError(f"position {p!r} is not an int (positions={positions!r})")
         if not -length <= p < length:
             raise ValueError(f"position {p} outside a sequence of length {length} (allowed {-length}..{length - 1})")
@@ -405,8 +402,9 @@ def _sample_context(ctx: sublayers.SequenceContext, b: int) -> sublayers.Sequenc
 
 def default_batch_size(device: torch.device | str, d: int) -> int:
     """Samples per batched forward: 1 on a CPU (no gain there; results bit-equal to the
-    unbatched engine), on a GPU 16 (≤ 16·(2L+3)·T·d·4 bytes of states, ~1 GiB at d = 4096)."""
-    return 1 if torch.device(device).type != "cuda" else 16
+    unbatched engine), on a GPU :data:`JACOBIAN_GPU_BATCH` (≤ 16·(2L+3)·T·d·4 bytes of states,
+    ~1 GiB at d = 4096)."""
+    return 1 if torch.device(device).type != "cuda" else JACOBIAN_GPU_BATCH
 
 
 class JacobianEngine:

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
+from resdyn.numerics.checks import check_fraction, check_int, check_nonnegative_float, is_int
 from resdyn.numerics.linalg import (
     NormalisedProduct,
     as_square,
@@ -105,17 +106,11 @@ JacobianSource = Mapping[tuple[int, str], MatrixLike]
 
 
 def _check_tol(tol: Any) -> float:
-    try:
-        t = float(tol)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"tol must be a finite number ≥ 0, got {tol!r}") from err
-    if not math.isfinite(t) or t < 0:
-        raise ValueError(f"tol must be a finite number ≥ 0, got {tol!r}")
-    return t
+    return check_nonnegative_float(tol, "tol")
 
 
 def _check_k(k: Any, d: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    if not is_int(k):
         raise ValueError(f"k must be an integer in [1, {d}] (d = {d}), got {k!r}")
     if not 1 <= int(k) <= d:
         raise ValueError(f"k must be in [1, {d}] for a {d}×{d} matrix, got k = {k}")
@@ -459,13 +454,7 @@ def _check_tolerances(tolerances: Any) -> tuple[float, ...]:
 
 
 def _check_k_fraction(k_fraction: Any) -> float:
-    try:
-        f = float(k_fraction)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"k_fraction must be a number in (0, 1], got {k_fraction!r}") from err
-    if not (0.0 < f <= 1.0):
-        raise ValueError(f"k_fraction must be in (0, 1], got {k_fraction!r}")
-    return f
+    return check_fraction(k_fraction, "k_fraction")
 
 
 def spectrum(J: Any) -> dict[str, np.ndarray]:
@@ -595,8 +584,7 @@ def sublayer_index(layer: int, kind: str) -> int:
         >>> sublayer_index(3, "mlp"), sublayer_index(3, "layer")
         (7, 7)
     """
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or int(layer) < 0:
-        raise ValueError(f"layer must be an integer ≥ 0, got {layer!r}")
+    check_int(layer, "layer", 0)
     if kind not in OPERATOR_KINDS:
         raise ValueError(f"kind must be one of {OPERATOR_KINDS}, got {kind!r}")
     return 2 * int(layer) + (0 if kind == "attn" else 1)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from resdyn.numerics.checks import is_int
 from resdyn.numerics.linalg import effective_rank
 
 __all__ = [
@@ -398,7 +399,7 @@ def layer_geometry(
         )
     if N < 1 or T < 1 or d < 1:
         raise ValueError(f"boundary_states has an empty axis: shape {shape}")
-    if isinstance(skip_positions, bool) or not isinstance(skip_positions, (int, np.integer)):
+    if not is_int(skip_positions):
         raise ValueError(f"skip_positions must be an integer, got {skip_positions!r}")
     skip = int(skip_positions)
     if not 0 <= skip < T:
@@ -409,11 +410,7 @@ def layer_geometry(
         raise ValueError(f"erank_method must be 'auto', 'svd' or 'gram', got {erank_method!r}")
     if chunk_samples is None:
         chunk = max(1, _CHUNK_ELEMENTS // ((T - skip) * d))
-    elif (
-        isinstance(chunk_samples, bool)
-        or not isinstance(chunk_samples, (int, np.integer))
-        or chunk_samples < 1
-    ):
+    elif not is_int(chunk_samples) or chunk_samples < 1:
         raise ValueError(f"chunk_samples must be a positive integer or None, got {chunk_samples!r}")
     else:
         chunk = int(chunk_samples)
@@ -510,7 +507,7 @@ def phase_metrics(
     if missing:
         raise ValueError(f"per_layer lacks columns {missing}; it has {list(per_layer.columns)}")
     for name, v in (("b1", b1), ("b2", b2)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise ValueError(f"{name} must be an integer, got {v!r}")
     if not 0 <= int(b1) <= int(b2):
         raise ValueError(f"cut points must satisfy 0 <= b1 <= b2, got b1={b1}, b2={b2}")
@@ -668,7 +665,7 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
         raise ValueError(f"widths lacks columns {missing}; needs {need}, has {list(widths.columns)}")
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-    if isinstance(min_depths, bool) or not isinstance(min_depths, (int, np.integer)) or min_depths < 3:
+    if not is_int(min_depths) or min_depths < 3:
         raise ValueError(
             f"min_depths must be an integer >= 3 (a line through 2 depths has no error), got {min_depths!r}"
         )

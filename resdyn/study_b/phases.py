@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from resdyn.numerics.checks import is_int
+
 __all__ = ["SMOOTHING_METHODS", "Cutpoints", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at",
            "middle_regime", "regime_agreement"]
 
@@ -74,7 +76,7 @@ def _as_profile(profile: object, name: str = "profile", min_len: int = 3) -> np.
 
 
 def _check_window(window: object, method: str, n: int) -> int:
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+    if not is_int(window):
         raise ValueError(f"window must be an odd positive integer, got {window!r}")
     w = int(window)
     if w < 1 or w % 2 == 0:
@@ -178,7 +180,7 @@ def phase_of_layer(n: int, b1: int, b2: int) -> np.ndarray:
 
 def _check_cuts(n: object, b1: object, b2: object) -> tuple[int, int, int]:
     for name, v in (("n", n), ("b1", b1), ("b2", b2)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise ValueError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
     n, b1, b2 = int(n), int(b1), int(b2)
     if n < 1:
@@ -483,7 +485,7 @@ def cutpoints(
     notes: list[str] = []
     w = window
     if method != "none":
-        if isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w > n:
+        if is_int(w) and w > n:
             w_new = n if n % 2 == 1 else n - 1
             notes.append(f"window {int(w)} > profile length {n}: reduced to {w_new}")
             w = w_new

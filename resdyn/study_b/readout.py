@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import artifacts
+from resdyn.numerics.checks import is_int
 
 # The one fraction -> k rule, shared with spectral (self-alignment k) and the cost model.
 from resdyn.numerics.linalg import k_from_fraction
@@ -72,7 +73,7 @@ def _as_matrix(a: object, name: str) -> np.ndarray:
 
 
 def _check_k(k: object, limit: int, what: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    if not is_int(k):
         raise ValueError(f"k must be an integer, got {k!r} ({type(k).__name__})")
     k = int(k)
     if not 1 <= k <= limit:

@@ -22,25 +22,10 @@ MODELS = list(config["models"])
 
 
 # Light steps (tables from tables, figures) run on the submit host instead of as cluster jobs,
-# which would cost more in scheduling than they compute. corpus, resolve_checkpoint and resolve_tokenizer fetch
-# from the hub when it is reachable: on clusters only the submit (login) host has internet.
-localrules:
-    all,
-    corpus,
-    resolve_checkpoint,
-    resolve_tokenizer,
-    phases,
-    scaling,
-    checkpoints,
-    scorecard,
-    paper_comparison,
-    figure_ckpt,
-    figure_lens,
-    figure_model,
-    figure_zoo,
-    figure_global,
-    figure_trajectory,
-    figure_lens_trajectory,
+# which would cost more in scheduling than they compute; corpus, resolve_checkpoint and
+# resolve_tokenizer too, since they fetch from the hub and on clusters only the submit host has
+# internet. The list is resdyn.cluster.cost.LOCALRULES, which the SLURM settings also read.
+workflow.localrules(*rcost.LOCALRULES)
 
 
 ZOO = [m for m in MODELS if config["models"][m]["source"] == "train"]

@@ -59,9 +59,10 @@ rule phase_metrics:
 
 rule scaling:
     input:
+        # no scaling groups: stop with one line (rc.scaling_groups) before any job
         phases=lambda w: [
             f"results/{m}/{final_ckpt(m)}/phases.json"
-            for members in config["scaling"]["groups"].values()
+            for members in rc.scaling_groups(config).values()
             for m in members
         ],
     output:
