@@ -30,20 +30,27 @@ def _provenance(args: argparse.Namespace) -> int:
         if prov.get("source"):
             digest = prov.get("sha256")
             made_here = Path(path).parts[:1] in (("results",), ("models",))
-            what = ("NO PROVENANCE SIDECAR (deleted? run `resdyn verify`)" if made_here
-                    else "source (no provenance of its own)")
+            what = (
+                "NO PROVENANCE SIDECAR (deleted? run `resdyn verify`)"
+                if made_here
+                else "source (no provenance of its own)"
+            )
             print(f"{path}\n  {what}: " + (f"sha256 {digest[:16]}…" if digest else "missing"))
             continue
         wc = ", ".join(f"{k}={v}" for k, v in prov.get("wildcards", {}).items())
         git = prov.get("git") or {}
-        print(f"{path}\n  made by rule {prov.get('rule')} ({wc}) at {prov.get('end') or prov.get('start')}"
-              f" — code {str(git.get('commit'))[:12]}{' (dirty)' if git.get('dirty') else ''}")
+        print(
+            f"{path}\n  made by rule {prov.get('rule')} ({wc}) at {prov.get('end') or prov.get('start')}"
+            f" — code {str(git.get('commit'))[:12]}{' (dirty)' if git.get('dirty') else ''}"
+        )
         if prov.get("params"):
             print(f"  params: {json.dumps(prov['params'], sort_keys=True)}")
         ckpt = prov.get("checkpoint")
         if ckpt:
-            print(f"  model: {ckpt.get('repo') or ckpt.get('folder')} @ {ckpt.get('revision') or ckpt.get('checkpoint')}"
-                  f" weights sha256 {str(ckpt.get('content_hash'))[:16]}…")
+            print(
+                f"  model: {ckpt.get('repo') or ckpt.get('folder')} @ {ckpt.get('revision') or ckpt.get('checkpoint')}"
+                f" weights sha256 {str(ckpt.get('content_hash'))[:16]}…"
+            )
         if prov.get("samples_hash"):
             print(f"  samples sha256 {prov['samples_hash'][:16]}…")
         if isinstance(prov.get("dataset"), dict):
@@ -57,14 +64,18 @@ def _verify(args: argparse.Namespace) -> int:
     roots = args.path or [r for r in ("results", "models") if Path(r).exists()]
     missing = [r for r in roots if not Path(r).exists()]
     if missing or not roots:
-        print(f"resdyn verify: error: {', '.join(missing) or 'results/ and models/'}: no such file or directory "
-              "(run it in the workflow's folder, or name the folders to audit)", file=sys.stderr)
+        print(
+            f"resdyn verify: error: {', '.join(missing) or 'results/ and models/'}: no such file or directory "
+            "(run it in the workflow's folder, or name the folders to audit)",
+            file=sys.stderr,
+        )
         return 2
     checked, problems = sidecars.audit(roots)
     for line in problems:
         print(line)
-    print(f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)",
-          file=sys.stderr)
+    print(
+        f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)", file=sys.stderr
+    )
     return 1 if problems else 0
 
 
@@ -113,8 +124,11 @@ def _collect(args: argparse.Namespace) -> int:
         print(line)
     catalog = results.write_collected(got, args.out, args.force)
     rows = sum(len(t) for t in got.tables.values())
-    print(f"collected {len(got.tables)} tables ({rows} rows) from {got.run} into {catalog.parent} in "
-          f"{time.perf_counter() - start:.1f} s; {len(got.skipped)} file(s) skipped", file=sys.stderr)
+    print(
+        f"collected {len(got.tables)} tables ({rows} rows) from {got.run} into {catalog.parent} in "
+        f"{time.perf_counter() - start:.1f} s; {len(got.skipped)} file(s) skipped",
+        file=sys.stderr,
+    )
     return 1 if got.skipped else 0
 
 
@@ -184,8 +198,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="an artifact (table, HDF5 file, figure) with a .prov.json sidecar")
     p.add_argument("--json", action="store_true", help="the whole chain as JSON")
     p.set_defaults(func=_provenance)
-    v = sub.add_parser("verify", help="re-hash every artifact and its inputs; report changed outputs and inputs, "
-                       "stale chains, missing sidecars and sidecars without artifacts (see docs/audit.md)")
+    v = sub.add_parser(
+        "verify",
+        help="re-hash every artifact and its inputs; report changed outputs and inputs, "
+        "stale chains, missing sidecars and sidecars without artifacts (see docs/audit.md)",
+    )
     v.add_argument("path", nargs="*", help="folders or files to audit (default: results and models)")
     v.set_defaults(func=_verify)
     pl = sub.add_parser("plan", help="jobs, GPU/CPU-hours, memory, disk, critical path and wall time a config needs")
@@ -193,24 +210,45 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpu", default="h100", metavar="KIND", help="GPU kind of resdyn/data/gpus.yaml (default h100)")
     pl.add_argument("--gpus", type=int, default=1, help="GPUs available at once (default 1)")
     pl.add_argument("--cores", type=int, default=64, help="CPU cores available at once (default 64)")
-    pl.add_argument("--changes", action="store_true", help="only the jobs a rerun would run now (after `git pull` "
-                    "or a config edit), grouped by rule, with the reason (code symbol, param, input) and cost")
+    pl.add_argument(
+        "--changes",
+        action="store_true",
+        help="only the jobs a rerun would run now (after `git pull` "
+        "or a config edit), grouped by rule, with the reason (code symbol, param, input) and cost",
+    )
     pl.set_defaults(func=_plan)
-    co = sub.add_parser("collect", help="every table of a run as one tidy parquet per table kind, with model, "
-                        "checkpoint, step and provenance columns, and catalog.json (see docs/notebooks.md)")
+    co = sub.add_parser(
+        "collect",
+        help="every table of a run as one tidy parquet per table kind, with model, "
+        "checkpoint, step and provenance columns, and catalog.json (see docs/notebooks.md)",
+    )
     co.add_argument("results", help="the run's results/ folder (or the run folder holding it)")
     co.add_argument("-o", "--out", required=True, help="folder for the parquet files and catalog.json")
-    co.add_argument("--force", action="store_true", help="overwrite same-named files in the output folder that "
-                    "no earlier resdyn collect wrote there")
-    co.add_argument("--allow-stale", action="store_true", help="keep tables whose provenance sidecar is missing "
-                    "or does not match (their 'stale' column says why) instead of skipping them")
+    co.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite same-named files in the output folder that no earlier resdyn collect wrote there",
+    )
+    co.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="keep tables whose provenance sidecar is missing "
+        "or does not match (their 'stale' column says why) instead of skipping them",
+    )
     co.set_defaults(func=_collect)
-    cm = sub.add_parser("compare", help="compare two runs table by table within per-metric tolerances, with "
-                        "the provenance difference of each differing table (see docs/notebooks.md)")
+    cm = sub.add_parser(
+        "compare",
+        help="compare two runs table by table within per-metric tolerances, with "
+        "the provenance difference of each differing table (see docs/notebooks.md)",
+    )
     cm.add_argument("run_a", help="a results folder, its run folder, or a folder written by resdyn collect")
     cm.add_argument("run_b", help="the same for the other run")
-    cm.add_argument("--rtol", type=float, default=None, help="relative tolerance for every float column "
-                    "(default: per metric, listed in the output)")
+    cm.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="relative tolerance for every float column (default: per metric, listed in the output)",
+    )
     cm.add_argument("--atol", type=float, default=None, help="absolute tolerance for every float column")
     cm.set_defaults(func=_compare)
     from resdyn.lm import revisions

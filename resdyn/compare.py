@@ -25,14 +25,27 @@ import pandas as pd
 from resdyn.io import PathLike
 from resdyn.results import IDENTITY_COLUMNS, PROVENANCE_COLUMNS, Results, load
 
-__all__ = ["DEFAULT_TOLERANCE", "TOLERANCES", "PARTITIONS", "FileDifference", "Comparison", "relabel",
-           "column_differences", "provenance_difference", "compare_tables", "compare_runs"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "TOLERANCES",
+    "PARTITIONS",
+    "FileDifference",
+    "Comparison",
+    "relabel",
+    "column_differences",
+    "provenance_difference",
+    "compare_tables",
+    "compare_runs",
+]
 
 #: (rtol, atol) of a float column: fp32 Jacobians on another device or BLAS agree to ~1e-6 relative.
 DEFAULT_TOLERANCE: tuple[float, float] = (1e-5, 1e-8)
 #: Columns with a wider tolerance, and why: p-values from tail areas amplify relative error.
 TOLERANCES: dict[str, tuple[float, float]] = {
-    "p_value": (1e-3, 1e-6), "q_value": (1e-3, 1e-6), "kl_p": (1e-3, 1e-6), "random_p": (1e-3, 1e-6),
+    "p_value": (1e-3, 1e-6),
+    "q_value": (1e-3, 1e-6),
+    "kl_p": (1e-3, 1e-6),
+    "random_p": (1e-3, 1e-6),
     "sign_dependence_p": (1e-3, 1e-6),
 }
 #: Partition columns: {column: the columns whose groups each hold one partition}.
@@ -46,8 +59,11 @@ def relabel(labels: pd.Series, groups: pd.DataFrame | None = None) -> np.ndarray
     """Labels renamed 0, 1, 2, … in order of first appearance within each group (row order kept):
     two partitions equal up to relabelling give equal arrays."""
     out = np.empty(len(labels), dtype=np.int64)
-    keys = [tuple(r) for r in groups.astype(str).to_numpy()] if groups is not None and groups.shape[1] else \
-        [()] * len(labels)
+    keys = (
+        [tuple(r) for r in groups.astype(str).to_numpy()]
+        if groups is not None and groups.shape[1]
+        else [()] * len(labels)
+    )
     seen: dict[tuple, dict] = {}
     for i, (key, lab) in enumerate(zip(keys, labels.tolist())):
         names = seen.setdefault(key, {})
@@ -60,8 +76,9 @@ def _tolerance(column: str, rtol: float | None, atol: float | None) -> tuple[flo
     return (r if rtol is None else rtol, a if atol is None else atol)
 
 
-def column_differences(a: pd.DataFrame, b: pd.DataFrame, rtol: float | None = None,
-                       atol: float | None = None) -> list[str]:
+def column_differences(
+    a: pd.DataFrame, b: pd.DataFrame, rtol: float | None = None, atol: float | None = None
+) -> list[str]:
     """One line per column of the equally long tables ``a`` and ``b`` whose cells disagree
     (module docstring's rules); columns only one has are named too."""
     lines = []
@@ -96,8 +113,10 @@ def column_differences(a: pd.DataFrame, b: pd.DataFrame, rtol: float | None = No
         bad = np.array([p != q for p, q in zip(xs.tolist(), ys.tolist())], dtype=bool)
         if bad.any():
             i = int(np.nonzero(bad)[0][0])
-            lines.append(f"{col}: {int(bad.sum())} of {len(x)} rows differ (exact; e.g. row {i}: "
-                         f"{xs.iloc[i]!r} vs {ys.iloc[i]!r})")
+            lines.append(
+                f"{col}: {int(bad.sum())} of {len(x)} rows differ (exact; e.g. row {i}: "
+                f"{xs.iloc[i]!r} vs {ys.iloc[i]!r})"
+            )
     return lines
 
 
@@ -117,8 +136,11 @@ def provenance_difference(a: pd.Series, b: pd.Series) -> str:
     if pk:
         parts.append("versions " + ", ".join(pk))
     pa, pb = (json.loads(s) if isinstance(s, str) and s else {} for s in (a.get("params"), b.get("params")))
-    pp = [f"{k} {json.dumps(pa.get(k))} → {json.dumps(pb.get(k))}" for k in sorted(set(pa) | set(pb))
-          if pa.get(k) != pb.get(k)]
+    pp = [
+        f"{k} {json.dumps(pa.get(k))} → {json.dumps(pb.get(k))}"
+        for k in sorted(set(pa) | set(pb))
+        if pa.get(k) != pb.get(k)
+    ]
     if pp:
         parts.append("params " + ", ".join(pp))
     return "; ".join(parts) or "none"
@@ -149,23 +171,33 @@ class Comparison:
 
     def tolerance_line(self) -> str:
         r, t = _tolerance("", self.rtol, self.atol)
-        wide = "" if self.rtol is not None or self.atol is not None else "; " + ", ".join(
-            f"{c}: rtol={v[0]:g}, atol={v[1]:g}" for c, v in TOLERANCES.items())
-        return (f"tolerance: float cells |a-b| <= atol + rtol*|b| with rtol={r:g}, atol={t:g}{wide}; integer, "
-                f"bool and label columns exact; {', '.join(PARTITIONS)} partitions up to relabelling")
+        wide = (
+            ""
+            if self.rtol is not None or self.atol is not None
+            else "; " + ", ".join(f"{c}: rtol={v[0]:g}, atol={v[1]:g}" for c, v in TOLERANCES.items())
+        )
+        return (
+            f"tolerance: float cells |a-b| <= atol + rtol*|b| with rtol={r:g}, atol={t:g}{wide}; integer, "
+            f"bool and label columns exact; {', '.join(PARTITIONS)} partitions up to relabelling"
+        )
 
     def render(self) -> str:
         """The report: what was compared, what not, and each differing file with its provenance difference."""
-        lines = [f"compared {len(self.compared)} tables ({sum(self.compared.values())} table files) of "
-                 f"A={self.a} and B={self.b}", self.tolerance_line()]
+        lines = [
+            f"compared {len(self.compared)} tables ({sum(self.compared.values())} table files) of "
+            f"A={self.a} and B={self.b}",
+            self.tolerance_line(),
+        ]
         lines += [f"not compared: {x}" for x in self.not_shared]
         lines += [f"note: {x}" for x in self.notes]
         for d in self.differences:
             lines.append(f"DIFFERENT {d.table}: {d.file}: " + "; ".join(d.columns))
             lines.append(f"  provenance difference: {d.provenance}")
         tables = sorted({d.table for d in self.differences})
-        lines.append(f"{len(self.differences)} table file(s) differ" + (f" (tables: {', '.join(tables)})"
-                                                                        if tables else ": no differences"))
+        lines.append(
+            f"{len(self.differences)} table file(s) differ"
+            + (f" (tables: {', '.join(tables)})" if tables else ": no differences")
+        )
         return "\n".join(lines)
 
 
@@ -190,12 +222,16 @@ def compare_tables(name: str, a: pd.DataFrame, b: pd.DataFrame, out: Comparison)
         else:
             cols = column_differences(x, y, out.rtol, out.atol)
         if cols:
-            out.differences.append(FileDifference(name, f, cols, provenance_difference(x.iloc[0], y.iloc[0])
-                                                  if len(x) and len(y) else "n/a"))
+            out.differences.append(
+                FileDifference(
+                    name, f, cols, provenance_difference(x.iloc[0], y.iloc[0]) if len(x) and len(y) else "n/a"
+                )
+            )
 
 
-def compare_runs(run_a: PathLike | Results, run_b: PathLike | Results, rtol: float | None = None,
-                 atol: float | None = None) -> Comparison:
+def compare_runs(
+    run_a: PathLike | Results, run_b: PathLike | Results, rtol: float | None = None, atol: float | None = None
+) -> Comparison:
     """Compare every table the two runs share (module docstring); tolerances override the per-metric
     defaults when given. Stale tables are compared too, with a note."""
     ra = run_a if isinstance(run_a, Results) else load(run_a, allow_stale=True)
@@ -210,4 +246,3 @@ def compare_runs(run_a: PathLike | Results, run_b: PathLike | Results, rtol: flo
     for name in [n for n in ra if n in rb]:
         compare_tables(name, ra[name], rb[name], out)
     return out
-

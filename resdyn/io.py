@@ -195,18 +195,23 @@ def check_finite_table(table: pd.DataFrame, path: PathLike, allow_nan: tuple[str
         return
     row, col = (int(x[0]) for x in np.nonzero(bad))
     parts = Path(path).parts
-    where = [f"model {parts[i + 1]}" + (f" checkpoint {parts[i + 2]}" if len(parts) > i + 3 else "")
-             for i, part in enumerate(parts[:-2]) if part == "results"][:1]
+    where = [
+        f"model {parts[i + 1]}" + (f" checkpoint {parts[i + 2]}" if len(parts) > i + 3 else "")
+        for i, part in enumerate(parts[:-2])
+        if part == "results"
+    ][:1]
     rec = table.iloc[row]
     where += [f"{k}={rec[k]}" for k in ROW_KEYS if k in table.columns and pd.notna(rec[k])]
     raise FloatingPointError(
         f"{path}: refusing to write {values[row, col]} in column {num.columns[col]!r} (row {row}: "
         f"{', '.join(where) or 'no row keys'}; {int(bad.sum())} such cell(s)) — a finite number is required "
-        "there; an upstream step produced NaN/Inf")
+        "there; an upstream step produced NaN/Inf"
+    )
 
 
-def write_tsv(table: pd.DataFrame, path: PathLike, provenance: dict | None = None,
-              allow_nan: tuple[str, ...] = ()) -> None:
+def write_tsv(
+    table: pd.DataFrame, path: PathLike, provenance: dict | None = None, allow_nan: tuple[str, ...] = ()
+) -> None:
     """Write a table as tab-separated values with a header, atomically.
 
     Non-finite numbers are refused (:func:`check_finite_table`) unless their column is in

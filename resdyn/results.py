@@ -41,22 +41,48 @@ from resdyn import artifacts as A
 from resdyn import io
 from resdyn.io import PathLike
 
-__all__ = ["IDENTITY_COLUMNS", "PROVENANCE_COLUMNS", "NotAResultsTree", "TableFile", "Collected", "Results",
-           "table_classes", "RunLayout", "run_layout", "find_tables", "sidecar_problem", "checkpoint_step", "collect",
-           "write_collected", "load", "CATALOG"]
+__all__ = [
+    "IDENTITY_COLUMNS",
+    "PROVENANCE_COLUMNS",
+    "NotAResultsTree",
+    "TableFile",
+    "Collected",
+    "Results",
+    "table_classes",
+    "RunLayout",
+    "run_layout",
+    "find_tables",
+    "sidecar_problem",
+    "checkpoint_step",
+    "collect",
+    "write_collected",
+    "load",
+    "CATALOG",
+]
 
 CATALOG = "catalog.json"
 
 #: Identity columns of every collected row: {name: (kind, unit)}.
 IDENTITY_COLUMNS: dict[str, tuple[str, str]] = {
-    "model": ("str", ""), "family": ("str", ""), "n_layers": ("int", "layers"), "d_model": ("int", "dimensions"),
-    "ckpt": ("str", ""), "step": ("float", "optimizer steps"), "step_reason": ("str", ""),
+    "model": ("str", ""),
+    "family": ("str", ""),
+    "n_layers": ("int", "layers"),
+    "d_model": ("int", "dimensions"),
+    "ckpt": ("str", ""),
+    "step": ("float", "optimizer steps"),
+    "step_reason": ("str", ""),
     "tokens": ("float", "tokens"),
 }
 #: Provenance columns of every collected row (from the table's sidecar): {name: (kind, unit)}.
 PROVENANCE_COLUMNS: dict[str, tuple[str, str]] = {
-    "resdyn_version": ("str", ""), "code_version": ("str", ""), "commit": ("str", ""), "device": ("str", ""),
-    "versions": ("str", ""), "params": ("str", ""), "file": ("str", ""), "stale": ("str", ""),
+    "resdyn_version": ("str", ""),
+    "code_version": ("str", ""),
+    "commit": ("str", ""),
+    "device": ("str", ""),
+    "versions": ("str", ""),
+    "params": ("str", ""),
+    "file": ("str", ""),
+    "stale": ("str", ""),
 }
 _KEYS = ("model", "ckpt")  # identity read from a table's own columns when it has them
 _TOKENS = re.compile(r"(?:^|[-_/])tokens(\d+(?:\.\d+)?)([KMBT]?)(?=$|[-_/])")
@@ -296,13 +322,19 @@ def _tidy(name: str, table: pd.DataFrame, tf: TableFile, prov: dict, stale: str,
     models = table["model"] if "model" in table.columns else pd.Series([tf.wildcards.get("model")] * len(table))
     ckpts = table["ckpt"] if "ckpt" in table.columns else pd.Series([tf.wildcards.get("ckpt")] * len(table))
     rows = [ident(m, c) for m, c in zip(models.tolist(), ckpts.tolist())]
-    front = pd.DataFrame({
-        "model": models.to_numpy(dtype=object), "family": [r["family"] for r in rows],
-        "n_layers": pd.array([r["n_layers"] for r in rows], dtype="Int64"),
-        "d_model": pd.array([r["d_model"] for r in rows], dtype="Int64"),
-        "ckpt": ckpts.to_numpy(dtype=object), "step": np.array([r["step"] for r in rows], dtype=float),
-        "step_reason": [r["step_reason"] for r in rows], "tokens": np.array([r["tokens"] for r in rows], dtype=float),
-    }, index=table.index)
+    front = pd.DataFrame(
+        {
+            "model": models.to_numpy(dtype=object),
+            "family": [r["family"] for r in rows],
+            "n_layers": pd.array([r["n_layers"] for r in rows], dtype="Int64"),
+            "d_model": pd.array([r["d_model"] for r in rows], dtype="Int64"),
+            "ckpt": ckpts.to_numpy(dtype=object),
+            "step": np.array([r["step"] for r in rows], dtype=float),
+            "step_reason": [r["step_reason"] for r in rows],
+            "tokens": np.array([r["tokens"] for r in rows], dtype=float),
+        },
+        index=table.index,
+    )
     for col in PROVENANCE_COLUMNS:
         front[col] = stale if col == "stale" else prov[col]
     return pd.concat([front, table.drop(columns=[c for c in _KEYS if c in table.columns])], axis=1)
@@ -330,8 +362,10 @@ def collect(path: PathLike, allow_stale: bool = False, names: list[str] | None =
     layout = run_layout(path)
     files = find_tables(layout, names)
     if not files and names is None:
-        raise NotAResultsTree(f"{path}: not a results tree (none of the pipeline's tables, e.g. "
-                              f"{A.SpectraTable.relpath}, in it or in a results/ folder in it)")
+        raise NotAResultsTree(
+            f"{path}: not a results tree (none of the pipeline's tables, e.g. "
+            f"{A.SpectraTable.relpath}, in it or in a results/ folder in it)"
+        )
     out = Collected(run=layout.results)
     ident = _Identity(layout)
     provs = {tf.path: _provenance(tf.path, layout) for tf in files}
@@ -383,8 +417,15 @@ def catalog_entry(name: str, table: pd.DataFrame, files: list[str]) -> dict[str,
             kind, unit, role = cls.columns.get(src) or _column_kind(table[col]), units.get(src, ""), "value"
         cols[col] = {"kind": kind, "unit": unit, "role": role}
     doc = (cls.__doc__ or "").strip().splitlines()
-    return {"file": f"{name}.parquet", "artifact": cls.__name__, "relpath": cls.relpath,
-            "description": doc[0] if doc else "", "rows": int(len(table)), "sources": files, "columns": cols}
+    return {
+        "file": f"{name}.parquet",
+        "artifact": cls.__name__,
+        "relpath": cls.relpath,
+        "description": doc[0] if doc else "",
+        "rows": int(len(table)),
+        "sources": files,
+        "columns": cols,
+    }
 
 
 class CollectRefused(ValueError):
@@ -407,13 +448,18 @@ def check_collect_target(collected: Collected, out: PathLike, force: bool = Fals
         catalog = io.read_json(out / CATALOG) if (out / CATALOG).is_file() else None
     except ValueError:
         catalog = None
-    if isinstance(catalog, dict) and catalog.get("format") == "resdyn.collected/1" and isinstance(
-            catalog.get("tables"), dict):
+    if (
+        isinstance(catalog, dict)
+        and catalog.get("format") == "resdyn.collected/1"
+        and isinstance(catalog.get("tables"), dict)
+    ):
         ours = {CATALOG, *(f"{name}.parquet" for name in catalog["tables"])}
     foreign = [name for name in present if name not in ours]
     if foreign:
-        raise CollectRefused(f"{out} holds {', '.join(foreign[:5])}{' …' if len(foreign) > 5 else ''}, which no "
-                             "resdyn collect wrote there: choose another folder, or pass --force to overwrite")
+        raise CollectRefused(
+            f"{out} holds {', '.join(foreign[:5])}{' …' if len(foreign) > 5 else ''}, which no "
+            "resdyn collect wrote there: choose another folder, or pass --force to overwrite"
+        )
 
 
 def write_collected(collected: Collected, out: PathLike, force: bool = False) -> Path:
@@ -430,8 +476,13 @@ def write_collected(collected: Collected, out: PathLike, force: bool = False) ->
         with io.atomic_path(out / f"{name}.parquet") as tmp:
             table.to_parquet(tmp, index=False)
         tables[name] = catalog_entry(name, table, collected.files.get(name, []))
-    catalog = {"format": "resdyn.collected/1", "resdyn_version": version("resdyn"), "run": str(collected.run),
-               "skipped": collected.skipped, "tables": tables}
+    catalog = {
+        "format": "resdyn.collected/1",
+        "resdyn_version": version("resdyn"),
+        "run": str(collected.run),
+        "skipped": collected.skipped,
+        "tables": tables,
+    }
     io.write_json(catalog, out / CATALOG)
     return out / CATALOG
 
@@ -455,8 +506,9 @@ class Results(Mapping):
             self.catalog = None
             self._names = sorted({tf.name for tf in find_tables(run_layout(self.path))})
             if not self._names:
-                raise NotAResultsTree(f"{path}: not a results tree nor a collected folder (no {CATALOG}, "
-                                      "none of the pipeline's tables)")
+                raise NotAResultsTree(
+                    f"{path}: not a results tree nor a collected folder (no {CATALOG}, none of the pipeline's tables)"
+                )
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         if name not in self._names:

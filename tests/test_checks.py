@@ -19,12 +19,15 @@ def test_check_int_returns_a_plain_int_within_bounds():
     assert check_int(0, "seed", 0) == 0
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((0, "n_samples", 1), "n_samples must be an integer ≥ 1, got 0"),
-    ((True, "seed", 0), "seed must be an integer ≥ 0, got True"),
-    ((2.0, "n", 1), "n must be an integer ≥ 1, got 2.0"),
-    ((33, "k", 1, 32), "k must be an integer in [1, 32], got 33"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, "n_samples", 1), "n_samples must be an integer ≥ 1, got 0"),
+        ((True, "seed", 0), "seed must be an integer ≥ 0, got True"),
+        ((2.0, "n", 1), "n must be an integer ≥ 1, got 2.0"),
+        ((33, "k", 1, 32), "k must be an integer in [1, 32], got 33"),
+    ],
+)
 def test_check_int_message(args, message):
     with pytest.raises(ValueError) as err:
         check_int(*args)
@@ -38,8 +41,11 @@ def test_check_int_says_why():
 
 def test_check_fraction():
     assert check_fraction(1, "k_fraction") == 1.0 and check_fraction("0.25", "f") == 0.25
-    for bad, text in ((0.0, "f must be in (0, 1], got 0.0"), (float("nan"), "f must be in (0, 1], got nan"),
-                      ("x", "f must be a number in (0, 1], got 'x'")):
+    for bad, text in (
+        (0.0, "f must be in (0, 1], got 0.0"),
+        (float("nan"), "f must be in (0, 1], got nan"),
+        ("x", "f must be a number in (0, 1], got 'x'"),
+    ):
         with pytest.raises(ValueError) as err:
             check_fraction(bad, "f")
         assert str(err.value) == text

@@ -37,8 +37,14 @@ SKIPPED = {
 
 
 def _snakemake(configfile: str, work: Path, env: dict, *args: str) -> str:
-    res = subprocess.run([SNAKEMAKE, *args, "--profile", "profiles/local", "--configfile", configfile, "-d", str(work)],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+    res = subprocess.run(
+        [SNAKEMAKE, *args, "--profile", "profiles/local", "--configfile", configfile, "-d", str(work)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout
 
@@ -92,8 +98,10 @@ def check_preset(configfile: str, work: Path, env: dict) -> None:
     assert other <= set(cost.LOCAL_UNPRICED_RULES), (configfile, other - set(cost.LOCAL_UNPRICED_RULES))
     edges = priced_edges(rulegraph_edges(_snakemake(configfile, work / "graph", env, "--rulegraph")))
     depends = {(rule, dep) for rule, deps in dag.DEPENDS.items() for dep in deps if rule in want and dep in want}
-    assert edges == depends, (f"{configfile}: rulegraph edges not in DEPENDS {sorted(edges - depends)}, "
-                              f"DEPENDS edges not in the rulegraph {sorted(depends - edges)}")
+    assert edges == depends, (
+        f"{configfile}: rulegraph edges not in DEPENDS {sorted(edges - depends)}, "
+        f"DEPENDS edges not in the rulegraph {sorted(depends - edges)}"
+    )
 
 
 @pytest.mark.parametrize("configfile", OFFLINE)

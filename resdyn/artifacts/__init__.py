@@ -161,6 +161,9 @@ def by_relpath(template: str) -> type[Artifact]:
     as the figure catalogue writes its inputs); ValueError naming the template otherwise."""
     found = [c for c in artifact_classes() if c.relpath == template]
     if len(found) != 1:
-        raise ValueError(f"no artifact class has the path {template!r}" if not found else
-                         f"artifact path {template!r} is claimed by {[c.__name__ for c in found]}")
+        raise ValueError(
+            f"no artifact class has the path {template!r}"
+            if not found
+            else f"artifact path {template!r} is claimed by {[c.__name__ for c in found]}"
+        )
     return found[0]

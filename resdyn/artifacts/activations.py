@@ -64,8 +64,9 @@ class Activations(Artifact):
             except (OSError, KeyError) as err:
                 raise ValueError(f"{path}: cannot read the activation file's layer attribute ({err})") from err
             if layer != i:
-                raise ValueError(f"{path}: holds layer {layer}, but it is file {i} of the folder (expected layers "
-                                 "0..n-1 in order)")
+                raise ValueError(
+                    f"{path}: holds layer {layer}, but it is file {i} of the folder (expected layers 0..n-1 in order)"
+                )
             out.append((layer, path))
         return out
 
@@ -75,8 +76,16 @@ class Activations(Artifact):
             raise ValueError(f"residual={residual!r}: allowed are {cls.RESIDUAL_KINDS}")
 
     @classmethod
-    def _write_index(cls, f: Any, layer: int, sample_ids: np.ndarray, positions: np.ndarray, skip_positions: int,
-                     residual: str, attrs: Mapping[str, Any]) -> None:
+    def _write_index(
+        cls,
+        f: Any,
+        layer: int,
+        sample_ids: np.ndarray,
+        positions: np.ndarray,
+        skip_positions: int,
+        residual: str,
+        attrs: Mapping[str, Any],
+    ) -> None:
         """The part of a layer file that is not the states: ids, positions and attributes."""
         f.create_dataset("sample_ids", data=sample_ids)
         f.create_dataset("positions", data=positions)
@@ -85,8 +94,16 @@ class Activations(Artifact):
             f.attrs[k] = v if isinstance(v, (int, float, str)) else json.dumps(v)
 
     @classmethod
-    def write(cls, states: np.ndarray, sample_ids: np.ndarray, skip_positions: int, out_dir: PathLike,
-              dtype: str, attrs: Mapping[str, Any], residual: str = "sequential") -> list[Path]:
+    def write(
+        cls,
+        states: np.ndarray,
+        sample_ids: np.ndarray,
+        skip_positions: int,
+        out_dir: PathLike,
+        dtype: str,
+        attrs: Mapping[str, Any],
+        residual: str = "sequential",
+    ) -> list[Path]:
         """Write one ``layer{L:03d}.h5`` per layer of ``states`` (N, 2·n_layers + 1, T', d) atomically.
 
         ``residual`` (sequential | parallel) is stored as a file attribute: for "parallel" layers
@@ -112,9 +129,19 @@ class Activations(Artifact):
 
     @classmethod
     @contextlib.contextmanager
-    def stream(cls, out_dir: PathLike, n_layers: int, n_samples: int, length: int, d: int, dtype: str,
-               sample_ids: np.ndarray, skip_positions: int, attrs: Mapping[str, Any],
-               residual: str = "sequential") -> Iterator[Any]:
+    def stream(
+        cls,
+        out_dir: PathLike,
+        n_layers: int,
+        n_samples: int,
+        length: int,
+        d: int,
+        dtype: str,
+        sample_ids: np.ndarray,
+        skip_positions: int,
+        attrs: Mapping[str, Any],
+        residual: str = "sequential",
+    ) -> Iterator[Any]:
         """Open every layer file for writing and yield ``put(i, states)``, which stores sample i's
         (2·n_layers + 1, T', d) states; the files are renamed into place only when the block ends
         without an exception (datasets and attributes equal :meth:`write`'s). Host memory: one sample."""

@@ -105,8 +105,9 @@ class TsvArtifact(Artifact):
                 ok = numeric
             if not ok:
                 bad = col.dropna().iloc[0]
-                raise ArtifactError(f"{where}: column {name!r} must hold {kind} values, got dtype {col.dtype} "
-                                    f"(e.g. {bad!r})")
+                raise ArtifactError(
+                    f"{where}: column {name!r} must hold {kind} values, got dtype {col.dtype} (e.g. {bad!r})"
+                )
         cls._check_finite(table, where)
         return table
 
@@ -122,8 +123,10 @@ class TsvArtifact(Artifact):
             bad[reason.astype(str).str.strip().to_numpy() != "", :] = False
         if bad.any():
             row, col = (int(x[0]) for x in np.nonzero(bad))
-            raise ArtifactError(f"{where}: column {numeric[col]!r} row {row} is {values[row, col]}; "
-                                f"{cls.__name__} allows NaN only in {list(cls.allow_nan)} or in rows with a reason")
+            raise ArtifactError(
+                f"{where}: column {numeric[col]!r} row {row} is {values[row, col]}; "
+                f"{cls.__name__} allows NaN only in {list(cls.allow_nan)} or in rows with a reason"
+            )
 
     @classmethod
     def read(cls, path: PathLike) -> pd.DataFrame:

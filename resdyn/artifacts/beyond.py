@@ -13,9 +13,19 @@ from resdyn.artifacts.base import CKPT_DIR, ArtifactError, TsvArtifact, kinds
 from resdyn.io import PathLike
 
 __all__ = [
-    "CausalTable", "BridgeTable", "BridgeAlignment", "BootstrapTable", "BootstrapReplicates", "ScorecardTable",
-    "ClaimsTable", "PaperComparison", "BOOTSTRAP_COLUMNS", "REPLICATE_COLUMNS", "CAUSAL_COLUMNS",
-    "ALIGNMENT_COLUMNS", "SCORECARD_COLUMNS",
+    "CausalTable",
+    "BridgeTable",
+    "BridgeAlignment",
+    "BootstrapTable",
+    "BootstrapReplicates",
+    "ScorecardTable",
+    "ClaimsTable",
+    "PaperComparison",
+    "BOOTSTRAP_COLUMNS",
+    "REPLICATE_COLUMNS",
+    "CAUSAL_COLUMNS",
+    "ALIGNMENT_COLUMNS",
+    "SCORECARD_COLUMNS",
 ]
 
 
@@ -30,12 +40,21 @@ class CausalTable(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "causal.tsv"
-    columns = kinds("layer:int intervention:str k:int d:int kl:float flip_rate:float random_kl_mean:float "
-                    "random_kl_sd:float random_flip_mean:float random_flip_sd:float kl_z:float kl_p:float "
-                    "n_random:int n_samples:int n_tokens:int phase:int")
+    columns = kinds(
+        "layer:int intervention:str k:int d:int kl:float flip_rate:float random_kl_mean:float "
+        "random_kl_sd:float random_flip_mean:float random_flip_sd:float kl_z:float kl_p:float "
+        "n_random:int n_samples:int n_tokens:int phase:int"
+    )
     allow_nan = ("phase",)
-    units = {"kl": "nats", "random_kl_mean": "nats", "random_kl_sd": "nats", "flip_rate": "fraction",
-             "random_flip_mean": "fraction", "random_flip_sd": "fraction", "n_tokens": "tokens"}
+    units = {
+        "kl": "nats",
+        "random_kl_mean": "nats",
+        "random_kl_sd": "nats",
+        "flip_rate": "fraction",
+        "random_flip_mean": "fraction",
+        "random_flip_sd": "fraction",
+        "n_tokens": "tokens",
+    }
 
 
 class BridgeTable(TsvArtifact):
@@ -52,8 +71,10 @@ class BridgeTable(TsvArtifact):
 
     relpath = CKPT_DIR + "bridge.tsv"
     allow_nan = ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp")
-    columns = kinds("layer:int k:int d:int transport:float random_mean:float random_sd:float random_p:float "
-                    "n_random:int chance:float rss:float rss_k:int phase:int")
+    columns = kinds(
+        "layer:int k:int d:int transport:float random_mean:float random_sd:float random_p:float "
+        "n_random:int chance:float rss:float rss_k:int phase:int"
+    )
     extra_columns = True
 
 
@@ -67,8 +88,10 @@ class BridgeAlignment(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "bridge_alignment.tsv"
-    columns = kinds("profile:str change_layer:int delta:float b1:int b2:int b1_found:bool b2_found:bool "
-                    "dist_b1:int dist_b2:int dist_nearest:int chance_dist_nearest:float n_positions:int")
+    columns = kinds(
+        "profile:str change_layer:int delta:float b1:int b2:int b1_found:bool b2_found:bool "
+        "dist_b1:int dist_b2:int dist_nearest:int chance_dist_nearest:float n_positions:int"
+    )
 
 
 class BootstrapTable(TsvArtifact):
@@ -83,9 +106,11 @@ class BootstrapTable(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "bootstrap.tsv"
-    columns = kinds("metric:str layer:int kind:str s:int estimate:float ci_low:float ci_high:float level:float "
-                    "n_resamples:int n_bootstrap_samples:int n_samples_total:int estimate_all_samples:float "
-                    "seed:int bootstrapped:bool note:str reason:str method:str interval:str")
+    columns = kinds(
+        "metric:str layer:int kind:str s:int estimate:float ci_low:float ci_high:float level:float "
+        "n_resamples:int n_bootstrap_samples:int n_samples_total:int estimate_all_samples:float "
+        "seed:int bootstrapped:bool note:str reason:str method:str interval:str"
+    )
     allow_nan = ("layer", "s")
 
 
@@ -108,9 +133,10 @@ class ScorecardTable(TsvArtifact):
     """
 
     relpath = "results/{model}/scorecard.tsv"
-    columns = kinds("claim_id:str claim:str statistic:str value:float ci_low:float ci_high:float ci_source:str "
-                    "study_value:str verdict:str reason:str detail:str ckpts:str")
-
+    columns = kinds(
+        "claim_id:str claim:str statistic:str value:float ci_low:float ci_high:float ci_source:str "
+        "study_value:str verdict:str reason:str detail:str ckpts:str"
+    )
 
 
 class ClaimsTable(TsvArtifact):
@@ -123,8 +149,9 @@ class ClaimsTable(TsvArtifact):
     """
 
     relpath = ""  # shipped with the package: :meth:`packaged`, read with :meth:`load`
-    columns = kinds("claim_id:str study:str study_model:str study_ckpt:str stated_value:str unit:str "
-                    "statement:str our_output:str")
+    columns = kinds(
+        "claim_id:str study:str study_model:str study_ckpt:str stated_value:str unit:str statement:str our_output:str"
+    )
 
     @staticmethod
     def packaged() -> Path:
@@ -139,8 +166,10 @@ class ClaimsTable(TsvArtifact):
         dup = table["claim_id"][table["claim_id"].duplicated()].tolist()
         bad = table.loc[~table["study"].isin(["A", "B"]) | (table["stated_value"].str.strip() == ""), "claim_id"]
         if dup or len(bad):
-            raise ArtifactError(f"{path}: claim ids must be unique (repeated: {dup}) and each needs study A or B "
-                                f"and a stated value (bad: {bad.tolist()})")
+            raise ArtifactError(
+                f"{path}: claim ids must be unique (repeated: {dup}) and each needs study A or B "
+                f"and a stated value (bad: {bad.tolist()})"
+            )
         return table
 
 
@@ -156,8 +185,10 @@ class PaperComparison(TsvArtifact):
     """
 
     relpath = "results/paper_comparison.tsv"
-    columns = kinds("claim:str study:str model:str ckpt:str measure:str stated_value:str run_value:float "
-                    "ci_low:float ci_high:float unit:str source_table:str reason:str")
+    columns = kinds(
+        "claim:str study:str model:str ckpt:str measure:str stated_value:str run_value:float "
+        "ci_low:float ci_high:float unit:str source_table:str reason:str"
+    )
     allow_nan = ("ci_low", "ci_high")
 
 

@@ -30,8 +30,9 @@ class Figure(Artifact):
     FORMATS: ClassVar[tuple[str, str]] = ("png", "pdf")
 
     @classmethod
-    def write(cls, fig: Any, paths: Mapping[str, PathLike], dpi: int,
-              metadata: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def write(
+        cls, fig: Any, paths: Mapping[str, PathLike], dpi: int, metadata: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         """Save ``fig`` as ``{format: path}`` (formats of :attr:`FORMATS`) at ``dpi``."""
         unknown = [f for f in paths if f not in cls.FORMATS]
         if unknown:

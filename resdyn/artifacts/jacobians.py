@@ -66,8 +66,9 @@ def _jacobian_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], a
         with h5py.File(path, "r") as f:
             x = f[kind][name][()]
         if x.shape != shape:
-            raise ValueError(f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} "
-                             "(the file changed after it was indexed)")
+            raise ValueError(
+                f"{path}: {kind}/{name} has shape {x.shape}, expected {shape} (the file changed after it was indexed)"
+            )
         x = x.astype(np.float64)
         if average_positions:
             x = x.mean(axis=1)  # (n, P, d, d) -> per-sample mean over positions
@@ -99,8 +100,9 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
         raise ValueError(f"{path}: {kind}/sample_ids has shape {ids.shape}, but count = {count}")
     per_shape = tuple(g["per_sample"].shape) if "per_sample" in g else None
     if per_shape is not None and (len(per_shape) != 4 or per_shape[2:] != (d, d) or not 1 <= per_shape[0] <= count):
-        raise ValueError(f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) "
-                         f"with 1 <= n <= count = {count}")
+        raise ValueError(
+            f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) with 1 <= n <= count = {count}"
+        )
     return {"d": d, "count": count, "ids": ids, "per_shape": per_shape}
 
 
@@ -183,9 +185,18 @@ class JacobianBlocks(Artifact):
         return json.dumps(value, sort_keys=True, default=str)
 
     @classmethod
-    def write_layer(cls, path: PathLike, layer: int, sums: JacobianSums, sample_ids: np.ndarray,
-                    positions: Sequence[int], store_dtype: str, attrs: Mapping[str, Any], family: str,
-                    spectral_norm_method: str) -> None:
+    def write_layer(
+        cls,
+        path: PathLike,
+        layer: int,
+        sums: JacobianSums,
+        sample_ids: np.ndarray,
+        positions: Sequence[int],
+        store_dtype: str,
+        attrs: Mapping[str, Any],
+        family: str,
+        spectral_norm_method: str,
+    ) -> None:
         """Write layer ``layer``'s file from the finished ``sums`` atomically (schema above).
 
         ``mean`` = sum / (N·P) cast to ``store_dtype``; ``per_sample`` only when ``sums`` keeps
@@ -195,10 +206,14 @@ class JacobianBlocks(Artifact):
 
         n_samples, n_positions = len(sample_ids), len(positions)
         if sums.next_index != n_samples:
-            raise ValueError(f"{path}: refusing to write layer {layer}: the sums cover {sums.next_index} of "
-                             f"{n_samples} samples")
-        ids = (sample_ids.astype(np.int64) if sample_ids.dtype.kind in "iu"
-               else np.array([str(s) for s in sample_ids], dtype=h5py.string_dtype("utf-8")))
+            raise ValueError(
+                f"{path}: refusing to write layer {layer}: the sums cover {sums.next_index} of {n_samples} samples"
+            )
+        ids = (
+            sample_ids.astype(np.int64)
+            if sample_ids.dtype.kind in "iu"
+            else np.array([str(s) for s in sample_ids], dtype=h5py.string_dtype("utf-8"))
+        )
         kinds = sums.kinds[layer]
         d = sums.d
         with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
@@ -221,7 +236,9 @@ class JacobianBlocks(Artifact):
             f.create_dataset("sample_ids", data=ids)
             for kind in kinds:
                 g = f.create_group(kind)
-                g.create_dataset("mean", data=(sums.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype))
+                g.create_dataset(
+                    "mean", data=(sums.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype)
+                )
                 g.create_dataset("count", data=np.int64(n_samples))
                 g["count"].attrs["n_jacobians"] = n_samples * n_positions
                 g.create_dataset("sample_ids", data=ids)
@@ -266,7 +283,9 @@ class JacobianBlocks(Artifact):
                         attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
                     kinds = ("layer",) if "layer" in f else cls.KINDS
                     index = {kind: _jacobian_group_index(f, path, kind) for kind in kinds}
-                    branch_index = {kind: _jacobian_group_index(f, path, kind) for kind in cls.PARALLEL_KINDS[1:] if kind in f}
+                    branch_index = {
+                        kind: _jacobian_group_index(f, path, kind) for kind in cls.PARALLEL_KINDS[1:] if kind in f
+                    }
             except (OSError, KeyError) as err:
                 raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
             for kind, g in {**index, **branch_index}.items():
@@ -274,8 +293,10 @@ class JacobianBlocks(Artifact):
                 if ref is None:
                     ref, ref_where = g, where
                 if g["d"] != ref["d"]:
-                    raise ValueError(f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
-                                     "all files must come from one model")
+                    raise ValueError(
+                        f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
+                        "all files must come from one model"
+                    )
                 if kind in cls.PARALLEL_KINDS[1:]:
                     branches[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
                     continue
@@ -290,15 +311,25 @@ class JacobianBlocks(Artifact):
                     raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
                 means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
                 if n:
-                    per[(layer, kind)] = _jacobian_loader(path, kind, "per_sample", g["per_shape"], average_positions=True)
+                    per[(layer, kind)] = _jacobian_loader(
+                        path, kind, "per_sample", g["per_shape"], average_positions=True
+                    )
         layers = sorted({layer for layer, _ in means})
         if layers != list(range(len(layers))):
             raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
         assert ref is not None
         n_stored = ref["per_shape"][0] if ref["per_shape"] else 0
-        return JacobianFiles(files=tuple(files), attrs=attrs, d=ref["d"], n_samples_total=ref["count"],
-                             n_stored=n_stored, sample_ids=ref["ids"][:n_stored], means=means, per_sample=per,
-                             branches=branches)
+        return JacobianFiles(
+            files=tuple(files),
+            attrs=attrs,
+            d=ref["d"],
+            n_samples_total=ref["count"],
+            n_stored=n_stored,
+            sample_ids=ref["ids"][:n_stored],
+            means=means,
+            per_sample=per,
+            branches=branches,
+        )
 
     @classmethod
     def read_means(cls, folders: Sequence[PathLike]) -> tuple[Loaders, dict[str, Any]]:
@@ -337,7 +368,6 @@ class JacobianBlocks(Artifact):
         return jf.per_sample, jf.means, info
 
 
-
 class JacobianSums:
     """The partial sums of a Jacobian block job, and their resumable file ``.{first output}.partial.npz``.
 
@@ -354,15 +384,24 @@ class JacobianSums:
     1 ≤ next_index ≤ N; otherwise it warns, naming the file and the fault, and starts afresh.
     """
 
-    def __init__(self, layers: Sequence[int], n_samples: int, n_positions: int, d: int, first_n: int,
-                 kinds: Mapping[int, Sequence[str]] | None = None):
+    def __init__(
+        self,
+        layers: Sequence[int],
+        n_samples: int,
+        n_positions: int,
+        d: int,
+        first_n: int,
+        kinds: Mapping[int, Sequence[str]] | None = None,
+    ):
         self.layers = list(layers)
         self.d = d
         self.kinds = {L: tuple((kinds or {}).get(L, JacobianBlocks.KINDS)) for L in self.layers}
         self.next_index = 0
         keys = [(L, k) for L in self.layers for k in self.kinds[L]]
         self.sums = {key: np.zeros((d, d), np.float64) for key in keys}
-        self.per = {(*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in JacobianBlocks.SUMMARIES}
+        self.per = {
+            (*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in JacobianBlocks.SUMMARIES
+        }
         self.first = {key: np.zeros((first_n, n_positions, d, d), np.float32) for key in keys}
 
     @staticmethod

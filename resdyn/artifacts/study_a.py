@@ -18,8 +18,16 @@ from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact
 from resdyn.io import PathLike
 
 __all__ = [
-    "SpectraTable", "BottleneckTable", "SchurCurves", "CouplingTable", "CommunitiesSummary",
-    "CommunityPartitions", "CheckpointsTable", "CouplingLayers", "CouplingCounts", "PartitionSimilarity",
+    "SpectraTable",
+    "BottleneckTable",
+    "SchurCurves",
+    "CouplingTable",
+    "CommunitiesSummary",
+    "CommunityPartitions",
+    "CheckpointsTable",
+    "CouplingLayers",
+    "CouplingCounts",
+    "PartitionSimilarity",
     "SpectraArrays",
 ]
 
@@ -42,10 +50,17 @@ class SpectraTable(TsvArtifact):
         "layer:int kind:str s:int d:int spectral_radius:float condition_number:float sigma_max:float "
         "sigma_min:float fro_J:float fro_minus_identity:float nonnormal_fro:float henrici:float "
         "henrici_JmI:float symmetry:float symmetry_minus_identity:float expansive_frac_eig:float "
-        "expansive_frac_sv:float erank_J:float pr_J:float erank_JmI:float pr_JmI:float")
+        "expansive_frac_sv:float erank_J:float pr_J:float erank_JmI:float pr_JmI:float"
+    )
     extra_columns = True
-    units = {"expansive_frac_eig": "fraction", "expansive_frac_sv": "fraction", "erank_J": "dimensions",
-             "pr_J": "dimensions", "erank_JmI": "dimensions", "pr_JmI": "dimensions"}
+    units = {
+        "expansive_frac_eig": "fraction",
+        "expansive_frac_sv": "fraction",
+        "erank_J": "dimensions",
+        "pr_J": "dimensions",
+        "erank_JmI": "dimensions",
+        "pr_JmI": "dimensions",
+    }
 
 
 class BottleneckTable(TsvArtifact):
@@ -57,10 +72,17 @@ class BottleneckTable(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "bottleneck.tsv"
-    columns = kinds("s:int layer:int kind:str d:int erank:float participation_ratio:float log10_fro:float "
-                    "erank_single:float pr_single:float")
-    units = {"erank": "dimensions", "participation_ratio": "dimensions", "erank_single": "dimensions",
-             "pr_single": "dimensions", "log10_fro": "log10"}
+    columns = kinds(
+        "s:int layer:int kind:str d:int erank:float participation_ratio:float log10_fro:float "
+        "erank_single:float pr_single:float"
+    )
+    units = {
+        "erank": "dimensions",
+        "participation_ratio": "dimensions",
+        "erank_single": "dimensions",
+        "pr_single": "dimensions",
+        "log10_fro": "log10",
+    }
 
 
 class SchurCurves(TsvArtifact):
@@ -86,9 +108,11 @@ class CouplingTable(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "coupling.tsv"
-    columns = kinds("layer:int boundary:str kind:str s:int gain:str effect_log_median_ratio:float "
-                    "rank_biserial:float p_value:float n_boundary:int n_interior:int median_boundary:float "
-                    "median_interior:float reason:str henrici:float q_value:float significant:bool")
+    columns = kinds(
+        "layer:int boundary:str kind:str s:int gain:str effect_log_median_ratio:float "
+        "rank_biserial:float p_value:float n_boundary:int n_interior:int median_boundary:float "
+        "median_interior:float reason:str henrici:float q_value:float significant:bool"
+    )
 
 
 class CommunitiesSummary(TsvArtifact):
@@ -101,9 +125,11 @@ class CommunitiesSummary(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "communities_summary.tsv"
-    columns = kinds("layer:int boundary:str n_units:int n_communities:int sizes:str largest:int "
-                    "n_singletons:int quality:float resolution:float modularity:float n_edges:int "
-                    "n_negative_edges:int n_boundary:int n_tokens:int n_constant_units:int")
+    columns = kinds(
+        "layer:int boundary:str n_units:int n_communities:int sizes:str largest:int "
+        "n_singletons:int quality:float resolution:float modularity:float n_edges:int "
+        "n_negative_edges:int n_boundary:int n_tokens:int n_constant_units:int"
+    )
 
 
 class CommunityPartitions(TsvArtifact):
@@ -169,9 +195,11 @@ class CouplingCounts(TsvArtifact):
     """
 
     relpath = "results/{model}/coupling_counts.tsv"
-    columns = kinds("ckpt:str n_significant_layers:int n_layers:int n_layers_tested:int "
-                    "n_significant_boundaries:int n_boundaries:int sign_dependence_rho:float "
-                    "sign_dependence_p:float model:str")
+    columns = kinds(
+        "ckpt:str n_significant_layers:int n_layers:int n_layers_tested:int "
+        "n_significant_boundaries:int n_boundaries:int sign_dependence_rho:float "
+        "sign_dependence_p:float model:str"
+    )
     allow_nan = ("sign_dependence_rho", "sign_dependence_p")
 
 
@@ -186,8 +214,10 @@ class PartitionSimilarity(TsvArtifact):
     """
 
     relpath = "results/{model}/partition_similarity.tsv"
-    columns = kinds("ckpt:str layer:int boundary:str reference_ckpt:str reference:str nmi:float ari:float "
-                    "modularity:float reason:str")
+    columns = kinds(
+        "ckpt:str layer:int boundary:str reference_ckpt:str reference:str nmi:float ari:float "
+        "modularity:float reason:str"
+    )
 
 
 class SpectraArrays(Artifact):
@@ -203,8 +233,11 @@ class SpectraArrays(Artifact):
 
     relpath = CKPT_DIR + "spectra.h5"
     SCHEMA = "resdyn.spectra/1"
-    DATASETS: ClassVar[dict[str, Any]] = {"eigenvalues": np.complex128, "singular_values": np.float64,
-                                          "singular_values_JmI": np.float64}
+    DATASETS: ClassVar[dict[str, Any]] = {
+        "eigenvalues": np.complex128,
+        "singular_values": np.float64,
+        "singular_values_JmI": np.float64,
+    }
     _GROUP = re.compile(r"^L(\d{3,})_(attn|mlp|layer)$")
 
     @staticmethod
@@ -244,14 +277,16 @@ class SpectraArrays(Artifact):
                     raise ValueError(f"{where}: arrays[{name!r}][{k!r}] must be 1-D, got shape {v.shape}")
                 ds[k] = v.astype(dtype)
             if len({v.shape for v in ds.values()}) != 1:
-                raise ValueError(f"{where}: arrays[{name!r}] datasets differ in length "
-                                 f"{ {k: v.shape[0] for k, v in ds.items()} }")
+                raise ValueError(
+                    f"{where}: arrays[{name!r}] datasets differ in length { {k: v.shape[0] for k, v in ds.items()} }"
+                )
             checked[str(name)] = (int(m.group(1)), m.group(2), ds)
         return checked
 
     @classmethod
-    def write(cls, arrays: Mapping[str, Mapping[str, Any]], path: PathLike,
-              attrs: Mapping[str, Any] | None = None) -> None:
+    def write(
+        cls, arrays: Mapping[str, Mapping[str, Any]], path: PathLike, attrs: Mapping[str, Any] | None = None
+    ) -> None:
         """Write ``arrays`` ({group: {dataset: array}}, :func:`resdyn.study_a.spectral.spectra_table`) atomically."""
         import h5py
 
@@ -296,6 +331,8 @@ class SpectraArrays(Artifact):
                 if k not in group:
                     raise ArtifactError(f"{path}: group {name!r} lacks dataset {k!r}")
                 if group[k].dtype != dtype or group[k].ndim != 1:
-                    raise ArtifactError(f"{path}: {name}/{k} is {group[k].dtype} of shape {group[k].shape}, "
-                                        f"expected 1-D {np.dtype(dtype)}")
+                    raise ArtifactError(
+                        f"{path}: {name}/{k} is {group[k].dtype} of shape {group[k].shape}, "
+                        f"expected 1-D {np.dtype(dtype)}"
+                    )
         return arrays, attrs

@@ -18,8 +18,19 @@ from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact
 from resdyn.io import PathLike
 
 __all__ = [
-    "LensMetrics", "LensFiles", "LensFolder", "LensCheckpoint", "RssProfile", "ResolutionTable", "PhaseCuts",
-    "LayerGeometry", "PhaseMetrics", "ScalingWidths", "ScalingFits", "RSS_COLUMNS", "LENS_METRIC_COLUMNS",
+    "LensMetrics",
+    "LensFiles",
+    "LensFolder",
+    "LensCheckpoint",
+    "RssProfile",
+    "ResolutionTable",
+    "PhaseCuts",
+    "LayerGeometry",
+    "PhaseMetrics",
+    "ScalingWidths",
+    "ScalingFits",
+    "RSS_COLUMNS",
+    "LENS_METRIC_COLUMNS",
 ]
 
 
@@ -33,10 +44,20 @@ class LensMetrics(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "lens_metrics.tsv"
-    columns = kinds("lens:str layer:int kl:float ce:float hit1:float hit5:float n_tokens:int converged:bool "
-                    "steps:int converged_step:int final_heldout_kl:float reason:str")
-    units = {"kl": "nats", "ce": "nats", "final_heldout_kl": "nats", "hit1": "fraction", "hit5": "fraction",
-             "n_tokens": "tokens", "steps": "optimizer steps", "converged_step": "optimizer steps"}
+    columns = kinds(
+        "lens:str layer:int kl:float ce:float hit1:float hit5:float n_tokens:int converged:bool "
+        "steps:int converged_step:int final_heldout_kl:float reason:str"
+    )
+    units = {
+        "kl": "nats",
+        "ce": "nats",
+        "final_heldout_kl": "nats",
+        "hit1": "fraction",
+        "hit5": "fraction",
+        "n_tokens": "tokens",
+        "steps": "optimizer steps",
+        "converged_step": "optimizer steps",
+    }
 
 
 #: pandas ≥ 3 parses floats round-trip exactly by default (and deprecates the option); 2.x needs it.
@@ -90,20 +111,25 @@ class LensFolder(Artifact):
     CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("format", "d_model", "n_layers", "vocab_size", "unembed_hash")
 
     @classmethod
-    def write(cls, directory: PathLike, weight: np.ndarray, bias: np.ndarray, curves: pd.DataFrame,
-              config: Mapping[str, Any]) -> Path:
+    def write(
+        cls, directory: PathLike, weight: np.ndarray, bias: np.ndarray, curves: pd.DataFrame, config: Mapping[str, Any]
+    ) -> Path:
         """Write the three files into ``directory`` (created if needed); returns the folder."""
         from safetensors.numpy import save_file
 
         directory = Path(directory)
         weight, bias = np.ascontiguousarray(weight, np.float32), np.ascontiguousarray(bias, np.float32)
         if weight.ndim != 3 or weight.shape[1] != weight.shape[2] or bias.shape != weight.shape[:2]:
-            raise ArtifactError(f"{directory}: refusing to write translators of shapes {weight.shape}, {bias.shape}; "
-                                "expected (n, d, d) and (n, d)")
+            raise ArtifactError(
+                f"{directory}: refusing to write translators of shapes {weight.shape}, {bias.shape}; "
+                "expected (n, d, d) and (n, d)"
+            )
         missing = [c for c in cls.CURVE_COLUMNS if c not in curves.columns]
         if missing or config.get("format") != cls.FORMAT:
-            raise ArtifactError(f"{directory}: refusing to write a lens with curve columns {list(curves.columns)} "
-                                f"and format {config.get('format')!r} (need {cls.CURVE_COLUMNS}, {cls.FORMAT!r})")
+            raise ArtifactError(
+                f"{directory}: refusing to write a lens with curve columns {list(curves.columns)} "
+                f"and format {config.get('format')!r} (need {cls.CURVE_COLUMNS}, {cls.FORMAT!r})"
+            )
         directory.mkdir(parents=True, exist_ok=True)
         with io.atomic_path(directory / cls.TRANSLATORS_FILE) as tmp:
             save_file({"weight": weight, "bias": bias}, str(tmp), metadata={"format": cls.FORMAT})
@@ -145,8 +171,9 @@ class LensFolder(Artifact):
             shape = None if weight is None else weight.shape
             raise ValueError(f"{path}: 'weight' has shape {shape}; expected (n, d, d) translators")
         if bias is None or bias.shape != weight.shape[:2]:
-            raise ValueError(f"{path}: 'bias' has shape {None if bias is None else bias.shape}; "
-                             f"expected {weight.shape[:2]} (n, d)")
+            raise ValueError(
+                f"{path}: 'bias' has shape {None if bias is None else bias.shape}; expected {weight.shape[:2]} (n, d)"
+            )
         return weight, bias
 
     @classmethod
@@ -156,8 +183,10 @@ class LensFolder(Artifact):
         cfg = cls.read_config(directory)
         weight, bias = cls._read_translators(directory)
         if weight.shape[:2] != (cfg["n_layers"], cfg["d_model"]):
-            raise ArtifactError(f"{directory / cls.TRANSLATORS_FILE}: translators of shape {weight.shape}, but "
-                                f"{cls.CONFIG_FILE} says n_layers={cfg['n_layers']}, d_model={cfg['d_model']}")
+            raise ArtifactError(
+                f"{directory / cls.TRANSLATORS_FILE}: translators of shape {weight.shape}, but "
+                f"{cls.CONFIG_FILE} says n_layers={cfg['n_layers']}, d_model={cfg['d_model']}"
+            )
         bad = [name for name, a in (("weight", weight), ("bias", bias)) if not np.isfinite(a).all()]
         if bad:
             raise ArtifactError(f"{directory / cls.TRANSLATORS_FILE}: {bad[0]} holds NaN/Inf")
@@ -297,8 +326,24 @@ class PhaseCuts(Artifact):
     """
 
     relpath = CKPT_DIR + "phases.json"
-    KEYS = ("b1", "b2", "peak", "b1_found", "b2_found", "reason", "spans", "widths", "n", "window", "method",
-            "sensitivity", "notes", "profile", "smoothed", "stages")
+    KEYS = (
+        "b1",
+        "b2",
+        "peak",
+        "b1_found",
+        "b2_found",
+        "reason",
+        "spans",
+        "widths",
+        "n",
+        "window",
+        "method",
+        "sensitivity",
+        "notes",
+        "profile",
+        "smoothed",
+        "stages",
+    )
 
     @classmethod
     def read(cls, path: PathLike) -> dict[str, Any]:
@@ -337,16 +382,35 @@ class LayerGeometry(TsvArtifact):
     """
 
     relpath = CKPT_DIR + "geometry.tsv"
-    columns = kinds("layer:int state:str n_tokens:int hidden_erank:float update_orthogonality:float "
-                    "attn_orthogonality:float mlp_orthogonality:float n_excluded:int norm_ratio:float "
-                    "norm_ratio_of_means:float relative_update_norm:float update_norm:float attn_update_norm:float "
-                    "mlp_update_norm:float update_erank:float attn_update_erank:float mlp_update_erank:float "
-                    "logit_hit1:float logit_hit5:float tuned_hit1:float tuned_hit5:float "
-                    "logit_hit5_over_hit1:float tuned_hit5_over_hit1:float")
-    allow_nan = ("update_orthogonality", "attn_orthogonality", "mlp_orthogonality", "n_excluded", "norm_ratio",
-                 "norm_ratio_of_means", "relative_update_norm", "update_norm", "attn_update_norm",
-                 "mlp_update_norm", "update_erank", "attn_update_erank", "mlp_update_erank", "logit_hit1",
-                 "logit_hit5", "tuned_hit1", "tuned_hit5", "logit_hit5_over_hit1", "tuned_hit5_over_hit1")
+    columns = kinds(
+        "layer:int state:str n_tokens:int hidden_erank:float update_orthogonality:float "
+        "attn_orthogonality:float mlp_orthogonality:float n_excluded:int norm_ratio:float "
+        "norm_ratio_of_means:float relative_update_norm:float update_norm:float attn_update_norm:float "
+        "mlp_update_norm:float update_erank:float attn_update_erank:float mlp_update_erank:float "
+        "logit_hit1:float logit_hit5:float tuned_hit1:float tuned_hit5:float "
+        "logit_hit5_over_hit1:float tuned_hit5_over_hit1:float"
+    )
+    allow_nan = (
+        "update_orthogonality",
+        "attn_orthogonality",
+        "mlp_orthogonality",
+        "n_excluded",
+        "norm_ratio",
+        "norm_ratio_of_means",
+        "relative_update_norm",
+        "update_norm",
+        "attn_update_norm",
+        "mlp_update_norm",
+        "update_erank",
+        "attn_update_erank",
+        "mlp_update_erank",
+        "logit_hit1",
+        "logit_hit5",
+        "tuned_hit1",
+        "tuned_hit5",
+        "logit_hit5_over_hit1",
+        "tuned_hit5_over_hit1",
+    )
     extra_columns = True
 
 
@@ -382,9 +446,11 @@ class ScalingFits(TsvArtifact):
     """
 
     relpath = "results/scaling/phase_widths.tsv"
-    columns = kinds("phase:int status:str slope:float intercept:float slope_ci_low:float slope_ci_high:float "
-                    "slope_se:float p_value:float r_squared:float n_models:int n_depths:int n_obs:int reason:str "
-                    "group:str")
+    columns = kinds(
+        "phase:int status:str slope:float intercept:float slope_ci_low:float slope_ci_high:float "
+        "slope_se:float p_value:float r_squared:float n_models:int n_depths:int n_obs:int reason:str "
+        "group:str"
+    )
 
 
 # column lists of the tables that concept modules build (defined once, by the classes above)

@@ -29,8 +29,12 @@ class TrainingCurve(TsvArtifact):
 
     relpath = "models/{model}/training.tsv"
     columns = kinds("step:int lr:float train_loss:float heldout_loss:float unigram_loss:float reason:str")
-    units = {"step": "optimizer steps", "train_loss": "nats/token", "heldout_loss": "nats/token",
-             "unigram_loss": "nats/token"}
+    units = {
+        "step": "optimizer steps",
+        "train_loss": "nats/token",
+        "heldout_loss": "nats/token",
+        "unigram_loss": "nats/token",
+    }
 
 
 class Corpus(Artifact):
@@ -100,7 +104,9 @@ class Samples(Artifact):
         except (OSError, KeyError) as err:
             raise ValueError(f"{path}: not a readable samples file ({err})") from err
         if ids.ndim != 2 or sids.shape != (ids.shape[0],):
-            raise ArtifactError(f"{path}: input_ids must be (N, T) and sample_ids (N,), got {ids.shape} and {sids.shape}")
+            raise ArtifactError(
+                f"{path}: input_ids must be (N, T) and sample_ids (N,), got {ids.shape} and {sids.shape}"
+            )
         if ids.dtype.kind not in "iu" or sids.dtype.kind not in "iu":
             raise ArtifactError(f"{path}: input_ids and sample_ids must be integers, got {ids.dtype} and {sids.dtype}")
         if attrs.get("samples_hash") != io.sha256_array(ids, sids):
@@ -120,8 +126,13 @@ class CheckpointRecord(Artifact):
 
     relpath = "models/{model}/{ckpt}/checkpoint.json"
     REQUIRED: ClassVar[dict[str, type | tuple[type, ...]]] = {
-        "model": str, "checkpoint": str, "source": str, "folder": str, "weight_files": list,
-        "content_hash": str, "tokenizer_hash": str,
+        "model": str,
+        "checkpoint": str,
+        "source": str,
+        "folder": str,
+        "weight_files": list,
+        "content_hash": str,
+        "tokenizer_hash": str,
     }
 
     @classmethod

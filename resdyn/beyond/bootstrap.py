@@ -27,7 +27,8 @@ On every replicate:
   every sublayer's mean Jacobian (:func:`resdyn.study_a.spectral.henrici_departure`,
   :func:`resdyn.study_a.spectral.complex_fraction`);
 - ``cum_erank_full_depth``: effective rank of P = J_{S−1} ⋯ J_0 over all S sublayers
-  (Frobenius-rescaled after each product, like :func:`resdyn.study_a.spectral.cumulative_spectrum`, with :class:`resdyn.numerics.linalg.NormalisedProduct`);
+  (Frobenius-rescaled after each product, like :func:`resdyn.study_a.spectral.cumulative_spectrum`, with
+  :class:`resdyn.numerics.linalg.NormalisedProduct`);
 - ``complex_fraction_early_minus_late`` and ``henrici_early_minus_late``: the mean over the
   first third of sublayers minus the mean over the last third (:func:`early_late`).
 
@@ -169,8 +170,13 @@ def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[flo
     return est - half, est + half
 
 
-def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str = "percentile",
-                 bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
+def replicate_ci(
+    values: Any,
+    estimate: Any,
+    level: float = 0.95,
+    interval: str = "percentile",
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> tuple[float, float]:
     """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
     :func:`studentized_ci` around ``estimate``, intersected with ``bounds``, the range the
     statistic can take (a fraction lies in [0, 1]). Clipping never lowers coverage: the true
@@ -188,8 +194,10 @@ def replicate_ci(values: Any, estimate: Any, level: float = 0.95, interval: str 
         raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
     lo_b, hi_b = bounds
     # NaN endpoints stay NaN (min/max would silently replace them)
-    return (low if math.isnan(low) else min(max(low, lo_b), hi_b),
-            high if math.isnan(high) else max(min(high, hi_b), lo_b))
+    return (
+        low if math.isnan(low) else min(max(low, lo_b), hi_b),
+        high if math.isnan(high) else max(min(high, hi_b), lo_b),
+    )
 
 
 def bootstrap_indices(n_samples: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -227,8 +235,9 @@ def bootstrap(stat_fn: Callable[[np.ndarray], Any], n_samples: int, n_resamples:
     return np.asarray([stat_fn(row) for row in idx], dtype=np.float64)
 
 
-def bootstrap_ci(stat_fn: Callable[[np.ndarray], Any], n_samples: int, n_resamples: int = 200, seed: int = 0,
-                 level: float = 0.95) -> dict[str, Any]:
+def bootstrap_ci(
+    stat_fn: Callable[[np.ndarray], Any], n_samples: int, n_resamples: int = 200, seed: int = 0, level: float = 0.95
+) -> dict[str, Any]:
     """Point estimate (``stat_fn`` on all samples, in order) and its percentile interval.
 
     Returns {``estimate``, ``ci_low``, ``ci_high``, ``replicates`` (R, ...)}.
@@ -299,7 +308,10 @@ def _clusters(lam: np.ndarray, gap_min: np.ndarray, coupling: np.ndarray, tau: f
 
 
 def perturbative_spectra(
-    X: np.ndarray, weights: np.ndarray, device: Any = None, tau: float = CLUSTER_TAU,
+    X: np.ndarray,
+    weights: np.ndarray,
+    device: Any = None,
+    tau: float = CLUSTER_TAU,
     chunk_bytes: int = 2 * 2**30,
 ) -> dict[str, Any]:
     """Eigenvalues and Henrici departures of every replicate J*_r = Σ_i w_ri J_i from ONE
@@ -354,13 +366,24 @@ def perturbative_spectra(
     asym = (Z - Z.transpose(1, 2)).reshape(n, -1)
     A = 0.5 * (asym @ asym.T)
     del asym
-    v = torch.cat([torch.ones(R, 1, dtype=torch.float64, device=dev),
-                   torch.as_tensor(weights[:, 1:], dtype=torch.float64, device=dev)], 1)
+    v = torch.cat(
+        [
+            torch.ones(R, 1, dtype=torch.float64, device=dev),
+            torch.as_tensor(weights[:, 1:], dtype=torch.float64, device=dev),
+        ],
+        1,
+    )
     # v_r = (1, w_r1, …, w_r,n−1): J*_r = J_0 + Σ_{i≥1} w_ri (J_i − J_0) since Σ_i w_ri = 1
     fro2 = torch.einsum("ri,ij,rj->r", v, G, v).cpu().numpy()
     asym2 = torch.einsum("ri,ij,rj->r", v, A, v).cpu().numpy()
-    out: dict[str, Any] = {"eigvals": None, "henrici": None, "norm_F": None, "cluster_sizes": [], "cond": math.nan,
-                           "reason": ""}
+    out: dict[str, Any] = {
+        "eigvals": None,
+        "henrici": None,
+        "norm_F": None,
+        "cluster_sizes": [],
+        "cond": math.nan,
+        "reason": "",
+    }
 
     Jbar = Xt[0] + D.mean(0)
     lam_t, V = torch.linalg.eig(Jbar)
@@ -378,7 +401,7 @@ def perturbative_spectra(
 
     def blocks():
         for r0 in range(0, R, B):
-            yield r0, torch.einsum("rn,npq->rpq", C[r0:r0 + B], E)
+            yield r0, torch.einsum("rn,npq->rpq", C[r0 : r0 + B], E)
 
     # pass 1: the cluster criterion's extremes over replicates
     gap_min = torch.full((d, d), math.inf, dtype=torch.float64, device=dev)
@@ -388,7 +411,7 @@ def perturbative_spectra(
         diag = lam_t[None, :] + F.diagonal(dim1=1, dim2=2)
         gap_min = torch.minimum(gap_min, (diag[:, :, None] - diag[:, None, :]).abs().amin(0))
         coupling = torch.maximum(coupling, (F * F.transpose(1, 2)).abs().sqrt().amax(0))
-        normF[r0:r0 + F.shape[0]] = torch.linalg.matrix_norm(F).cpu().numpy()
+        normF[r0 : r0 + F.shape[0]] = torch.linalg.matrix_norm(F).cpu().numpy()
     out["norm_F"] = normF
     labels = _clusters(lam, gap_min.cpu().numpy(), coupling.cpu().numpy(), tau)
     del gap_min, coupling
@@ -396,9 +419,11 @@ def perturbative_spectra(
     multi = [g for g in groups if g.size > 1]
     out["cluster_sizes"] = sorted((int(g.size) for g in multi), reverse=True)
     if sum(float(g.size) ** 3 for g in multi) > CLUSTER_FRACTION * float(d) ** 3:
-        out["reason"] = (f"perturbation not small against the eigenvalue gaps: clusters of sizes "
-                         f"{out['cluster_sizes'][:5]} (of d = {d}) would cost more than {CLUSTER_FRACTION:.3g} "
-                         "of exact decompositions")
+        out["reason"] = (
+            f"perturbation not small against the eigenvalue gaps: clusters of sizes "
+            f"{out['cluster_sizes'][:5]} (of d = {d}) would cost more than {CLUSTER_FRACTION:.3g} "
+            "of exact decompositions"
+        )
         return out
     same = torch.as_tensor(labels[:, None] == labels[None, :], device=dev)
     diff = lam_t[:, None] - lam_t[None, :]
@@ -417,7 +442,7 @@ def perturbative_spectra(
             H = torch.diag_embed(lam_t[gi]).expand(F.shape[0], -1, -1) + Fr[:, :, gi]
             H = H + 0.5 * ((Fr * Kg[None]) @ Fc + Fr @ (Kg.T[None] * Fc))
             val[:, gi] = torch.linalg.eigvals(H)
-        lam_star[r0:r0 + F.shape[0]] = val.cpu().numpy()
+        lam_star[r0 : r0 + F.shape[0]] = val.cpu().numpy()
     nn2 = asym2 - 2.0 * np.sum(lam_star.imag**2, axis=1)
     fro = np.sqrt(np.maximum(fro2, 0.0))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -427,7 +452,11 @@ def perturbative_spectra(
 
 
 def perturbative_rows(
-    X: np.ndarray, weights: np.ndarray, complex_tol: float, level: float, device: Any = None,
+    X: np.ndarray,
+    weights: np.ndarray,
+    complex_tol: float,
+    level: float,
+    device: Any = None,
     n_verify: int = VERIFY_REPLICATES,
 ) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """Henrici and complex fraction of every replicate by :func:`perturbative_spectra`, checked
@@ -464,12 +493,20 @@ def perturbative_rows(
         worst_c = max(worst_c, abs(ce - cf[r]) * d)
         h[r], cf[r] = he, ce
     if worst_h > VERIFY_FRACTION * width_h + VERIFY_ATOL or worst_c > VERIFY_FRACTION * width_c:
-        return None, None, (f"a-posteriori check failed on {len(checked)} exact replicates: |Δhenrici| "
-                            f"{worst_h:.2g} vs interval width {width_h:.2g}, |Δcomplex count| {worst_c:g} vs "
-                            f"{width_c:g} (allowed fraction {VERIFY_FRACTION:g})")
+        return (
+            None,
+            None,
+            (
+                f"a-posteriori check failed on {len(checked)} exact replicates: |Δhenrici| "
+                f"{worst_h:.2g} vs interval width {width_h:.2g}, |Δcomplex count| {worst_c:g} vs "
+                f"{width_c:g} (allowed fraction {VERIFY_FRACTION:g})"
+            ),
+        )
     sizes = res["cluster_sizes"]
-    note = (f"perturbative (clusters {sizes[:3] if sizes else 'none'}; checked on {len(checked)} exact "
-            f"replicates: |Δhenrici| ≤ {worst_h:.2g}, |Δcomplex count| ≤ {worst_c:g})")
+    note = (
+        f"perturbative (clusters {sizes[:3] if sizes else 'none'}; checked on {len(checked)} exact "
+        f"replicates: |Δhenrici| ≤ {worst_h:.2g}, |Δcomplex count| ≤ {worst_c:g})"
+    )
     return h, cf, note
 
 
@@ -528,7 +565,7 @@ def jacobian_bootstrap(
         ``henrici_early_minus_late`` (kind ``all``); replicates: long table
         (``replicate``, ``metric``, ``value``) of the :data:`SCALAR_METRICS`.
     Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
-    (eigenvalues and Henrici from the same factor; before, a Schur factor *and* eigvals: 2×),
+    (eigenvalues and Henrici from the same factor, half the cost of a Schur factor plus eigvals),
     torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
     (:func:`resdyn.cluster.cost.cost_bootstrap`).
     """
@@ -590,13 +627,17 @@ def jacobian_bootstrap(
             if X.shape != (n, d, d):
                 raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {keys[0]}")
             if on_device_means:  # the resampled means as one GEMM on the device, not streamed on the host
-                mats = torch.einsum("rn,nij->rij", torch.as_tensor(weights[rows], device=device),
-                                    torch.as_tensor(X, device=device))
+                mats = torch.einsum(
+                    "rn,nij->rij", torch.as_tensor(weights[rows], device=device), torch.as_tensor(X, device=device)
+                )
             else:
                 mats = np.einsum("rn,nij->rij", weights[rows], X)
             if rows[0] == 0:
-                mats[0] = (torch.as_tensor(_load(means[key]), device=device) if on_device_means else _load(means[key])) \
-                    if means is not None else np.nan
+                mats[0] = (
+                    (torch.as_tensor(_load(means[key]), device=device) if on_device_means else _load(means[key]))
+                    if means is not None
+                    else np.nan
+                )
                 if not exact_rows[s]:
                     h_p, cf_p, why[s] = perturbative_rows(X, weights[2:], tol, lvl, device)
                     if h_p is None:
@@ -630,31 +671,71 @@ def jacobian_bootstrap(
         "complex_fraction_early_minus_late": cfrac[:, early].mean(1) - cfrac[:, late].mean(1),
         "henrici_early_minus_late": henrici[:, early].mean(1) - henrici[:, late].mean(1),
     }
-    common = {"level": lvl, "n_resamples": R, "n_bootstrap_samples": n, "n_samples_total": total, "seed": seed,
-              "bootstrapped": True}
+    common = {
+        "level": lvl,
+        "n_resamples": R,
+        "n_bootstrap_samples": n,
+        "n_samples_total": total,
+        "seed": seed,
+        "bootstrapped": True,
+    }
     note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
 
-    def row(metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "",
-            used: str = "exact") -> dict[str, Any]:
+    def row(
+        metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "", used: str = "exact"
+    ) -> dict[str, Any]:
         low, high = replicate_ci(values[2:], values[1], lvl, interval, METRIC_RANGE[metric](d))
-        return {"metric": metric, "layer": layer, "kind": kind, "s": s, "estimate": float(values[1]),
-                "ci_low": low, "ci_high": high, "estimate_all_samples": float(values[0]), **common,
-                "note": "; ".join(x for x in (note, extra) if x), "reason": "", "method": used,
-                "interval": interval}
+        return {
+            "metric": metric,
+            "layer": layer,
+            "kind": kind,
+            "s": s,
+            "estimate": float(values[1]),
+            "ci_low": low,
+            "ci_high": high,
+            "estimate_all_samples": float(values[0]),
+            **common,
+            "note": "; ".join(x for x in (note, extra) if x),
+            "reason": "",
+            "method": used,
+            "interval": interval,
+        }
 
     out = []
     for s, (layer, kind) in enumerate(keys):
         out.append(row("henrici", layer, kind, s, henrici[:, s], why[s], how[s]))
     for s, (layer, kind) in enumerate(keys):
-        out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], "; ".join(x for x in (f"tol {tol:g}", why[s]) if x),
-                       how[s]))
+        out.append(
+            row(
+                "complex_fraction",
+                layer,
+                kind,
+                s,
+                cfrac[:, s],
+                "; ".join(x for x in (f"tol {tol:g}", why[s]) if x),
+                how[s],
+            )
+        )
     last_layer, last_kind = keys[-1]
     out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, erank))
     span = f"sublayers {early[0]}-{early[-1]} minus {late[0]}-{late[-1]}"
     n_fb = sum(h == "exact-fallback" for h in how)
-    mixed = method if method == "exact" else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
-    out.append(row("complex_fraction_early_minus_late", None, "all", None,
-                   scalars["complex_fraction_early_minus_late"], f"tol {tol:g}; {span}", mixed))
+    mixed = (
+        method
+        if method == "exact"
+        else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
+    )
+    out.append(
+        row(
+            "complex_fraction_early_minus_late",
+            None,
+            "all",
+            None,
+            scalars["complex_fraction_early_minus_late"],
+            f"tol {tol:g}; {span}",
+            mixed,
+        )
+    )
     out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span, mixed))
     table = pd.DataFrame(out, columns=BOOTSTRAP_COLUMNS)
     table["layer"] = table["layer"].astype("Int64")
@@ -668,29 +749,63 @@ def jacobian_bootstrap(
 
 def not_bootstrapped_rows(level: float = 0.95) -> pd.DataFrame:
     """Rows stating that the RSS profile and its cut points b1, b2 were not bootstrapped."""
-    rows = [{"metric": m, "layer": None, "kind": "all", "s": None, "estimate": float("nan"), "ci_low": float("nan"),
-             "ci_high": float("nan"), "level": _check_level(level), "n_resamples": 0, "n_bootstrap_samples": 0,
-             "n_samples_total": 0, "estimate_all_samples": float("nan"), "seed": None, "bootstrapped": False,
-             "note": NOT_BOOTSTRAPPED_NOTE, "reason": NOT_BOOTSTRAPPED_NOTE, "method": "",
-             "interval": ""} for m in ("rss_profile", "b1", "b2")]
+    rows = [
+        {
+            "metric": m,
+            "layer": None,
+            "kind": "all",
+            "s": None,
+            "estimate": float("nan"),
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "level": _check_level(level),
+            "n_resamples": 0,
+            "n_bootstrap_samples": 0,
+            "n_samples_total": 0,
+            "estimate_all_samples": float("nan"),
+            "seed": None,
+            "bootstrapped": False,
+            "note": NOT_BOOTSTRAPPED_NOTE,
+            "reason": NOT_BOOTSTRAPPED_NOTE,
+            "method": "",
+            "interval": "",
+        }
+        for m in ("rss_profile", "b1", "b2")
+    ]
     table = pd.DataFrame(rows, columns=BOOTSTRAP_COLUMNS)
     for c in ("layer", "s", "seed"):
         table[c] = table[c].astype("Int64")
     return table
 
 
-def jacobian_bootstrap_files(folders: Sequence[os.PathLike | str], n_resamples: int = 200, seed: int = 0,
-                             level: float = 0.95, complex_tol: float = 1e-6,
-                             device: Any = None, method: str = "exact",
-                             interval: str = "percentile") -> tuple[pd.DataFrame, pd.DataFrame]:
+def jacobian_bootstrap_files(
+    folders: Sequence[os.PathLike | str],
+    n_resamples: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+    complex_tol: float = 1e-6,
+    device: Any = None,
+    method: str = "exact",
+    interval: str = "percentile",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
+    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` +
+    :func:`not_bootstrapped_rows`.
     """
     per, means, info = artifacts.JacobianBlocks.read_per_sample(folders)
-    table, reps = jacobian_bootstrap(per, n_resamples, seed, level, complex_tol, means=means,
-                                     n_samples_total=info["n_samples_total"], device=device, method=method,
-                                     interval=interval)
+    table, reps = jacobian_bootstrap(
+        per,
+        n_resamples,
+        seed,
+        level,
+        complex_tol,
+        means=means,
+        n_samples_total=info["n_samples_total"],
+        device=device,
+        method=method,
+        interval=interval,
+    )
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):
         both[c] = both[c].astype("Int64")

@@ -241,13 +241,19 @@ def transport_table(
         obs = _ratio(J @ Vs[L], Vs[L + 1])
         rng = np.random.default_rng([seed, L])
         draws = np.array([_ratio(J @ haar_subspace(d, k, rng), Vs[L + 1]) for _ in range(n_random)])
-        rows.append({
-            "layer": L, "k": k, "d": d, "transport": obs,
-            "random_mean": float(np.mean(draws)),
-            "random_sd": float(np.std(draws, ddof=1)) if n_random > 1 else float("nan"),
-            "random_p": float(np.mean(draws >= obs)) if math.isfinite(obs) else float("nan"),
-            "n_random": n_random, "chance": k / d,
-        })
+        rows.append(
+            {
+                "layer": L,
+                "k": k,
+                "d": d,
+                "transport": obs,
+                "random_mean": float(np.mean(draws)),
+                "random_sd": float(np.std(draws, ddof=1)) if n_random > 1 else float("nan"),
+                "random_p": float(np.mean(draws >= obs)) if math.isfinite(obs) else float("nan"),
+                "n_random": n_random,
+                "chance": k / d,
+            }
+        )
     return pd.DataFrame(rows, columns=TRANSPORT_COLUMNS)
 
 
@@ -306,7 +312,10 @@ def operator_profiles(spectra: pd.DataFrame, bottleneck: pd.DataFrame, complex_t
         >>> operator_profiles(sp, bn).iloc[0].tolist()
         [0.0, 0.5, 0.25, 0.1, 0.2, 8.0]
     """
-    for name, df, need in (("spectra", spectra, ["layer", "kind", "henrici"]), ("bottleneck", bottleneck, ["s", "erank"])):
+    for name, df, need in (
+        ("spectra", spectra, ["layer", "kind", "henrici"]),
+        ("bottleneck", bottleneck, ["s", "erank"]),
+    ):
         if not isinstance(df, pd.DataFrame):
             raise ValueError(f"{name} must be a DataFrame, got {type(df).__name__}")
         missing = [c for c in need if c not in df.columns]
@@ -326,9 +335,14 @@ def operator_profiles(spectra: pd.DataFrame, bottleneck: pd.DataFrame, complex_t
             if (L, "layer") not in by.index:
                 raise ValueError(f"spectra table has no row for layer {L}, kind 'layer'")
             nan = float("nan")
-            row.update(complex_frac_attn=nan, complex_frac_mlp=nan, henrici_attn=nan, henrici_mlp=nan,
-                       complex_frac_layer=float(by.loc[(L, "layer"), col]),
-                       henrici_layer=float(by.loc[(L, "layer"), "henrici"]))
+            row.update(
+                complex_frac_attn=nan,
+                complex_frac_mlp=nan,
+                henrici_attn=nan,
+                henrici_mlp=nan,
+                complex_frac_layer=float(by.loc[(L, "layer"), col]),
+                henrici_layer=float(by.loc[(L, "layer"), "henrici"]),
+            )
             if 2 * L + 1 not in erank:
                 raise ValueError(f"bottleneck table has no row s = {2 * L + 1} (after layer {L})")
             row["cum_erank"] = erank[2 * L + 1]
@@ -354,8 +368,9 @@ def _chance_nearest(n_points: int, b1: int, b2: int) -> float:
     return float(np.mean(np.minimum(np.abs(positions - (b1 + 1)), np.abs(positions - (b2 + 1)))))
 
 
-def alignment_table(profiles: Mapping[str, Sequence[float]], b1: int, b2: int,
-                    b1_found: bool = True, b2_found: bool = True) -> pd.DataFrame:
+def alignment_table(
+    profiles: Mapping[str, Sequence[float]], b1: int, b2: int, b1_found: bool = True, b2_found: bool = True
+) -> pd.DataFrame:
     """Distance (in layers) of each profile's largest change to the phase cut points.
 
     For each profile (name → values over layers 0 … m−1): ``change_layer`` L* and ``delta``
@@ -375,8 +390,15 @@ def alignment_table(profiles: Mapping[str, Sequence[float]], b1: int, b2: int,
     for name, values in profiles.items():
         x = np.asarray(values, dtype=np.float64).ravel()
         L, delta = largest_change(x)
-        row: dict[str, Any] = {"profile": name, "change_layer": L, "delta": delta, "b1": b1, "b2": b2,
-                               "b1_found": bool(b1_found), "b2_found": bool(b2_found)}
+        row: dict[str, Any] = {
+            "profile": name,
+            "change_layer": L,
+            "delta": delta,
+            "b1": b1,
+            "b2": b2,
+            "b1_found": bool(b1_found),
+            "b2_found": bool(b2_found),
+        }
         if L is None:
             row.update(dist_b1=None, dist_b2=None, dist_nearest=None)
         else:
@@ -435,12 +457,15 @@ def bridge_tables(
     prof = operator_profiles(spectra, bottleneck, complex_tol)
     if len(prof) != n:
         raise ValueError(f"spectra has {len(prof)} layers, translators {n}; they must describe the same model")
-    transport = transport_table([(lambda L=L: layer_jacobian(jacobians, L)) for L in range(n - 1)],
-                                translators, k, n_random, seed)
+    transport = transport_table(
+        [(lambda L=L: layer_jacobian(jacobians, L)) for L in range(n - 1)], translators, k, n_random, seed
+    )
     k_phase = int(phases["k"])
     at_k = rss[rss["k"] == k_phase].sort_values("layer")
     if at_k.empty:
-        raise ValueError(f"rss table has no rows at the phase dimension k = {k_phase}; has k = {sorted(rss['k'].unique())}")
+        raise ValueError(
+            f"rss table has no rows at the phase dimension k = {k_phase}; has k = {sorted(rss['k'].unique())}"
+        )
     if at_k["layer"].tolist() != list(range(n - 1)):
         raise ValueError(f"rss at k = {k_phase} covers layers {at_k['layer'].tolist()}; expected 0 … {n - 2}")
     b1, b2 = int(phases["b1"]), int(phases["b2"])
@@ -460,10 +485,14 @@ def bridge_tables(
     table = table[order]
 
     # parallel-residual models have one operator per layer: its profiles replace the (NaN) halves'
-    halves = (("complex_frac_layer", "henrici_layer") if "complex_frac_layer" in table else
-              ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp"))
+    halves = (
+        ("complex_frac_layer", "henrici_layer")
+        if "complex_frac_layer" in table
+        else ("complex_frac_attn", "complex_frac_mlp", "henrici_attn", "henrici_mlp")
+    )
     profiles = {c: table[c].to_numpy(dtype=np.float64) for c in (*halves, "cum_erank")}
     profiles["transport"] = transport["transport"].to_numpy(dtype=np.float64)
-    alignment = alignment_table(profiles, b1, b2, bool(phases.get("b1_found", True)), bool(phases.get("b2_found", True)))
+    alignment = alignment_table(
+        profiles, b1, b2, bool(phases.get("b1_found", True)), bool(phases.get("b2_found", True))
+    )
     return table, alignment
-

@@ -196,7 +196,7 @@ class Reference:
             self._chunks = [self._chunk(i) for i in cont.chunk_starts(self.final.shape[0])]
 
     def _chunk(self, start: int) -> _ReferenceChunk:
-        rows = self.final[start: start + self._cont.chunk_tokens]
+        rows = self.final[start : start + self._cont.chunk_tokens]
         return _ReferenceChunk.of(structure.unembed_logits(self._cont.model, rows))
 
     def chunks(self):
@@ -221,8 +221,10 @@ class Continuation:
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor, chunk_elements: int | None = None):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be a (B, T) tensor, got {type(input_ids).__name__} "
-                             f"{tuple(getattr(input_ids, 'shape', ()))}")
+            raise ValueError(
+                f"input_ids must be a (B, T) tensor, got {type(input_ids).__name__} "
+                f"{tuple(getattr(input_ids, 'shape', ()))}"
+            )
         self.model = model
         self.adapters = decompose.sublayers(model)
         self.n_layers = len(self.adapters)
@@ -284,7 +286,7 @@ class Continuation:
             raise ValueError(f"final states differ in shape: {tuple(ref.final.shape)} vs {tuple(mod.shape)}")
         kl, flips = [], []
         for i, chunk in ref.chunks():
-            k_, f_ = _token_kl_and_flips(chunk, structure.unembed_logits(self.model, mod[i: i + self.chunk_tokens]))
+            k_, f_ = _token_kl_and_flips(chunk, structure.unembed_logits(self.model, mod[i : i + self.chunk_tokens]))
             kl.append(k_)
             flips.append(f_)
         kl_all = torch.cat(kl)
@@ -298,8 +300,9 @@ class Continuation:
         return self.stream(layer)[perm]
 
     @torch.no_grad()
-    def effect(self, layer: int, V: Any, intervention: str = "project",
-               reference: torch.Tensor | Reference | None = None) -> tuple[float, float, int]:
+    def effect(
+        self, layer: int, V: Any, intervention: str = "project", reference: torch.Tensor | Reference | None = None
+    ) -> tuple[float, float, int]:
         """(mean KL, flip rate, tokens) of one intervention at layer L with basis V (d, k).
 
         ``reference``: the unmodified continuation's final state (``run(stream(L), L)``) or its
@@ -390,14 +393,28 @@ def causal_table(
             kl, flip, n_tok = cont.effect(L, V, intervention, reference=ref)
             null = np.array([cont.effect(L, R, intervention, reference=ref)[:2] for R in randoms])
             mean_kl, sd_kl = float(null[:, 0].mean()), float(null[:, 0].std(ddof=1))
-            rows.append({
-                "layer": L, "intervention": intervention, "k": int(k), "d": d, "kl": kl, "flip_rate": flip,
-                "random_kl_mean": mean_kl, "random_kl_sd": sd_kl,
-                "random_flip_mean": float(null[:, 1].mean()), "random_flip_sd": float(null[:, 1].std(ddof=1)),
-                "kl_z": (kl - mean_kl) / sd_kl if sd_kl > 0 else (0.0 if kl == mean_kl else math.copysign(math.inf, kl - mean_kl)),
-                "kl_p": float(np.mean(null[:, 0] >= kl)),
-                "n_random": n_random, "n_samples": cont.batch, "n_tokens": n_tok, "phase": labels.get(L),
-            })
+            rows.append(
+                {
+                    "layer": L,
+                    "intervention": intervention,
+                    "k": int(k),
+                    "d": d,
+                    "kl": kl,
+                    "flip_rate": flip,
+                    "random_kl_mean": mean_kl,
+                    "random_kl_sd": sd_kl,
+                    "random_flip_mean": float(null[:, 1].mean()),
+                    "random_flip_sd": float(null[:, 1].std(ddof=1)),
+                    "kl_z": (kl - mean_kl) / sd_kl
+                    if sd_kl > 0
+                    else (0.0 if kl == mean_kl else math.copysign(math.inf, kl - mean_kl)),
+                    "kl_p": float(np.mean(null[:, 0] >= kl)),
+                    "n_random": n_random,
+                    "n_samples": cont.batch,
+                    "n_tokens": n_tok,
+                    "phase": labels.get(L),
+                }
+            )
     table = pd.DataFrame(rows, columns=CAUSAL_COLUMNS)
     table["phase"] = table["phase"].astype("Int64")
     return table

@@ -57,7 +57,8 @@ class ModelTables:
 
     ``ckpts``: checkpoints in training order; ``lens_ckpt``: the checkpoint of the study-B
     tables (the final lens checkpoint); ``bottleneck``, ``bootstrap``: {checkpoint: table};
-    ``phases``: the ``phases.json`` object; ``complex_tol``: the complex-fraction tolerance of the bootstrap (config ``bootstrap.complex_tol``),
+    ``phases``: the ``phases.json`` object; ``complex_tol``: the complex-fraction tolerance of the bootstrap (config
+    ``bootstrap.complex_tol``),
     so value and interval count the same eigenvalues.
     """
 
@@ -74,16 +75,35 @@ class ModelTables:
     complex_tol: float = 1e-6
 
 
-def _row(claim: Mapping[str, str], model: str, ckpt: str, measure: str, value: float = math.nan,
-         ci: tuple[float, float] | None = None, unit: str | None = None, source: str = "", reason: str = "") -> dict:
+def _row(
+    claim: Mapping[str, str],
+    model: str,
+    ckpt: str,
+    measure: str,
+    value: float = math.nan,
+    ci: tuple[float, float] | None = None,
+    unit: str | None = None,
+    source: str = "",
+    reason: str = "",
+) -> dict:
     lo, hi = ci if ci is not None else (math.nan, math.nan)
     value = float(value)
     if not math.isfinite(value) and not reason:
         reason = "the run's value is not finite"
-    return {"claim": claim["claim_id"], "study": claim["study"], "model": model, "ckpt": ckpt, "measure": measure,
-            "stated_value": f"{claim['stated_value']} ({claim['study_model']}, {claim['study_ckpt']})",
-            "run_value": value, "ci_low": float(lo), "ci_high": float(hi),
-            "unit": claim["unit"] if unit is None else unit, "source_table": source, "reason": reason}
+    return {
+        "claim": claim["claim_id"],
+        "study": claim["study"],
+        "model": model,
+        "ckpt": ckpt,
+        "measure": measure,
+        "stated_value": f"{claim['stated_value']} ({claim['study_model']}, {claim['study_ckpt']})",
+        "run_value": value,
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "unit": claim["unit"] if unit is None else unit,
+        "source_table": source,
+        "reason": reason,
+    }
 
 
 def _boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[tuple[float, float] | None, str]:
@@ -95,8 +115,11 @@ def _boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[tuple[float, float
     if rows.empty:
         return None, ""
     r = rows.iloc[0]
-    note = f"bootstrap.tsv {metric}: {int(r['n_bootstrap_samples'])} of {int(r['n_samples_total'])} samples" \
-        if {"n_bootstrap_samples", "n_samples_total"} <= set(r.index) else f"bootstrap.tsv {metric}"
+    note = (
+        f"bootstrap.tsv {metric}: {int(r['n_bootstrap_samples'])} of {int(r['n_samples_total'])} samples"
+        if {"n_bootstrap_samples", "n_samples_total"} <= set(r.index)
+        else f"bootstrap.tsv {metric}"
+    )
     return (float(r["ci_low"]), float(r["ci_high"])), note
 
 
@@ -129,8 +152,16 @@ def _complex_early(claim, t: ModelTables) -> list[dict]:
     src = f"results/{t.model}/checkpoints.tsv"
     col = None if t.checkpoints is None else sc.complex_column(t.checkpoints, t.complex_tol)
     if col is None:
-        return [_row(claim, t.model, ck, measure, source=src,
-                     reason=f"checkpoints.tsv with complex_frac_J_tol{t.complex_tol:.0e} not available")]
+        return [
+            _row(
+                claim,
+                t.model,
+                ck,
+                measure,
+                source=src,
+                reason=f"checkpoints.tsv with complex_frac_J_tol{t.complex_tol:.0e} not available",
+            )
+        ]
     rows = t.checkpoints[t.checkpoints["ckpt"].astype(str) == ck].sort_values("s")
     value, _ = sc.complex_gradient(rows, col)
     ci, note = _boot_ci(t.bootstrap.get(ck), "complex_fraction_early_minus_late")
@@ -160,8 +191,9 @@ def _significant_layers(position: str) -> Callable[..., list[dict]]:
                 out.append(_row(claim, t.model, c, measure, source=src, reason=f"no coupling count for checkpoint {c}"))
                 continue
             n = int(r["n_layers"].iloc[0])
-            out.append(_row(claim, t.model, c, f"{measure} (of {n})", float(r["n_significant_layers"].iloc[0]),
-                            source=src))
+            out.append(
+                _row(claim, t.model, c, f"{measure} (of {n})", float(r["n_significant_layers"].iloc[0]), source=src)
+            )
         return out
 
     return compute
@@ -190,13 +222,31 @@ def _norm_growth(claim, t: ModelTables) -> list[dict]:
     src = f"results/{t.model}/{ck}/geometry.tsv, phases.json"
     lp = _layer_phases(t)
     if lp is None or "update_norm" not in lp[0].columns:
-        return [_row(claim, t.model, ck, measure, source=src, reason="geometry.tsv with update_norm or phases.json not available")]
+        return [
+            _row(
+                claim,
+                t.model,
+                ck,
+                measure,
+                source=src,
+                reason="geometry.tsv with update_norm or phases.json not available",
+            )
+        ]
     g, phase = lp
     norms = g["update_norm"].to_numpy(dtype=np.float64)
     p2, p3 = norms[(phase == 2) & np.isfinite(norms)], norms[(phase == 3) & np.isfinite(norms)]
     if p2.size == 0 or p3.size == 0:
         empty = "2" if p2.size == 0 else "3"
-        return [_row(claim, t.model, ck, measure, source=src, reason=f"phase {empty} has no layer (b1 = {t.phases['b1']}, b2 = {t.phases['b2']})")]
+        return [
+            _row(
+                claim,
+                t.model,
+                ck,
+                measure,
+                source=src,
+                reason=f"phase {empty} has no layer (b1 = {t.phases['b1']}, b2 = {t.phases['b2']})",
+            )
+        ]
     if float(p2.mean()) <= 0:
         return [_row(claim, t.model, ck, measure, source=src, reason="phase-2 updates are all zero")]
     return [_row(claim, t.model, ck, measure, float(p3.max() / p2.mean()), source=src)]
@@ -207,8 +257,15 @@ def _phase_mean(pm: pd.DataFrame, metric: str, phase: int) -> tuple[float, str]:
     if r.empty:
         return math.nan, f"phase_metrics.tsv has no {metric}"
     value = float(r["mean"].iloc[0])
-    reason = "" if math.isfinite(value) else (str(r["reason"].iloc[0]) if "reason" in r and str(r["reason"].iloc[0]) not in ("", "nan")
-                                               else f"no finite {metric} in phase {phase}")
+    reason = (
+        ""
+        if math.isfinite(value)
+        else (
+            str(r["reason"].iloc[0])
+            if "reason" in r and str(r["reason"].iloc[0]) not in ("", "nan")
+            else f"no finite {metric} in phase {phase}"
+        )
+    )
     return value, reason
 
 
@@ -244,12 +301,16 @@ def _hits(claim, t: ModelTables) -> list[dict]:
     ck = t.lens_ckpt or _final(t)
     src = f"results/{t.model}/{ck}/phase_metrics.tsv"
     out = []
-    for metric, what, unit in (("tuned_hit1", "tuned-lens Hit@1", "share of tokens"),
-                               ("tuned_hit5_over_hit1", "tuned-lens Hit@5/Hit@1", "ratio")):
+    for metric, what, unit in (
+        ("tuned_hit1", "tuned-lens Hit@1", "share of tokens"),
+        ("tuned_hit5_over_hit1", "tuned-lens Hit@5/Hit@1", "ratio"),
+    ):
         for ph in (1, 2, 3):
             measure = f"{what}, phase {ph} ({PHASE_NAMES[ph]}) mean over layers"
             if t.phase_metrics is None:
-                out.append(_row(claim, t.model, ck, measure, unit=unit, source=src, reason="phase_metrics.tsv not available"))
+                out.append(
+                    _row(claim, t.model, ck, measure, unit=unit, source=src, reason="phase_metrics.tsv not available")
+                )
                 continue
             value, why = _phase_mean(t.phase_metrics, metric, ph)
             out.append(_row(claim, t.model, ck, measure, value, unit=unit, source=src, reason=why))
@@ -262,14 +323,26 @@ def _regime(claim, t: ModelTables) -> list[dict]:
     regime = (t.phases or {}).get("regime")
     names = ("compromise k of the energy/visibility Pareto frontier", "largest shift of b1/b2 across the regime's k")
     if not regime:
-        return [_row(claim, t.model, ck, m, unit=u, source=src, reason="phases.json has no middle regime")
-                for m, u in zip(names, ("% of d", "layers"))]
+        return [
+            _row(claim, t.model, ck, m, unit=u, source=src, reason="phases.json has no middle regime")
+            for m, u in zip(names, ("% of d", "layers"))
+        ]
     ks = ", ".join(f"{100 * f:g}" for f in regime["k_fraction"])
-    center = regime["k_fraction"][regime["k"].index(regime["k_center"])] if regime["k_center"] in regime["k"] else math.nan
+    center = (
+        regime["k_fraction"][regime["k"].index(regime["k_center"])] if regime["k_center"] in regime["k"] else math.nan
+    )
     return [
         _row(claim, t.model, ck, f"{names[0]} (regime: k = {ks} % of d)", 100 * center, unit="% of d", source=src),
-        _row(claim, t.model, ck, f"{names[1]} (b1 {regime['b1_shift']}, b2 {regime['b2_shift']})",
-             float(regime["max_shift"]), unit="layers", source=src, reason=regime.get("reason", "")),
+        _row(
+            claim,
+            t.model,
+            ck,
+            f"{names[1]} (b1 {regime['b1_shift']}, b2 {regime['b2_shift']})",
+            float(regime["max_shift"]),
+            unit="layers",
+            source=src,
+            reason=regime.get("reason", ""),
+        ),
     ]
 
 
@@ -299,16 +372,29 @@ def _slopes(claim, phase: int, widths: pd.DataFrame | None, groups: Mapping[str,
     out = []
     for group, members in groups.items():
         m = f"{measure} over {', '.join(members)}"
-        rows = None if widths is None else widths[(widths["group"].astype(str) == str(group)) & (widths["phase"] == phase)]
+        rows = (
+            None if widths is None else widths[(widths["group"].astype(str) == str(group)) & (widths["phase"] == phase)]
+        )
         if rows is None or rows.empty:
-            out.append(_row(claim, str(group), "final", m, source=src, reason=f"no phase-{phase} fit for group {group}"))
+            out.append(
+                _row(claim, str(group), "final", m, source=src, reason=f"no phase-{phase} fit for group {group}")
+            )
             continue
         r = rows.iloc[0]
         if r["status"] != "ok":
             out.append(_row(claim, str(group), "final", m, source=src, reason=str(r.get("reason") or r["status"])))
             continue
-        out.append(_row(claim, str(group), "final", m, float(r["slope"]),
-                        (float(r["slope_ci_low"]), float(r["slope_ci_high"])), source=src))
+        out.append(
+            _row(
+                claim,
+                str(group),
+                "final",
+                m,
+                float(r["slope"]),
+                (float(r["slope_ci_low"]), float(r["slope_ci_high"])),
+                source=src,
+            )
+        )
     return out
 
 
@@ -339,10 +425,17 @@ def paper_comparison(
         elif cid in SLOPE_CLAIMS:
             rows += _slopes(claim, SLOPE_CLAIMS[cid], phase_widths, groups or {})
         elif cid not in COMPARISONS:
-            rows.append(_row(claim, "", "", "", reason=f"claim {cid!r} has no comparison in resdyn.beyond.paper "
-                                                        f"(known: {sorted([*COMPARISONS, *SLOPE_CLAIMS])})"))
+            rows.append(
+                _row(
+                    claim,
+                    "",
+                    "",
+                    "",
+                    reason=f"claim {cid!r} has no comparison in resdyn.beyond.paper "
+                    f"(known: {sorted([*COMPARISONS, *SLOPE_CLAIMS])})",
+                )
+            )
         else:
             for t in models:
                 rows += COMPARISONS[cid](claim, t)
     return pd.DataFrame(rows, columns=PAPER_COLUMNS)
-

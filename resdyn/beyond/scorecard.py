@@ -93,8 +93,17 @@ CLAIMS: dict[str, str] = {
 }
 #: The study whose tables decide each claim (claims 1-6: A, 7-9: B).
 CLAIM_STUDY: dict[str, str] = {
-    **dict.fromkeys(("rotational_gradient", "gradient_learned", "collapse_learned", "schur_dissolves_collapse",
-                     "coupling_grows", "coupling_sign"), "A"),
+    **dict.fromkeys(
+        (
+            "rotational_gradient",
+            "gradient_learned",
+            "collapse_learned",
+            "schur_dissolves_collapse",
+            "coupling_grows",
+            "coupling_sign",
+        ),
+        "A",
+    ),
     **dict.fromkeys(("rss_three_phases", "tuned_beats_logit_early", "phase2_width_grows"), "B"),
 }
 #: The stated figures (ids of the claims table, resdyn/data/claims.tsv) each claim's
@@ -118,11 +127,18 @@ def study_values(claims: pd.DataFrame | None = None) -> dict[str, str]:
     by_id = claims.set_index("claim_id")
     missing = sorted({c for ids in STUDY_REFERENCES.values() for c in ids} - set(by_id.index))
     if missing:
-        raise ValueError(f"claims table lacks the figures {missing} that the scorecard quotes "
-                         f"(resdyn/data/claims.tsv has {sorted(by_id.index)})")
-    return {cid: "; ".join(f"{by_id.at[c, 'stated_value']} {by_id.at[c, 'unit']} "
-                           f"({by_id.at[c, 'study_model']}, {by_id.at[c, 'study_ckpt']})" for c in ids)
-            for cid, ids in STUDY_REFERENCES.items()}
+        raise ValueError(
+            f"claims table lacks the figures {missing} that the scorecard quotes "
+            f"(resdyn/data/claims.tsv has {sorted(by_id.index)})"
+        )
+    return {
+        cid: "; ".join(
+            f"{by_id.at[c, 'stated_value']} {by_id.at[c, 'unit']} "
+            f"({by_id.at[c, 'study_model']}, {by_id.at[c, 'study_ckpt']})"
+            for c in ids
+        )
+        for cid, ids in STUDY_REFERENCES.items()
+    }
 
 
 SCORECARD_COLUMNS = artifacts.SCORECARD_COLUMNS  # defined by resdyn.artifacts.ScorecardTable
@@ -132,22 +148,42 @@ SCORECARD_COLUMNS = artifacts.SCORECARD_COLUMNS  # defined by resdyn.artifacts.S
 # helpers
 
 
-def _row(claim_id: str, statistic: str, value: float = math.nan, ci: tuple[float, float] | None = None,
-         ci_source: str = "", verdict: str = UNTESTABLE, reason: str = "", detail: str = "", ckpts: str = "") -> dict:
+def _row(
+    claim_id: str,
+    statistic: str,
+    value: float = math.nan,
+    ci: tuple[float, float] | None = None,
+    ci_source: str = "",
+    verdict: str = UNTESTABLE,
+    reason: str = "",
+    detail: str = "",
+    ckpts: str = "",
+) -> dict:
     """One scorecard row; ``study_value`` is filled by :func:`scorecard` from the claims table."""
     lo, hi = ci if ci is not None else (math.nan, math.nan)
-    return {"claim_id": claim_id, "claim": CLAIMS[claim_id], "statistic": statistic, "value": float(value),
-            "ci_low": float(lo), "ci_high": float(hi), "ci_source": ci_source if ci is not None else "",
-            "study_value": "", "verdict": verdict, "reason": reason,
-            "detail": detail, "ckpts": ckpts}
+    return {
+        "claim_id": claim_id,
+        "claim": CLAIMS[claim_id],
+        "statistic": statistic,
+        "value": float(value),
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "ci_source": ci_source if ci is not None else "",
+        "study_value": "",
+        "verdict": verdict,
+        "reason": reason,
+        "detail": detail,
+        "ckpts": ckpts,
+    }
 
 
 def _fmt(x: float) -> str:
     return "nan" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
-def _directional(value: float, ci: tuple[float, float] | None, sign: int, threshold: float = 0.0,
-                 what: str = "statistic") -> tuple[str, str]:
+def _directional(
+    value: float, ci: tuple[float, float] | None, sign: int, threshold: float = 0.0, what: str = "statistic"
+) -> tuple[str, str]:
     """Verdict for 'value is above (sign = +1) / below (sign = −1) threshold, CI included'."""
     if not math.isfinite(value):
         return UNTESTABLE, f"{what} is not finite"
@@ -158,9 +194,14 @@ def _directional(value: float, ci: tuple[float, float] | None, sign: int, thresh
         lo, hi = ci
         bound = lo if sign > 0 else hi
         if sign * (bound - threshold) <= 0:
-            return FAILS, (f"{what} {_fmt(value)} {op} {_fmt(threshold)}, but the interval "
-                           f"[{_fmt(lo)}, {_fmt(hi)}] includes {_fmt(threshold)}")
-        return HOLDS, f"{what} {_fmt(value)} {op} {_fmt(threshold)} and the interval [{_fmt(lo)}, {_fmt(hi)}] excludes it"
+            return FAILS, (
+                f"{what} {_fmt(value)} {op} {_fmt(threshold)}, but the interval "
+                f"[{_fmt(lo)}, {_fmt(hi)}] includes {_fmt(threshold)}"
+            )
+        return (
+            HOLDS,
+            f"{what} {_fmt(value)} {op} {_fmt(threshold)} and the interval [{_fmt(lo)}, {_fmt(hi)}] excludes it",
+        )
     return HOLDS, f"{what} {_fmt(value)} {op} {_fmt(threshold)} (no interval)"
 
 
@@ -198,24 +239,30 @@ def _usable(ci: tuple[float, float] | None, n: int) -> tuple[tuple[float, float]
     """The interval for the verdict (None below MIN_BOOTSTRAP_SAMPLES samples) and a note."""
     if ci is None or n >= MIN_BOOTSTRAP_SAMPLES:
         return ci, ""
-    return None, (f"; the interval (from only {n} samples, < {MIN_BOOTSTRAP_SAMPLES}) is reported "
-                  "but not used for the verdict")
+    return None, (
+        f"; the interval (from only {n} samples, < {MIN_BOOTSTRAP_SAMPLES}) is reported but not used for the verdict"
+    )
 
 
 def _boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[tuple[float, float] | None, str, int]:
     row = _boot_row(boot, metric)
     if row is None:
         return None, "", 0
-    source = (f"bootstrap {int(row['n_resamples'])} resamples of {int(row['n_bootstrap_samples'])}/"
-              f"{int(row['n_samples_total'])} samples (their estimate {_fmt(float(row['estimate']))}), "
-              f"level {row['level']:g}")
+    source = (
+        f"bootstrap {int(row['n_resamples'])} resamples of {int(row['n_bootstrap_samples'])}/"
+        f"{int(row['n_samples_total'])} samples (their estimate {_fmt(float(row['estimate']))}), "
+        f"level {row['level']:g}"
+    )
     return (float(row["ci_low"]), float(row["ci_high"])), source, int(row["n_bootstrap_samples"])
 
 
 def paired_difference_ci(
-    boot_a: pd.DataFrame | None, reps_a: pd.DataFrame | None,
-    boot_b: pd.DataFrame | None, reps_b: pd.DataFrame | None,
-    metric: str, level: float,
+    boot_a: pd.DataFrame | None,
+    reps_a: pd.DataFrame | None,
+    boot_b: pd.DataFrame | None,
+    reps_b: pd.DataFrame | None,
+    metric: str,
+    level: float,
 ) -> tuple[tuple[float, float] | None, str, int]:
     """Interval of (b − a) from replicate-wise differences of two checkpoints: percentile, or
     studentized around the difference of the estimates when the bootstraps say so (``interval``).
@@ -249,8 +296,14 @@ def paired_difference_ci(
     kind = ra.get("interval")
     kind = kind if isinstance(kind, str) and kind else "percentile"
     lo, hi = bs.replicate_ci((b - a).to_numpy(dtype=np.float64), diff, level, kind)
-    return (lo, hi), (f"paired bootstrap ({int(ra['n_resamples'])} resamples of {n} samples; "
-                      f"their estimate {_fmt(diff)}), level {level:g}"), n
+    return (
+        (lo, hi),
+        (
+            f"paired bootstrap ({int(ra['n_resamples'])} resamples of {n} samples; "
+            f"their estimate {_fmt(diff)}), level {level:g}"
+        ),
+        n,
+    )
 
 
 def _full_depth(rows: pd.DataFrame) -> float:
@@ -266,7 +319,14 @@ def _full_depth(rows: pd.DataFrame) -> float:
 def _claim_gradient(ck: pd.DataFrame | None, final: str, col: str | None, boot: Mapping, tol: float) -> dict:
     cid, stat = "rotational_gradient", f"complex fraction (tol {tol:g}) first third − last third of sublayers"
     if ck is None or col is None:
-        return _row(cid, stat, reason="no checkpoints table" if ck is None else f"no complex_frac_J_tol{tol:.0e} column in checkpoints.tsv", ckpts=final)
+        return _row(
+            cid,
+            stat,
+            reason="no checkpoints table"
+            if ck is None
+            else f"no complex_frac_J_tol{tol:.0e} column in checkpoints.tsv",
+            ckpts=final,
+        )
     value, detail = complex_gradient(_ckpt_rows(ck, final), col)
     ci, source, n = _boot_ci(boot.get(final), "complex_fraction_early_minus_late")
     decide, note = _usable(ci, n)
@@ -285,8 +345,9 @@ def _claim_gradient_learned(ck, order, col, boot, reps, tol, level) -> dict:
     first, final = order[0], order[-1]
     g0, d0 = complex_gradient(_ckpt_rows(ck, first), col)
     g1, d1 = complex_gradient(_ckpt_rows(ck, final), col)
-    ci, source, n = paired_difference_ci(boot.get(first), reps.get(first), boot.get(final), reps.get(final),
-                                         "complex_fraction_early_minus_late", level)
+    ci, source, n = paired_difference_ci(
+        boot.get(first), reps.get(first), boot.get(final), reps.get(final), "complex_fraction_early_minus_late", level
+    )
     value = g1 - g0
     decide, note = _usable(ci, n)
     verdict, reason = _directional(value, decide, +1, what="gradient change")
@@ -306,16 +367,18 @@ def _claim_collapse(ck, order, boot, reps, level) -> dict:
         return _row(cid, stat, reason="only one checkpoint", ckpts=",".join(order))
     first, final = order[0], order[-1]
     e0, e1 = _full_depth(_ckpt_rows(ck, first)), _full_depth(_ckpt_rows(ck, final))
-    ci, source, n = paired_difference_ci(boot.get(first), reps.get(first), boot.get(final), reps.get(final),
-                                         "cum_erank_full_depth", level)
+    ci, source, n = paired_difference_ci(
+        boot.get(first), reps.get(first), boot.get(final), reps.get(final), "cum_erank_full_depth", level
+    )
     value = e1 - e0
     decide, note = _usable(ci, n)
     verdict, reason = _directional(value, decide, -1, what="erank change")
     reason = reason.replace(" (no interval)", "") + note if note else reason
     if ci is None and source and source != "no bootstrap replicates":
         reason += f"; {source}"
-    return _row(cid, stat, value, ci, source, verdict, reason, f"{first}: {_fmt(e0)} → {final}: {_fmt(e1)}",
-                f"{first},{final}")
+    return _row(
+        cid, stat, value, ci, source, verdict, reason, f"{first}: {_fmt(e0)} → {final}: {_fmt(e1)}", f"{first},{final}"
+    )
 
 
 def _claim_schur(schur: pd.DataFrame | None, final: str) -> dict:
@@ -332,9 +395,17 @@ def _claim_schur(schur: pd.DataFrame | None, final: str) -> dict:
     value = e0 / e1 if e1 > 0 else math.nan
     detail = f"erank after s 0: {_fmt(start)}; full depth alpha=1: {_fmt(e1)}, alpha=0: {_fmt(e0)}"
     if e1 >= COLLAPSE_FRACTION * start:
-        return _row(cid, stat, value, reason=(f"no collapse to dissolve: full-depth erank {_fmt(e1)} ≥ "
-                                             f"{COLLAPSE_FRACTION:g} × {_fmt(start)} (after the first sublayer)"),
-                    detail=detail, ckpts=final)
+        return _row(
+            cid,
+            stat,
+            value,
+            reason=(
+                f"no collapse to dissolve: full-depth erank {_fmt(e1)} ≥ "
+                f"{COLLAPSE_FRACTION:g} × {_fmt(start)} (after the first sublayer)"
+            ),
+            detail=detail,
+            ckpts=final,
+        )
     verdict, reason = _directional(value, None, +1, SCHUR_RATIO_MIN, what="ratio")
     return _row(cid, stat, value, None, "", verdict, reason, detail, final)
 
@@ -368,15 +439,34 @@ def _claim_coupling_sign(ck, final) -> dict:
     p = float(rows["sign_dependence_p"].iloc[0]) if len(rows) and "sign_dependence_p" in rows else math.nan
     detail = f"rho {_fmt(rho)}, p {_fmt(p)}"
     if not math.isfinite(rho):
-        return _row(cid, stat, reason="rho undefined (fewer than 3 tested boundaries or a constant side)",
-                    detail=detail, ckpts=final)
+        return _row(
+            cid,
+            stat,
+            reason="rho undefined (fewer than 3 tested boundaries or a constant side)",
+            detail=detail,
+            ckpts=final,
+        )
     if rho >= 0:
         return _row(cid, stat, rho, verdict=FAILS, reason=f"rho {_fmt(rho)} is not < 0", detail=detail, ckpts=final)
     if not (math.isfinite(p) and p < ALPHA):
-        return _row(cid, stat, rho, verdict=FAILS, reason=f"rho {_fmt(rho)} < 0 but p {_fmt(p)} ≥ {ALPHA:g}",
-                    detail=detail, ckpts=final)
-    return _row(cid, stat, rho, verdict=HOLDS, reason=f"rho {_fmt(rho)} < 0 with p {_fmt(p)} < {ALPHA:g}",
-                detail=detail, ckpts=final)
+        return _row(
+            cid,
+            stat,
+            rho,
+            verdict=FAILS,
+            reason=f"rho {_fmt(rho)} < 0 but p {_fmt(p)} ≥ {ALPHA:g}",
+            detail=detail,
+            ckpts=final,
+        )
+    return _row(
+        cid,
+        stat,
+        rho,
+        verdict=HOLDS,
+        reason=f"rho {_fmt(rho)} < 0 with p {_fmt(p)} < {ALPHA:g}",
+        detail=detail,
+        ckpts=final,
+    )
 
 
 def _claim_phases(phases: Mapping[str, Any] | None, lens_ckpt: str) -> dict:
@@ -392,12 +482,22 @@ def _claim_phases(phases: Mapping[str, Any] | None, lens_ckpt: str) -> dict:
     from scipy.signal import find_peaks  # 1-2 s of import: only this function needs it
 
     n_peaks = len(find_peaks(padded, prominence=max(PEAK_PROMINENCE * span, 1e-300))[0]) if smoothed.size else 0
-    detail = (f"n = {n} points, b1 = {b1}, peak = {peak}, b2 = {b2}, knees found: b1 {phases.get('b1_found')}, "
-              f"b2 {phases.get('b2_found')}, k = {phases.get('k')}")
+    detail = (
+        f"n = {n} points, b1 = {b1}, peak = {peak}, b2 = {b2}, knees found: b1 {phases.get('b1_found')}, "
+        f"b2 {phases.get('b2_found')}, k = {phases.get('k')}"
+    )
     if n < MIN_PROFILE_POINTS:
-        return _row(cid, stat, n_peaks, reason=(f"RSS profile has {n} points (< {MIN_PROFILE_POINTS}; "
-                                                f"needs ≥ {MIN_PROFILE_POINTS + 1} layers) — too short for three phases"),
-                    detail=detail, ckpts=lens_ckpt)
+        return _row(
+            cid,
+            stat,
+            n_peaks,
+            reason=(
+                f"RSS profile has {n} points (< {MIN_PROFILE_POINTS}; "
+                f"needs ≥ {MIN_PROFILE_POINTS + 1} layers) — too short for three phases"
+            ),
+            detail=detail,
+            ckpts=lens_ckpt,
+        )
     problems = []
     if not phases.get("b1_found", False):
         problems.append("no knee found for b1")
@@ -410,8 +510,15 @@ def _claim_phases(phases: Mapping[str, Any] | None, lens_ckpt: str) -> dict:
     if problems:
         reason = "; ".join(problems) + (f" ({phases['reason']})" if phases.get("reason") else "")
         return _row(cid, stat, n_peaks, verdict=FAILS, reason=reason, detail=detail, ckpts=lens_ckpt)
-    return _row(cid, stat, n_peaks, verdict=HOLDS, reason="unimodal, both knees found, b1 < peak < b2",
-                detail=detail, ckpts=lens_ckpt)
+    return _row(
+        cid,
+        stat,
+        n_peaks,
+        verdict=HOLDS,
+        reason="unimodal, both knees found, b1 < peak < b2",
+        detail=detail,
+        ckpts=lens_ckpt,
+    )
 
 
 def _claim_lens(metrics: pd.DataFrame | None, lens_ckpt: str) -> dict:
@@ -537,10 +644,17 @@ def scorecard(
     unknown = set(ran) - set(CLAIM_STUDY.values())
     if unknown or not ran:
         raise ValueError(f"studies must be a non-empty subset of ['A', 'B'], got {list(studies)!r}")
-    rows = [row if CLAIM_STUDY[row["claim_id"]] in ran else
-            _row(row["claim_id"], row["statistic"], verdict=NOT_RUN,
-                 reason=f"study {CLAIM_STUDY[row['claim_id']]} is not run (config studies: {ran})")
-            for row in rows]
+    rows = [
+        row
+        if CLAIM_STUDY[row["claim_id"]] in ran
+        else _row(
+            row["claim_id"],
+            row["statistic"],
+            verdict=NOT_RUN,
+            reason=f"study {CLAIM_STUDY[row['claim_id']]} is not run (config studies: {ran})",
+        )
+        for row in rows
+    ]
     table = pd.DataFrame(rows, columns=SCORECARD_COLUMNS)
     table["study_value"] = table["claim_id"].map(study_values(claims)).fillna("")
     return table

@@ -143,8 +143,13 @@ def model_shape(config: dict, model: str) -> Shape:
     m = config["models"][model]
     vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
     heads = m.get("n_heads")
-    values = {"n_layers": m.get("n_layers"), "d_model": m.get("d_model"), "n_heads": heads, "d_ff": m.get("d_ff"),
-              "vocab_size": vocab}
+    values = {
+        "n_layers": m.get("n_layers"),
+        "d_model": m.get("d_model"),
+        "n_heads": heads,
+        "d_ff": m.get("d_ff"),
+        "vocab_size": vocab,
+    }
     missing = [k for k, v in values.items() if v is None]
     if missing:
         raise ShapeError(
@@ -156,11 +161,19 @@ def model_shape(config: dict, model: str) -> Shape:
         d_ff = int(round(sum(d_ff) / len(d_ff)))
     head_dim = m.get("head_dim")
     family = m.get("family")
-    return Shape(int(m["n_layers"]), int(m["d_model"]), int(heads), int(m.get("n_kv_heads") or heads), int(d_ff),
-                 int(vocab), DTYPE_BYTES[m.get("dtype", "float32")], int(head_dim) if head_dim else None,
-                 mlp_mats=families.mlp_matrices(family),
-                 parallel=families.is_parallel(family, {"use_parallel_residual": m.get("parallel_residual", True)}),
-                 jacobian_slowdown=families.GENERIC_SLOWDOWN if family == "generic" else 1.0)
+    return Shape(
+        int(m["n_layers"]),
+        int(m["d_model"]),
+        int(heads),
+        int(m.get("n_kv_heads") or heads),
+        int(d_ff),
+        int(vocab),
+        DTYPE_BYTES[m.get("dtype", "float32")],
+        int(head_dim) if head_dim else None,
+        mlp_mats=families.mlp_matrices(family),
+        parallel=families.is_parallel(family, {"use_parallel_residual": m.get("parallel_residual", True)}),
+        jacobian_slowdown=families.GENERIC_SLOWDOWN if family == "generic" else 1.0,
+    )
 
 
 @dataclass
@@ -219,7 +232,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
       MLP        W_down·M: 2·d·d_ff·d (gemm32); M = diag(·)W_gate + diag(·)W_up streams 3·d·d_ff
                  fp32 values;
       summaries  σ_max by 64 power-iteration steps on a float64 d×d (two mat-vecs each: 128·8·d²
-                 bytes streamed; exact singular values for d ≤ 512), ‖J−I‖_F and the float64 sum into the accumulator (3·8·d²).
+                 bytes streamed; exact singular values for d ≤ 512), ‖J−I‖_F and the float64 sum into the accumulator
+                 (3·8·d²).
     Host: one shard of the weights (device_map loading; all of them on a CPU), float64 sums 2·8·d² and the first
     ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Working memory (host on a CPU,
     device on a GPU): fp32 copies of the block's layers (only for non-fp32 weights,
@@ -288,7 +302,8 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     translators forward and weight gradient 2·2·B·n·d² (fp32: the translators are fp32); the
     readout of every layer through the frozen head, forward and input gradient 2·2·B·n·d·V in
     ``lens.readout_dtype`` (bfloat16: tensor-core GEMMs with fp32 accumulation, 13× the fp32
-    rate on an H100; float32 by default; the readout dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in fp32 (12·B·n·V bytes) plus
+    rate on an H100; float32 by default; the readout dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in
+    fp32 (12·B·n·V bytes) plus
     the bf16 logits and their gradient (4·B·n·V). Held-out evaluation every ``eval_every`` steps:
     forward only, on n_heldout·T tokens. Device: weights + translators, gradients, momentum
     (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
@@ -365,8 +380,10 @@ def cost_causal(config: dict, s: Shape, gpu: bool) -> Cost:
     comparisons = 2 * (cc["n_random"] + 1)
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS, host_ops=("svd", "gemm64"))
-    c.add(head, _forward_flops(s, B * T, runs * n * (n + 1) / 2 + n, T)
-          + (comparisons + 1) * n * 2.0 * B * T * s.d * s.vocab)
+    c.add(
+        head,
+        _forward_flops(s, B * T, runs * n * (n + 1) / 2 + n, T) + (comparisons + 1) * n * 2.0 * B * T * s.d * s.vocab,
+    )
     c.add("kl64", comparisons * n * B * T * s.vocab)
     k = k_from_fraction(s.d, config["causal"]["k_fraction"])
     c.add("gemm64", n * (cc["n_random"] + 1) * 6.0 * s.d * k * k)  # Haar draws (QR) and projectors
@@ -587,8 +604,7 @@ def cost_zoo_train(config: dict, model: str, s: Shape) -> Cost:
     t = config["models"][model]["train"]
     tokens = t["steps"] * t.get("batch_size", 16) * t.get("seq_len", config["samples"]["length"])
     c = Cost()
-    c.add("gemm32", 3.0 * _forward_flops(s, tokens, s.n_layers, t.get("seq_len", 128))
-          + 6.0 * tokens * s.d * s.vocab)
+    c.add("gemm32", 3.0 * _forward_flops(s, tokens, s.n_layers, t.get("seq_len", 128)) + 6.0 * tokens * s.d * s.vocab)
     c.host_bytes = BASE_HOST_BYTES + 16.0 * s.params + 0.5 * GB
     c.disk_bytes = len(t["checkpoints"]) * 4.0 * s.params
     return c
@@ -613,15 +629,39 @@ GPU_LINALG_RULES = ("spectra", "bootstrap")
 LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint", "resolve_tokenizer")
 
 
-RULES = (*GPU_RULES, "spectra", "schur", "bootstrap", "communities", "coupling", "bridge", "rss",
-         "resolution", "phase_metrics", "zoo_train", *LIGHT_RULES)
+RULES = (
+    *GPU_RULES,
+    "spectra",
+    "schur",
+    "bootstrap",
+    "communities",
+    "coupling",
+    "bridge",
+    "rss",
+    "resolution",
+    "phase_metrics",
+    "zoo_train",
+    *LIGHT_RULES,
+)
 
 
 #: The workflow's other rules: tables and figures from tables, run as localrules on the submit
 #: host in seconds; nothing is requested or priced for them.
-LOCAL_UNPRICED_RULES = ("phases", "scaling", "checkpoints", "scorecard", "paper_comparison", "figure_ckpt",
-                        "figure_lens", "figure_model", "figure_zoo", "figure_global", "figure_trajectory",
-                        "figure_lens_trajectory", "all")
+LOCAL_UNPRICED_RULES = (
+    "phases",
+    "scaling",
+    "checkpoints",
+    "scorecard",
+    "paper_comparison",
+    "figure_ckpt",
+    "figure_lens",
+    "figure_model",
+    "figure_zoo",
+    "figure_global",
+    "figure_trajectory",
+    "figure_lens_trajectory",
+    "all",
+)
 
 
 #: Priced rules that run on the submit host all the same: they fetch from the hub when it is

@@ -11,8 +11,20 @@ from pathlib import Path
 
 #: Op classes a price is made of (see the module docstring).
 OPS: tuple[str, ...] = (
-    "gemm32", "gemm16", "gemm64", "jvp", "eig", "schur", "schurv", "svd", "svdvals", "stream", "gunzip", "calls",
-    "graph", "kl64",
+    "gemm32",
+    "gemm16",
+    "gemm64",
+    "jvp",
+    "eig",
+    "schur",
+    "schurv",
+    "svd",
+    "svdvals",
+    "stream",
+    "gunzip",
+    "calls",
+    "graph",
+    "kl64",
 )
 
 
@@ -123,8 +135,13 @@ KL64_BYTES = 170.0
 def gpu_rates(g: GPUKind) -> dict[str, float]:
     """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`; the
     host-side classes (zlib, Python steps, Leiden) at the calibrated CPU rates."""
-    peaks = {"fp32_tflops": g.fp32_tflops, "bf16_tflops": g.bf16_tflops, "fp64_tflops": g.fp64_tflops,
-             "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops), "hbm_tb_s": g.hbm_tb_s}
+    peaks = {
+        "fp32_tflops": g.fp32_tflops,
+        "bf16_tflops": g.bf16_tflops,
+        "fp64_tflops": g.fp64_tflops,
+        "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops),
+        "hbm_tb_s": g.hbm_tb_s,
+    }
     rates = {op: peaks[col] * 1e12 * eff for op, (col, eff) in GPU_EFFICIENCY.items()}
     rates["kl64"] = rates["stream"] / KL64_BYTES
     rates.update({op: CPU_CALIBRATION[op] for op in ("gunzip", "calls", "graph", "schur", "schurv")})
@@ -142,8 +159,10 @@ def load_gpu_kinds(path: Path = GPU_TABLE) -> dict[str, GPUKind]:
     for kind, row in table.items():
         if not isinstance(row, dict) or set(row) != set(names):
             have = set(row) if isinstance(row, dict) else set()
-            raise ValueError(f"{path}: GPU kind {kind!r}: columns {sorted(have)}; expected exactly {names} "
-                             f"(missing {sorted(set(names) - have)}, unknown {sorted(have - set(names))})")
+            raise ValueError(
+                f"{path}: GPU kind {kind!r}: columns {sorted(have)}; expected exactly {names} "
+                f"(missing {sorted(set(names) - have)}, unknown {sorted(have - set(names))})"
+            )
         out[kind] = GPUKind(kind, **row)
     return out
 
@@ -153,7 +172,10 @@ GPU_KINDS: dict[str, GPUKind] = load_gpu_kinds()
 
 DEVICES: dict[str, Device] = {
     "cpu": Device("cpu", "cpu", CPU_CALIBRATION, "measured here, per thread (benchmarks/plan.py)"),
-    **{k: Device(k, "gpu", gpu_rates(g), f"{g.name}; datasheet peaks × assumed efficiency") for k, g in GPU_KINDS.items()},
+    **{
+        k: Device(k, "gpu", gpu_rates(g), f"{g.name}; datasheet peaks × assumed efficiency")
+        for k, g in GPU_KINDS.items()
+    },
 }
 
 
@@ -163,9 +185,22 @@ HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
 
 #: Parallel efficiency of t CPU threads per op class (assumed; the 2 shared cores here cannot
 #: measure it): level-3 BLAS scales well, LAPACK's QR sweeps and zlib hardly.
-THREAD_EFFICIENCY = {"gemm32": 0.85, "gemm16": 0.85, "gemm64": 0.85, "jvp": 0.7, "svd": 0.6, "svdvals": 0.5,
-                     "eig": 0.35, "schur": 0.35, "schurv": 0.45, "stream": 0.5, "gunzip": 0.0, "calls": 0.0,
-                     "graph": 0.0, "kl64": 0.5}
+THREAD_EFFICIENCY = {
+    "gemm32": 0.85,
+    "gemm16": 0.85,
+    "gemm64": 0.85,
+    "jvp": 0.7,
+    "svd": 0.6,
+    "svdvals": 0.5,
+    "eig": 0.35,
+    "schur": 0.35,
+    "schurv": 0.45,
+    "stream": 0.5,
+    "gunzip": 0.0,
+    "calls": 0.0,
+    "graph": 0.0,
+    "kl64": 0.5,
+}
 
 
 #: Threads of a CPU-heavy rule on the cluster (when its single-thread time exceeds

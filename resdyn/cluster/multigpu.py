@@ -78,8 +78,11 @@ class Placement:
         parts = []
         for dev in range(self.devices):
             idx = [i for i, d in enumerate(self.layers) if d == dev]
-            what = (["embed"] if self.embed == dev else []) + ([f"layers {idx[0]}-{idx[-1]}"] if idx else []) \
+            what = (
+                (["embed"] if self.embed == dev else [])
+                + ([f"layers {idx[0]}-{idx[-1]}"] if idx else [])
                 + (["head"] if self.head == dev else [])
+            )
             parts.append(f"cuda:{dev} {' + '.join(what)} ({self.loads[dev] / GB:.1f} GB)")
         return ", ".join(parts)
 

@@ -30,12 +30,52 @@ SETTINGS = {"PARTITION": "slurm_partition", "QOS": "qos", "CONSTRAINT": "constra
 #: output, account, partition, memory, CPUs, time, constraint, QOS, GPUs: see
 #: snakemake_executor_plugin_slurm.validation.get_forbidden_slurm_options) or they are not sbatch's.
 SBATCH_EXTRA_OPTIONS = (
-    "begin", "chdir", "container", "core-spec", "cores-per-socket", "cpu-freq", "deadline", "delay-boot",
-    "distribution", "exclude", "exclusive", "gpu-bind", "gpu-freq", "gpus-per-node", "gpus-per-socket",
-    "gpus-per-task", "gres-flags", "hint", "licenses", "mail-type", "mail-user", "mcs-label", "mem-bind",
-    "mincpus", "network", "nice", "nodelist", "no-requeue", "oversubscribe", "power", "prefer", "priority",
-    "profile", "propagate", "requeue", "reservation", "signal", "sockets-per-node", "spread-job", "switches",
-    "thread-spec", "threads-per-core", "tmp", "tres-per-task", "use-min-nodes", "wckey",
+    "begin",
+    "chdir",
+    "container",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-freq",
+    "deadline",
+    "delay-boot",
+    "distribution",
+    "exclude",
+    "exclusive",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres-flags",
+    "hint",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem-bind",
+    "mincpus",
+    "network",
+    "nice",
+    "nodelist",
+    "no-requeue",
+    "oversubscribe",
+    "power",
+    "prefer",
+    "priority",
+    "profile",
+    "propagate",
+    "requeue",
+    "reservation",
+    "signal",
+    "sockets-per-node",
+    "spread-job",
+    "switches",
+    "thread-spec",
+    "threads-per-core",
+    "tmp",
+    "tres-per-task",
+    "use-min-nodes",
+    "wckey",
 )
 
 
@@ -52,9 +92,11 @@ def check_extra(flags: str, key: str) -> str:
             continue
         name = word.lstrip("-").split("=", 1)[0]
         if not word.startswith("--") or name not in SBATCH_EXTRA_OPTIONS:
-            raise ValueError(f"{key}={flags!r}: {word!r} is not an sbatch option resdyn passes on (the SLURM plugin "
-                             "sets account, partition, memory, CPUs, time, constraint, QOS and GPUs itself; use the "
-                             f"long form); allowed: --{', --'.join(SBATCH_EXTRA_OPTIONS)}")
+            raise ValueError(
+                f"{key}={flags!r}: {word!r} is not an sbatch option resdyn passes on (the SLURM plugin "
+                "sets account, partition, memory, CPUs, time, constraint, QOS and GPUs itself; use the "
+                f"long form); allowed: --{', --'.join(SBATCH_EXTRA_OPTIONS)}"
+            )
     return flags
 
 
@@ -73,8 +115,10 @@ def constraint_table(text: str, key: str = "RESDYN_SLURM_GPU_CONSTRAINTS") -> di
     table = {}
     for memory, constraint in items:
         if not re.fullmatch(r"\d+(\.\d+)?", memory.strip()) or not constraint.strip():
-            raise ValueError(f"{key}={text!r}: entry {memory!r}={constraint!r}; expected GB=constraint, e.g. "
-                             "40=a100_40g,80=a100_80g|h100 (or a YAML file of such a mapping)")
+            raise ValueError(
+                f"{key}={text!r}: entry {memory!r}={constraint!r}; expected GB=constraint, e.g. "
+                "40=a100_40g,80=a100_80g|h100 (or a YAML file of such a mapping)"
+            )
         table[float(memory)] = constraint.strip()
     return table
 
@@ -86,8 +130,10 @@ def pick_constraint(table: Mapping[float, str], kind: str) -> str:
     need = 0.95 * g.memory_mib / 1024
     fits = sorted(m for m in table if m >= need)
     if not fits:
-        raise ValueError(f"RESDYN_SLURM_GPU_CONSTRAINTS: no entry of at least {need:.0f} GB for RESDYN_GPU_KIND={kind} "
-                         f"({g.name}); entries: {sorted(table)}")
+        raise ValueError(
+            f"RESDYN_SLURM_GPU_CONSTRAINTS: no entry of at least {need:.0f} GB for RESDYN_GPU_KIND={kind} "
+            f"({g.name}); entries: {sorted(table)}"
+        )
     return table[fits[0]]
 
 
@@ -156,7 +202,8 @@ def check_workdir(path: str | Path) -> None:
         os.close(handle)
         os.unlink(name)
     except OSError as err:
-        raise ValueError(f"working directory (snakemake --directory) {str(path)!r} is not writable "
-                         f"({err.strerror or err}): results/, models/, logs/ and benchmarks/ go there; choose a "
-                         "folder you can write, e.g. on scratch") from None
-
+        raise ValueError(
+            f"working directory (snakemake --directory) {str(path)!r} is not writable "
+            f"({err.strerror or err}): results/, models/, logs/ and benchmarks/ go there; choose a "
+            "folder you can write, e.g. on scratch"
+        ) from None

@@ -86,12 +86,16 @@ def load_documents(spec: dict, base_dir: str | Path = ".", name: str = "?") -> l
     """
     docs = _load_documents(spec, base_dir)
     if len(docs) < 2:
-        where = {"text": f"text files {spec.get('paths')}", "hf": f"hub dataset {spec.get('name')!r} "
-                 f"(config {spec.get('config')!r}, split {spec.get('split', 'train')!r})"}.get(
-                     spec["source"], f"embedded parts {spec.get('parts')}")
-        raise ValueError(f"dataset {name!r}: {where} gave {len(docs)} non-empty document(s); at least 2 are "
-                         "needed (one train, one held out) — add text or split it into paragraphs "
-                         "(split_paragraphs: true)")
+        where = {
+            "text": f"text files {spec.get('paths')}",
+            "hf": f"hub dataset {spec.get('name')!r} "
+            f"(config {spec.get('config')!r}, split {spec.get('split', 'train')!r})",
+        }.get(spec["source"], f"embedded parts {spec.get('parts')}")
+        raise ValueError(
+            f"dataset {name!r}: {where} gave {len(docs)} non-empty document(s); at least 2 are "
+            "needed (one train, one held out) — add text or split it into paragraphs "
+            "(split_paragraphs: true)"
+        )
     return docs
 
 
@@ -138,7 +142,9 @@ def _hf_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
     field = spec.get("text_field", "text")
     if field not in ds.column_names:
         where = spec.get("path") or spec["name"]
-        raise ValueError(f"dataset {where!r}: no text field {field!r}; its columns are {ds.column_names} (set text_field)")
+        raise ValueError(
+            f"dataset {where!r}: no text field {field!r}; its columns are {ds.column_names} (set text_field)"
+        )
     texts = [t for t in ds[field] if t and t.strip()]
     limit = spec.get("max_documents")
     return texts[:limit] if limit else texts
@@ -243,8 +249,9 @@ def token_stream(tokenizer, docs: Iterable[str]) -> np.ndarray:
     return np.concatenate(pieces)
 
 
-def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
-                source: str = "the held-out stream", keys: str = "samples.n") -> tuple[np.ndarray, np.ndarray]:
+def draw_blocks(
+    stream: np.ndarray, n: int, length: int, seed: int, source: str = "the held-out stream", keys: str = "samples.n"
+) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``n`` non-overlapping blocks of ``length`` tokens from a token stream, seeded.
 
     The stream is cut into ``len(stream) // length`` consecutive windows; a seeded permutation
@@ -266,8 +273,16 @@ def draw_blocks(stream: np.ndarray, n: int, length: int, seed: int,
 #: tokenizer_config.json classes that run tokenizer.json as it is (no Python-side pre-processing)
 PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 #: tokenizer_config.json keys that do not change how text is encoded without special tokens
-_PLAIN_CONFIG_KEYS = {"backend", "tokenizer_class", "bos_token", "eos_token", "unk_token", "pad_token",
-                      "model_max_length", "clean_up_tokenization_spaces"}
+_PLAIN_CONFIG_KEYS = {
+    "backend",
+    "tokenizer_class",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "model_max_length",
+    "clean_up_tokenization_spaces",
+}
 
 
 class PlainTokenizer:

@@ -41,55 +41,135 @@ class Family:
 _BIDIRECTIONAL = ("use_bidirectional_attention", True, "bidirectional attention is not a causal decoder")
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family(("llama",), "LlamaDecoderLayer", "resdyn.lm.sublayers:LayerSublayers", {"LlamaRMSNorm": 0.0},
-                    summary=("sequential, pre-norm", "RMSNorm", "RoPE, GQA", "gated")),
-    "mistral": Family(("mistral",), "MistralDecoderLayer", "resdyn.lm.sublayers:LayerSublayers", {"MistralRMSNorm": 0.0},
-                      summary=("sequential, pre-norm", "RMSNorm", "RoPE, sliding window", "gated")),
-    "qwen2": Family(("qwen2",), "Qwen2DecoderLayer", "resdyn.lm.sublayers:LayerSublayers", {"Qwen2RMSNorm": 0.0},
-                    summary=("sequential, pre-norm", "RMSNorm", "RoPE, q/k/v bias, sliding layers", "gated")),
-    "olmo2": Family(("olmo2",), "Olmo2DecoderLayer", "resdyn.lm.adapters.olmo2:PostNormSublayers", {"Olmo2RMSNorm": 0.0},
-                    summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm", "gated")),
-    "olmo3": Family(("olmo3",), "Olmo3DecoderLayer", "resdyn.lm.adapters.olmo2:PostNormSublayers", {"Olmo3RMSNorm": 0.0},
-                    summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm, sliding layers", "gated")),
+    "llama": Family(
+        ("llama",),
+        "LlamaDecoderLayer",
+        "resdyn.lm.sublayers:LayerSublayers",
+        {"LlamaRMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "RoPE, GQA", "gated"),
+    ),
+    "mistral": Family(
+        ("mistral",),
+        "MistralDecoderLayer",
+        "resdyn.lm.sublayers:LayerSublayers",
+        {"MistralRMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "RoPE, sliding window", "gated"),
+    ),
+    "qwen2": Family(
+        ("qwen2",),
+        "Qwen2DecoderLayer",
+        "resdyn.lm.sublayers:LayerSublayers",
+        {"Qwen2RMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "RoPE, q/k/v bias, sliding layers", "gated"),
+    ),
+    "olmo2": Family(
+        ("olmo2",),
+        "Olmo2DecoderLayer",
+        "resdyn.lm.adapters.olmo2:PostNormSublayers",
+        {"Olmo2RMSNorm": 0.0},
+        summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm", "gated"),
+    ),
+    "olmo3": Family(
+        ("olmo3",),
+        "Olmo3DecoderLayer",
+        "resdyn.lm.adapters.olmo2:PostNormSublayers",
+        {"Olmo3RMSNorm": 0.0},
+        summary=("sequential, post-norm", "RMSNorm", "full-width q/k norm, sliding layers", "gated"),
+    ),
     "gemma4": Family(
-        ("gemma4", "gemma4_text"), "Gemma4TextDecoderLayer", "resdyn.lm.adapters.gemma4:Gemma4Sublayers", {"Gemma4RMSNorm": 0.0},
+        ("gemma4", "gemma4_text"),
+        "Gemma4TextDecoderLayer",
+        "resdyn.lm.adapters.gemma4:Gemma4Sublayers",
+        {"Gemma4RMSNorm": 0.0},
         refused_settings=(
-            ("enable_moe_block", True, "the MoE block runs in parallel with the dense MLP from a router on m_L "
-             "(gemma4 dense models only)"),
+            (
+                "enable_moe_block",
+                True,
+                "the MoE block runs in parallel with the dense MLP from a router on m_L (gemma4 dense models only)",
+            ),
             ("use_bidirectional_attention", "all", "bidirectional attention is not a causal decoder"),
         ),
-        summary=("sequential, sandwich norms", "RMSNorm", "per-head q/k/v norms, KV sharing, k = v layers",
-                 "gated + per-layer inputs, layer scalar"),
+        summary=(
+            "sequential, sandwich norms",
+            "RMSNorm",
+            "per-head q/k/v norms, KV sharing, k = v layers",
+            "gated + per-layer inputs, layer scalar",
+        ),
     ),
-    "gpt2": Family(("gpt2",), "GPT2Block", "resdyn.lm.adapters.gpt2:GPT2Sublayers", mlp_matrices=2,
-                   refused_settings=(("add_cross_attention", True, "cross-attention is not a decoder-only model"),),
-                   summary=("sequential, pre-norm", "LayerNorm (bias)", "learned positions, fused Conv1D q/k/v",
-                            "plain (GELU)")),
-    "gpt_neox": Family(("gpt_neox",), "GPTNeoXLayer", "resdyn.lm.adapters.gpt_neox:GPTNeoXSublayers", mlp_matrices=2,
-                       parallel_key=("use_parallel_residual", True),
-                       summary=("**parallel** (`use_parallel_residual: true`) or sequential", "LayerNorm (bias)",
-                                "partial rotary (`rotary_pct`), fused per-head q/k/v", "plain (GELU)")),
-    "qwen3": Family(("qwen3",), "Qwen3DecoderLayer", "resdyn.lm.adapters.qwen3:Qwen3Sublayers",
-                    {"Qwen3RMSNorm": 0.0},
-                    summary=("sequential, pre-norm", "RMSNorm", "per-head q/k norm, sliding layers", "gated")),
-    "gemma2": Family(("gemma2",), "Gemma2DecoderLayer", "resdyn.lm.adapters.gemma2:Gemma2Sublayers",
-                     {"Gemma2RMSNorm": 1.0},
-                     summary=("sequential, sandwich norms", "RMSNorm (1 + w)",
-                              "attention logit soft-capping, sliding/global layers", "gated (GELU-tanh)")),
-    "gemma3": Family(("gemma3_text", "gemma3"), "Gemma3DecoderLayer", "resdyn.lm.adapters.gemma3:Gemma3Sublayers",
-                     {"Gemma3RMSNorm": 1.0}, refused_settings=(_BIDIRECTIONAL,),
-                     summary=("sequential, sandwich norms", "RMSNorm (1 + w)",
-                              "per-head q/k norm, sliding/global layers with their own RoPE", "gated (GELU-tanh)")),
-    "phi3": Family(("phi3",), "Phi3DecoderLayer", "resdyn.lm.adapters.phi3:Phi3Sublayers", {"Phi3RMSNorm": 0.0},
-                   summary=("sequential, pre-norm", "RMSNorm", "fused q/k/v, partial rotary, sliding window",
-                            "fused gate/up")),
-    "granite": Family(("granite",), "GraniteDecoderLayer", "resdyn.lm.adapters.granite:GraniteSublayers",
-                      {"GraniteRMSNorm": 0.0},
-                      summary=("sequential, pre-norm, residual multiplier", "RMSNorm", "attention multiplier",
-                               "gated")),
-    "smollm3": Family(("smollm3",), "SmolLM3DecoderLayer", "resdyn.lm.adapters.smollm3:SmolLM3Sublayers",
-                      {"SmolLM3RMSNorm": 0.0},
-                      summary=("sequential, pre-norm", "RMSNorm", "RoPE and NoPE layers", "gated")),
+    "gpt2": Family(
+        ("gpt2",),
+        "GPT2Block",
+        "resdyn.lm.adapters.gpt2:GPT2Sublayers",
+        mlp_matrices=2,
+        refused_settings=(("add_cross_attention", True, "cross-attention is not a decoder-only model"),),
+        summary=("sequential, pre-norm", "LayerNorm (bias)", "learned positions, fused Conv1D q/k/v", "plain (GELU)"),
+    ),
+    "gpt_neox": Family(
+        ("gpt_neox",),
+        "GPTNeoXLayer",
+        "resdyn.lm.adapters.gpt_neox:GPTNeoXSublayers",
+        mlp_matrices=2,
+        parallel_key=("use_parallel_residual", True),
+        summary=(
+            "**parallel** (`use_parallel_residual: true`) or sequential",
+            "LayerNorm (bias)",
+            "partial rotary (`rotary_pct`), fused per-head q/k/v",
+            "plain (GELU)",
+        ),
+    ),
+    "qwen3": Family(
+        ("qwen3",),
+        "Qwen3DecoderLayer",
+        "resdyn.lm.adapters.qwen3:Qwen3Sublayers",
+        {"Qwen3RMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "per-head q/k norm, sliding layers", "gated"),
+    ),
+    "gemma2": Family(
+        ("gemma2",),
+        "Gemma2DecoderLayer",
+        "resdyn.lm.adapters.gemma2:Gemma2Sublayers",
+        {"Gemma2RMSNorm": 1.0},
+        summary=(
+            "sequential, sandwich norms",
+            "RMSNorm (1 + w)",
+            "attention logit soft-capping, sliding/global layers",
+            "gated (GELU-tanh)",
+        ),
+    ),
+    "gemma3": Family(
+        ("gemma3_text", "gemma3"),
+        "Gemma3DecoderLayer",
+        "resdyn.lm.adapters.gemma3:Gemma3Sublayers",
+        {"Gemma3RMSNorm": 1.0},
+        refused_settings=(_BIDIRECTIONAL,),
+        summary=(
+            "sequential, sandwich norms",
+            "RMSNorm (1 + w)",
+            "per-head q/k norm, sliding/global layers with their own RoPE",
+            "gated (GELU-tanh)",
+        ),
+    ),
+    "phi3": Family(
+        ("phi3",),
+        "Phi3DecoderLayer",
+        "resdyn.lm.adapters.phi3:Phi3Sublayers",
+        {"Phi3RMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "fused q/k/v, partial rotary, sliding window", "fused gate/up"),
+    ),
+    "granite": Family(
+        ("granite",),
+        "GraniteDecoderLayer",
+        "resdyn.lm.adapters.granite:GraniteSublayers",
+        {"GraniteRMSNorm": 0.0},
+        summary=("sequential, pre-norm, residual multiplier", "RMSNorm", "attention multiplier", "gated"),
+    ),
+    "smollm3": Family(
+        ("smollm3",),
+        "SmolLM3DecoderLayer",
+        "resdyn.lm.adapters.smollm3:SmolLM3Sublayers",
+        {"SmolLM3RMSNorm": 0.0},
+        summary=("sequential, pre-norm", "RMSNorm", "RoPE and NoPE layers", "gated"),
+    ),
 }
 
 #: family -> (HF config model types, HF decoder-layer class name) (derived; older callers use it)
@@ -102,9 +182,9 @@ _ENC_DEC = "encoder-decoder: the decoder layers cross-attend to an encoder; near
 # Known model types we refuse: the reason and the nearest supported alternative.
 REFUSED_FAMILIES: dict[str, str] = {
     "gptj": "parallel residual (attention and MLP both read h_L) without an adapter; nearest supported: "
-            "gpt_neox (Pythia, parallel residual)",
+    "gpt_neox (Pythia, parallel residual)",
     "phi": "parallel residual with ONE shared input LayerNorm (Phi-1/1.5/2), no adapter yet; nearest supported: "
-           "phi3 (Phi-3, Phi-4-mini) or gpt_neox (Pythia, parallel residual)",
+    "phi3 (Phi-3, Phi-4-mini) or gpt_neox (Pythia, parallel residual)",
     "falcon": "parallel attention/MLP with optional shared norms, no adapter; nearest supported: gpt_neox",
     "gemma3n": "AltUp: the residual stream is several d-vectors, not one; nearest supported: gemma3",
     "gemma3n_text": "AltUp: the residual stream is several d-vectors, not one; nearest supported: gemma3",
@@ -151,8 +231,9 @@ def family_of_type(model_type: str | None, outer_type: str | None = None) -> str
     return None
 
 
-def refusal(model_type: str | None, outer_type: str | None, settings: dict, remote_code: bool = False,
-            generic: bool = False) -> str | None:
+def refusal(
+    model_type: str | None, outer_type: str | None, settings: dict, remote_code: bool = False, generic: bool = False
+) -> str | None:
     """Why a model cannot be split (one line: the reason and the nearest supported family), or None.
 
     ``settings``: the text config's keys (config.json dict or ``vars`` of a config object);
@@ -169,11 +250,15 @@ def refusal(model_type: str | None, outer_type: str | None, settings: dict, remo
         return None
     if remote_code:
         nearest = f"load it as {name!r} with transformers' own code" if name else "a supported family"
-        return (f"model type {model_type or outer_type!r} ships remote code (config.json 'auto_map'): its layers "
-                f"cannot be matched to an adapter; nearest supported: {nearest}; supported families: {supported}")
+        return (
+            f"model type {model_type or outer_type!r} ships remote code (config.json 'auto_map'): its layers "
+            f"cannot be matched to an adapter; nearest supported: {nearest}; supported families: {supported}"
+        )
     if name is None:
-        return (f"model type {model_type or outer_type!r} is not supported; supported families: {supported} "
-                "(no adapter; `family: generic` tries the generic path)")
+        return (
+            f"model type {model_type or outer_type!r} is not supported; supported families: {supported} "
+            "(no adapter; `family: generic` tries the generic path)"
+        )
     for key, value, reason in FAMILIES[name].refused_settings:
         if settings.get(key) == value:
             return f"{name} with {key}={value!r} is not supported: {reason}; supported families: {supported}"
@@ -183,8 +268,10 @@ def refusal(model_type: str | None, outer_type: str | None, settings: dict, remo
 def docs_table() -> str:
     """The family table of docs/architectures.md (markdown), rendered from :data:`FAMILIES`
     (tests/test_arch.py checks the docs hold exactly this)."""
-    lines = ["| family key (`models.*.family`) | HF `model_type` | residual | norms | attention | MLP |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| family key (`models.*.family`) | HF `model_type` | residual | norms | attention | MLP |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, fam in FAMILIES.items():
         lines.append(f"| `{name}` | {', '.join(fam.model_types)} | " + " | ".join(fam.summary) + " |")
     return "\n".join(lines)

@@ -92,7 +92,8 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
     handles = [
         module.register_forward_hook(
             lambda _m, args, kwargs, out, name=name: log.append((name, first_input(args, kwargs), out)),
-            with_kwargs=True)
+            with_kwargs=True,
+        )
         for name, module in children.items()
     ]
     h = call[0][0] if call[0] else call[1]["hidden_states"]
@@ -105,20 +106,31 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
     where = f"decoder layer {type(layer).__name__}"
     attn = [n for n, _, _ in log if _is_attention(n, children[n])]
     mlp = [n for n, _, _ in log if _is_mlp(n, children[n]) and n not in attn]
-    unknown = sorted({n for n, _, _ in log if n not in attn + mlp and not _is_norm(children[n])
-                      and not isinstance(children[n], nn.Dropout)})
+    unknown = sorted(
+        {
+            n
+            for n, _, _ in log
+            if n not in attn + mlp and not _is_norm(children[n]) and not isinstance(children[n], nn.Dropout)
+        }
+    )
     if len(set(attn)) != 1 or len(set(mlp)) != 1 or unknown:
         raise ValueError(
             f"{where} matches no generic template (pre-norm, post-norm, sandwich, parallel): found attention "
             f"{sorted(set(attn))}, MLP {sorted(set(mlp))}, other sublayers {unknown} (one attention and one MLP "
-            "module plus norms expected)")
+            "module plus norms expected)"
+        )
     attn_name, mlp_name = attn[0], mlp[0]
     for name in (mlp_name, *(n for n, _, _ in log if _is_norm(children[n]))):
-        required = [p.name for p in list(inspect.signature(children[name].forward).parameters.values())[1:]
-                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [
+            p.name
+            for p in list(inspect.signature(children[name].forward).parameters.values())[1:]
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         if required:
-            raise ValueError(f"{where} matches no generic template: {name} ({type(children[name]).__name__}) takes "
-                             f"more than the hidden states (also {required}), e.g. a residual added inside")
+            raise ValueError(
+                f"{where} matches no generic template: {name} ({type(children[name]).__name__}) takes "
+                f"more than the hidden states (also {required}), e.g. a residual added inside"
+            )
     calls = {n: (x, out[0] if isinstance(out, tuple) else out) for n, x, out in log}
     attn_in, attn_out = calls[attn_name]
     mlp_in, mlp_out = calls[mlp_name]
@@ -131,12 +143,22 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
     }
     extra = sorted(set(norms) - {v for v in slot.values() if v})
     if extra:
-        raise ValueError(f"{where} matches no generic template: norms {extra} are neither before nor after the "
-                         f"attention ({attn_name}) or the MLP ({mlp_name})")
+        raise ValueError(
+            f"{where} matches no generic template: norms {extra} are neither before nor after the "
+            f"attention ({attn_name}) or the MLP ({mlp_name})"
+        )
     mlp_reads = calls[slot["mlp_pre"]][0] if slot["mlp_pre"] else mlp_in
     scale = getattr(layer, "residual_multiplier", 1.0)
-    return Template(attn_name, mlp_name, slot["attn_pre"], slot["attn_post"], slot["mlp_pre"], slot["mlp_post"],
-                    parallel=mlp_reads is h, branch_scale=float(scale))
+    return Template(
+        attn_name,
+        mlp_name,
+        slot["attn_pre"],
+        slot["attn_post"],
+        slot["mlp_pre"],
+        slot["mlp_post"],
+        parallel=mlp_reads is h,
+        branch_scale=float(scale),
+    )
 
 
 def _call_layer(layer: nn.Module, call: tuple, h: torch.Tensor):
@@ -152,12 +174,18 @@ def capture_calls(model: nn.Module, input_ids: torch.Tensor, layers: list[nn.Mod
     attn_calls: dict[int, tuple] = {}
     handles = []
     for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(
-            lambda _m, a, k, i=i: layer_calls.__setitem__(i, (a, dict(k))), with_kwargs=True))
+        handles.append(
+            layer.register_forward_pre_hook(
+                lambda _m, a, k, i=i: layer_calls.__setitem__(i, (a, dict(k))), with_kwargs=True
+            )
+        )
         for name, child in layer.named_children():
             if _is_attention(name, child):
-                handles.append(child.register_forward_pre_hook(
-                    lambda _m, a, k, i=i: attn_calls.__setitem__(i, (a, dict(k))), with_kwargs=True))
+                handles.append(
+                    child.register_forward_pre_hook(
+                        lambda _m, a, k, i=i: attn_calls.__setitem__(i, (a, dict(k))), with_kwargs=True
+                    )
+                )
     try:
         with torch.no_grad():
             model(input_ids=input_ids, use_cache=False)
@@ -233,8 +261,10 @@ class GenericSublayers:
         params = inspect.signature(attention.forward).parameters
         found = [k for k in _CACHE_KWARGS if k in params]
         if not found:
-            raise ValueError(f"generic path: {type(attention).__name__}.forward takes no KV cache argument "
-                             f"({', '.join(_CACHE_KWARGS)}), so other positions' keys/values cannot be frozen")
+            raise ValueError(
+                f"generic path: {type(attention).__name__}.forward takes no KV cache argument "
+                f"({', '.join(_CACHE_KWARGS)}), so other positions' keys/values cannot be frozen"
+            )
         self.cache_kwarg = found[0]
 
     def __repr__(self) -> str:
@@ -281,8 +311,9 @@ class GenericSublayers:
 
     def attn_update(self, h: torch.Tensor, ctx, kv=None) -> torch.Tensor:
         """r · n_post(A(n_pre(h))) (B, T, d), HF's attention module on the whole sequence."""
-        return self._scale(self._apply("attn_post", self._attention(self._apply("attn_pre", h),
-                                                                     self._attn_call(ctx, h.dtype))))
+        return self._scale(
+            self._apply("attn_post", self._attention(self._apply("attn_pre", h), self._attn_call(ctx, h.dtype)))
+        )
 
     def layer_forward(self, h: torch.Tensor, ctx, kv=None):
         """h_L (B, T, d) -> (m_L, h_{L+1}); parallel layers: the virtual m_L = h + A."""
@@ -314,8 +345,11 @@ class GenericSublayers:
         seen[t] = False
         index = seen.nonzero().flatten()
         frozen = _FrozenKV(keys[:, :, index].detach(), values[:, :, index].detach())
-        overrides = {key: _slice_positions(value, t, length) for key, value in kwargs.items()
-                     if key not in ("attention_mask", self.cache_kwarg)}
+        overrides = {
+            key: _slice_positions(value, t, length)
+            for key, value in kwargs.items()
+            if key not in ("attention_mask", self.cache_kwarg)
+        }
         overrides["attention_mask"] = torch.zeros(1, 1, 1, len(index) + 1, dtype=h.dtype, device=h.device)
         overrides[self.cache_kwarg] = frozen
         return frozen, overrides
@@ -364,8 +398,16 @@ def _hf_m_and_out(adapter: GenericSublayers, call: tuple, h: torch.Tensor) -> tu
     return (None if template.parallel else box["m"]), out
 
 
-def self_check(adapter: GenericSublayers, h: torch.Tensor, t: int, ctx, call: tuple, jac_attn: torch.Tensor,
-               jac_layer: torch.Tensor, seed: int = 0) -> dict[str, float]:
+def self_check(
+    adapter: GenericSublayers,
+    h: torch.Tensor,
+    t: int,
+    ctx,
+    call: tuple,
+    jac_attn: torch.Tensor,
+    jac_layer: torch.Tensor,
+    seed: int = 0,
+) -> dict[str, float]:
     """Relative errors of the template against HF's layer at position t (raises ValueError above
     :data:`SELF_CHECK_RTOL`): forward m_L and h_{L+1} over the sequence, and ``uᵀ J`` of the
     attention half (sequential layers) and of the whole layer by reverse-mode autograd through
@@ -403,5 +445,6 @@ def self_check(adapter: GenericSublayers, h: torch.Tensor, t: int, ctx, call: tu
         raise ValueError(
             f"generic path self-check failed on layer {adapter.index} ({type(adapter.layer).__name__}, template "
             f"{adapter.template.kind}) at position {t}: relative errors {shown} (tolerance {SELF_CHECK_RTOL:.0e}); "
-            "the layer does not follow the detected template, write an adapter (docs/architectures.md)")
+            "the layer does not follow the detected template, write an adapter (docs/architectures.md)"
+        )
     return errors

@@ -155,8 +155,13 @@ def checkpoint_dtype(cfg: dict) -> str:
     return "float32"
 
 
-def family_of(model_type: str | None, outer_type: str | None = None, settings: dict | None = None,
-              remote_code: bool = False, generic: bool = False) -> str:
+def family_of(
+    model_type: str | None,
+    outer_type: str | None = None,
+    settings: dict | None = None,
+    remote_code: bool = False,
+    generic: bool = False,
+) -> str:
     """The resdyn family of an HF ``model_type`` (see :data:`resdyn.lm.families.FAMILIES`).
 
     Raises HubError naming the type, why it is refused (MoE, encoder-decoder, remote code, a
@@ -203,8 +208,10 @@ def architecture(cfg: dict, generic: bool = False, source: str = "config.json") 
     if isinstance(text.get("head_dim"), int) and not isinstance(text["head_dim"], bool):
         check_shape("head_dim", text["head_dim"], SHAPE_RANGES["head_dim"], source)
     if out.get("n_kv_heads", 0) > out.get("n_heads", 1 << 30):
-        raise HubError(f"{source}: key 'num_key_value_heads' = {out['n_kv_heads']} exceeds num_attention_heads = "
-                       f"{out['n_heads']}; allowed 1 to {out['n_heads']}")
+        raise HubError(
+            f"{source}: key 'num_key_value_heads' = {out['n_kv_heads']} exceeds num_attention_heads = "
+            f"{out['n_heads']}; allowed 1 to {out['n_heads']}"
+        )
     if out["family"] == "gpt2" and "d_ff" not in out and "d_model" in out:
         out["d_ff"] = 4 * out["d_model"]  # n_inner: null means 4·n_embd
     if "n_kv_heads" not in out and "n_heads" in out:

@@ -39,8 +39,9 @@ def _check_folder(folder: Path, what: str) -> None:
             raise ValueError(f"checkpoint {what}: {path} is not valid JSON ({err})") from err
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise ValueError(f"checkpoint {what}: {folder / 'config.json'} has no 'model_type' "
-                         "(expected a Hugging Face model config)")
+        raise ValueError(
+            f"checkpoint {what}: {folder / 'config.json'} has no 'model_type' (expected a Hugging Face model config)"
+        )
     from safetensors import safe_open
 
     for path in sorted(folder.glob("*.safetensors")):
@@ -101,11 +102,15 @@ def weights_manifest(folder: Path, patterns: tuple[str, ...], verify: int = 1) -
         rel = path.relative_to(folder)
         if not any(part.startswith(".") for part in rel.parts):
             named[rel.as_posix()] = (path, cache_blob_sha256(path))
-    for rel, (path, digest) in sorted(((r, v) for r, v in named.items() if v[1]), key=lambda kv: kv[1][0].stat().st_size)[:verify]:
+    for rel, (path, digest) in sorted(
+        ((r, v) for r, v in named.items() if v[1]), key=lambda kv: kv[1][0].stat().st_size
+    )[:verify]:
         actual = io.sha256_file(path)
         if actual != digest:
-            raise RuntimeError(f"{path}: its cache blob is named sha256 {digest[:16]}… but holds {actual[:16]}… "
-                               "(a corrupt or edited download): delete the repository from the HF cache and fetch it again")
+            raise RuntimeError(
+                f"{path}: its cache blob is named sha256 {digest[:16]}… but holds {actual[:16]}… "
+                "(a corrupt or edited download): delete the repository from the HF cache and fetch it again"
+            )
     return {rel: digest or io.sha256_file(path) for rel, (path, digest) in named.items()}
 
 
@@ -158,8 +163,10 @@ def copy_tokenizer(spec: dict, dest: Path) -> str:
     folder = tokenizer_folder(spec)
     names = sorted(io.manifest(folder, TOKENIZER_PATTERNS))
     if not names:
-        raise FileNotFoundError(f"model {spec['model']}: {folder} (checkpoint {spec['checkpoint']}) holds no "
-                                f"tokenizer files ({', '.join(TOKENIZER_PATTERNS)})")
+        raise FileNotFoundError(
+            f"model {spec['model']}: {folder} (checkpoint {spec['checkpoint']}) holds no "
+            f"tokenizer files ({', '.join(TOKENIZER_PATTERNS)})"
+        )
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -204,9 +211,11 @@ def cuda_available() -> bool:
 GPU_COUNT_VARS = ("SLURM_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
 GPU_LIST_VARS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
 #: How to get a CUDA torch (docs/slurm.md, "Installing on a GPU cluster").
-CUDA_TORCH_HINT = ("install a CUDA build: `make setup TORCH_BUILD=cuda` (pip: torch from "
-                   "https://download.pytorch.org/whl/cu128), or build the conda env on a GPU node or with "
-                   "CONDA_OVERRIDE_CUDA=12.8 (docs/slurm.md, \"Installing on a GPU cluster\")")
+CUDA_TORCH_HINT = (
+    "install a CUDA build: `make setup TORCH_BUILD=cuda` (pip: torch from "
+    "https://download.pytorch.org/whl/cu128), or build the conda env on a GPU node or with "
+    'CONDA_OVERRIDE_CUDA=12.8 (docs/slurm.md, "Installing on a GPU cluster")'
+)
 
 
 def gpu_allocation() -> str | None:
@@ -231,10 +240,14 @@ def cuda_missing(why: str) -> str:
     import torch
 
     if torch.version.cuda is None:
-        return f"{why} but no CUDA device is available: torch {torch.__version__} is a CPU-only build; {CUDA_TORCH_HINT}"
-    return (f"{why} but no CUDA device is available: torch {torch.__version__} (built for CUDA "
-            f"{torch.version.cuda}) sees no GPU: check "
-            f"`nvidia-smi` on the node (a driver older than CUDA {torch.version.cuda} cannot run it); {CUDA_TORCH_HINT}")
+        return (
+            f"{why} but no CUDA device is available: torch {torch.__version__} is a CPU-only build; {CUDA_TORCH_HINT}"
+        )
+    return (
+        f"{why} but no CUDA device is available: torch {torch.__version__} (built for CUDA "
+        f"{torch.version.cuda}) sees no GPU: check "
+        f"`nvidia-smi` on the node (a driver older than CUDA {torch.version.cuda} cannot run it); {CUDA_TORCH_HINT}"
+    )
 
 
 def refuse_silent_cpu() -> None:
@@ -320,7 +333,9 @@ def module_device_map(model, blocks: dict[str, int], devices: list[str]) -> dict
     head_modules = {id(model.get_output_embeddings()), id(structure.final_norm(model))}
     out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    tied = out_emb is not None and (out_emb.weight is in_emb.weight or bool(getattr(text_config, "tie_word_embeddings", False)))
+    tied = out_emb is not None and (
+        out_emb.weight is in_emb.weight or bool(getattr(text_config, "tie_word_embeddings", False))
+    )
     embed = devices[blocks["head"] if tied else blocks["embed"]]
     head = devices[blocks["head"]]
     mapping: dict[str, str] = {}
@@ -359,9 +374,11 @@ def placement_devices(target: torch.device, n: int) -> list[str]:
         return ["cpu"] * n
     visible = torch.cuda.device_count()
     if visible < n:
-        raise RuntimeError(f"the model is placed on {n} GPUs but this job sees {visible} "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); the rule's "
-                           "resources request them (resources gpu): run it through the workflow, or give it more GPUs")
+        raise RuntimeError(
+            f"the model is placed on {n} GPUs but this job sees {visible} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); the rule's "
+            "resources request them (resources gpu): run it through the workflow, or give it more GPUs"
+        )
     return [f"cuda:{i}" for i in range(n)]
 
 
@@ -383,18 +400,23 @@ def load_model(record: dict, device: str = "auto", verify_hash: bool = True, pla
         raise RuntimeError(
             f"checkpoint {record['model']}/{record['checkpoint']}: weights in {folder} changed since they were "
             f"resolved (content hash mismatch with models/{record['model']}/{record['checkpoint']}/checkpoint.json) "
-            "— rerun snakemake to redo the checkpoint record and everything made from it")
+            "— rerun snakemake to redo the checkpoint record and everything made from it"
+        )
     target = pick_device(device)
     kwargs = load_kwargs(folder, record.get("dtype", "float32"), target)
     if placement and len(set(placement.values())) > 1:
-        kwargs["device_map"] = placed_device_map(folder, placement, placement_devices(target, max(placement.values()) + 1))
+        kwargs["device_map"] = placed_device_map(
+            folder, placement, placement_devices(target, max(placement.values()) + 1)
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as err:  # transformers refuses pickled weights, remote code and bad headers in many types
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise RuntimeError(f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: "
-                           f"{first} ({type(err).__name__})") from err
+        raise RuntimeError(
+            f"cannot load checkpoint {record['model']}/{record['checkpoint']} from {folder}: "
+            f"{first} ({type(err).__name__})"
+        ) from err
     if "device_map" not in kwargs:
         model.to(target)
     model.eval()

@@ -46,7 +46,9 @@ def cached_branches(repo: str, repo_type: str = "model") -> list[str]:
     refs = Path(hub.hub_cache_dir()) / f"{repo_type}s--{repo.replace('/', '--')}" / "refs"
     if not refs.is_dir():
         return []
-    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file() and p.relative_to(refs).parts[0] != "pr")
+    return sorted(
+        str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file() and p.relative_to(refs).parts[0] != "pr"
+    )
 
 
 def branches(repo: str, repo_type: str = "model") -> tuple[list[str], str]:
@@ -66,8 +68,10 @@ def branches(repo: str, repo_type: str = "model") -> tuple[list[str], str]:
         online_error = "HF_HUB_OFFLINE=1"
     names = cached_branches(repo, repo_type)
     if not names:
-        raise hub.HubError(f"repository {repo!r}: no branches known ({online_error}; nothing in the cache "
-                           f"{hub.hub_cache_dir()}); list them online with `resdyn revisions {repo}`")
+        raise hub.HubError(
+            f"repository {repo!r}: no branches known ({online_error}; nothing in the cache "
+            f"{hub.hub_cache_dir()}); list them online with `resdyn revisions {repo}`"
+        )
     return names, f"the cache {hub.hub_cache_dir()} (only downloaded revisions)"
 
 
@@ -93,21 +97,28 @@ def resolve(model: str | None, repo: str, steps: list, names: list[str], where: 
         if isinstance(step, str):
             name = "main" if step == FINAL else step
             if name not in names:
-                raise hub.HubError(f"{who}: revision {step!r} is not a branch in {where}; "
-                                   f"branches: {_some([r.name for r in revs] or names)}")
+                raise hub.HubError(
+                    f"{who}: revision {step!r} is not a branch in {where}; "
+                    f"branches: {_some([r.name for r in revs] or names)}"
+                )
             out.append(name)
             continue
         if not trained:
-            raise hub.HubError(f"{who}: step {step} — the repository has no training revisions "
-                               f"(branches named stepN or stageK-stepN-tokensM) in {where}; branches: {_some(names)}")
+            raise hub.HubError(
+                f"{who}: step {step} — the repository has no training revisions "
+                f"(branches named stepN or stageK-stepN-tokensM) in {where}; branches: {_some(names)}"
+            )
         hits = [r.name for r in trained if r.step == step]
         if len(hits) > 1:
-            raise hub.HubError(f"{who}: step {step} is ambiguous, candidates {hits}; "
-                               "write the branch name in revisions")
+            raise hub.HubError(
+                f"{who}: step {step} is ambiguous, candidates {hits}; write the branch name in revisions"
+            )
         if not hits:
             near = sorted(trained, key=lambda r: abs(r.step - step))[:3]
-            raise hub.HubError(f"{who}: step {step} has no branch in {where}; nearest: "
-                               f"{[r.name for r in sorted(near, key=lambda r: (r.stage, r.step))]}")
+            raise hub.HubError(
+                f"{who}: step {step} has no branch in {where}; nearest: "
+                f"{[r.name for r in sorted(near, key=lambda r: (r.stage, r.step))]}"
+            )
         out.append(hits[0])
     return out
 
@@ -152,8 +163,9 @@ def add_command(sub) -> None:
     p.add_argument("repo", help="hub id, e.g. allenai/Olmo-3-1025-7B or EleutherAI/pythia-160m-deduped")
     pick = p.add_mutually_exclusive_group()
     pick.add_argument("--every", type=int, metavar="N", help="only steps that are multiples of N (and main)")
-    pick.add_argument("--steps", nargs="+", metavar="STEP",
-                      help="resolve these training steps (integers, or 'final') to branch names")
+    pick.add_argument(
+        "--steps", nargs="+", metavar="STEP", help="resolve these training steps (integers, or 'final') to branch names"
+    )
     p.set_defaults(func=command)
 
 

@@ -47,7 +47,7 @@ def input_device(model: nn.Module) -> torch.device:
 
 
 def residual_kind(model: nn.Module) -> str:
-    """"parallel" for GPT-NeoX layers with ``use_parallel_residual`` (one boundary per layer),
+    """ "parallel" for GPT-NeoX layers with ``use_parallel_residual`` (one boundary per layer),
     "sequential" otherwise (two boundaries per layer, h_L and m_L)."""
     config = text_config(model)
     return "parallel" if _is_parallel(config) else "sequential"

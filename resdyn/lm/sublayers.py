@@ -121,9 +121,15 @@ class SequenceContext:
             return self
         if device not in self._views:
             per_layer = None if self.per_layer_inputs is None else self.per_layer_inputs.to(device)
-            self._views[device] = SequenceContext(self.family, self.stack, self.position_ids.to(device),
-                                                  self.embeddings, per_layer, layer_calls=self.layer_calls,
-                                                  attn_calls=self.attn_calls)
+            self._views[device] = SequenceContext(
+                self.family,
+                self.stack,
+                self.position_ids.to(device),
+                self.embeddings,
+                per_layer,
+                layer_calls=self.layer_calls,
+                attn_calls=self.attn_calls,
+            )
         return self._views[device]
 
     def per_layer_input(self, layer: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -168,7 +174,11 @@ def window_start(t: int, window: int | None) -> int:
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, window: int | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float,
+    window: int | None,
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention as HF's eager path computes it.
@@ -217,13 +227,16 @@ class AttentionCore:
     def __call__(self, *raw: torch.Tensor) -> torch.Tensor:
         return self.apply(self.constants, *raw)
 
-    def jvp(self, primals: tuple[torch.Tensor, ...], tangents: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    def jvp(
+        self, primals: tuple[torch.Tensor, ...], tangents: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``torch.func.jvp`` of the core at the raw projections ``primals`` along ``tangents``:
         (o, ∂o), the constants entering as primals with zero tangents."""
         k = len(self.constants)
         zeros = tuple(torch.zeros_like(c) for c in self.constants)
-        return torch.func.jvp(lambda *args: self.apply(args[:k], *args[k:]), self.constants + tuple(primals),
-                              zeros + tuple(tangents))
+        return torch.func.jvp(
+            lambda *args: self.apply(args[:k], *args[k:]), self.constants + tuple(primals), zeros + tuple(tangents)
+        )
 
 
 def gated_mlp_parts(mlp: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module, int]:
@@ -351,8 +364,11 @@ class LayerSublayers:
         """(W_q, W_k, W_v) as (out, d) matrices with ``raw = W n + b`` (W_v None: v = raw k; W_k and
         W_v None for KV-shared layers, which project queries only)."""
         k_proj, v_proj = getattr(self.attention, "k_proj", None), getattr(self.attention, "v_proj", None)
-        return (self.attention.q_proj.weight, None if k_proj is None else k_proj.weight,
-                None if v_proj is None else v_proj.weight)
+        return (
+            self.attention.q_proj.weight,
+            None if k_proj is None else k_proj.weight,
+            None if v_proj is None else v_proj.weight,
+        )
 
     def out_proj(self, o: torch.Tensor) -> torch.Tensor:
         """The attention output projection of the concatenated heads o (..., H·hd)."""
@@ -515,8 +531,12 @@ class LayerSublayers:
         def capped(scores: torch.Tensor, cap: tuple[torch.Tensor, ...]) -> torch.Tensor:
             return torch.tanh(scores / cap[0]) * cap[0] if cap else scores
 
-        def core(constants: tuple[torch.Tensor, ...], q_raw: torch.Tensor, k_raw: torch.Tensor | None = None,
-                 v_raw: torch.Tensor | None = None) -> torch.Tensor:
+        def core(
+            constants: tuple[torch.Tensor, ...],
+            q_raw: torch.Tensor,
+            k_raw: torch.Tensor | None = None,
+            v_raw: torch.Tensor | None = None,
+        ) -> torch.Tensor:
             cos_t, sin_t, scaling, *cap = constants
             q = self.shape_q(q_raw, cos_t, sin_t).unflatten(0, (n_kv, -1))  # (Hkv, G, hd)
             if not shared:
@@ -546,7 +566,9 @@ class LayerSublayers:
         update = self.attn_update_token_fn(h, t, ctx, kv)
         return lambda x: x + update(x)
 
-    def attn_update_token_fn(self, h: torch.Tensor, t: int, ctx: SequenceContext, kv: KV | None = None) -> TokenFunction:
+    def attn_update_token_fn(
+        self, h: torch.Tensor, t: int, ctx: SequenceContext, kv: KV | None = None
+    ) -> TokenFunction:
         """x (d,) -> the attention branch's output at position t (:meth:`attn_token_fn` minus x)."""
         core = self.attention_core(h, t, ctx, kv)
 

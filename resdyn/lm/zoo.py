@@ -100,7 +100,9 @@ def _sdpa_float32(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
+        out, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
     return out.to(query.dtype), weights
 
 
@@ -155,13 +157,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * grad, grad_w * grad, None, None, None
 
 
-def linear_cross_entropy(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor,
-                         mm_dtype: torch.dtype | None = None, chunk: int = 256) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, mm_dtype: torch.dtype | None = None, chunk: int = 256
+) -> torch.Tensor:
     """Differentiable mean cross-entropy of ``softmax(h Wᵀ)`` against ``labels``; see
     :class:`_LinearCrossEntropy`. h (N, d), w (V, d), labels (N,) int64 in [0, V)."""
     if h.ndim != 2 or w.ndim != 2 or h.shape[1] != w.shape[1] or labels.shape != h.shape[:1]:
-        raise ValueError(f"linear_cross_entropy: shapes h {tuple(h.shape)}, w {tuple(w.shape)}, labels "
-                         f"{tuple(labels.shape)}; expected (N, d), (V, d), (N,)")
+        raise ValueError(
+            f"linear_cross_entropy: shapes h {tuple(h.shape)}, w {tuple(w.shape)}, labels "
+            f"{tuple(labels.shape)}; expected (N, d), (V, d), (N,)"
+        )
     mm_dtype = mm_dtype or torch.promote_types(h.dtype, torch.float32)
     return _LinearCrossEntropy.apply(h, w, labels, mm_dtype, chunk)
 
@@ -180,8 +185,9 @@ def next_token_loss(model, batch: torch.Tensor, precision: str = "float32") -> t
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
         hidden = model.model(input_ids=batch, use_cache=False).last_hidden_state
     d = hidden.shape[-1]
-    return linear_cross_entropy(hidden[:, :-1].reshape(-1, d), model.lm_head.weight, batch[:, 1:].reshape(-1),
-                                torch.bfloat16 if low else None)
+    return linear_cross_entropy(
+        hidden[:, :-1].reshape(-1, d), model.lm_head.weight, batch[:, 1:].reshape(-1), torch.bfloat16 if low else None
+    )
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
@@ -235,11 +241,13 @@ def load_training_state(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for objects, RuntimeError/EOFError for corrupt files
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{path}: not a training state resdyn wrote ({first}); delete it to train from "
-                         "step 0") from err
+        raise ValueError(
+            f"{path}: not a training state resdyn wrote ({first}); delete it to train from step 0"
+        ) from err
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a training state resdyn wrote (a {type(state).__name__}); delete it to "
-                         "train from step 0")
+        raise ValueError(
+            f"{path}: not a training state resdyn wrote (a {type(state).__name__}); delete it to train from step 0"
+        )
     return state
 
 
@@ -299,8 +307,21 @@ def train_zoo_model(
 
     # A saved state is only resumed when it was made by exactly this training setup.
     fingerprint = io.sha256_array(train_stream, heldout_stream) + repr(
-        (arch, sorted(checkpoint_dirs), steps, batch_size, seq_len, lr, warmup, weight_decay, eval_every,
-         n_eval_windows, seed, precision))
+        (
+            arch,
+            sorted(checkpoint_dirs),
+            steps,
+            batch_size,
+            seq_len,
+            lr,
+            warmup,
+            weight_decay,
+            eval_every,
+            n_eval_windows,
+            seed,
+            precision,
+        )
+    )
     state_path = Path(state_path)
     start, rows, running = 0, [], []
     if state_path.exists():
@@ -315,12 +336,24 @@ def train_zoo_model(
 
     if start == 0 and 0 in checkpoint_dirs:
         _save_checkpoint(model, Path(tokenizer_dir), Path(checkpoint_dirs[0]))
-        rows.append(dict(step=0, lr=0.0, train_loss=float("nan"),
-                         heldout_loss=heldout_loss(model, eval_ids, batch_size), unigram_loss=unigram,
-                         reason="step 0: no training batch yet"))
+        rows.append(
+            dict(
+                step=0,
+                lr=0.0,
+                train_loss=float("nan"),
+                heldout_loss=heldout_loss(model, eval_ids, batch_size),
+                unigram_loss=unigram,
+                reason="step 0: no training batch yet",
+            )
+        )
 
-    bar = tqdm(range(start, steps), desc=f"train {arch.family}-{arch.n_layers}L", disable=not progress,
-               initial=start, total=steps)
+    bar = tqdm(
+        range(start, steps),
+        desc=f"train {arch.family}-{arch.n_layers}L",
+        disable=not progress,
+        initial=start,
+        total=steps,
+    )
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, lr, warmup, steps)
@@ -335,16 +368,32 @@ def train_zoo_model(
         running.append(loss.item())
         done = step + 1
         if done % eval_every == 0 or done == steps or done in checkpoint_dirs:
-            rows.append(dict(step=done, lr=lr_at(step, lr, warmup, steps), train_loss=float(np.mean(running)),
-                             heldout_loss=heldout_loss(model, eval_ids, batch_size), unigram_loss=unigram))
+            rows.append(
+                dict(
+                    step=done,
+                    lr=lr_at(step, lr, warmup, steps),
+                    train_loss=float(np.mean(running)),
+                    heldout_loss=heldout_loss(model, eval_ids, batch_size),
+                    unigram_loss=unigram,
+                )
+            )
             running = []
             bar.set_postfix(heldout=f"{rows[-1]['heldout_loss']:.3f}")
         if done in checkpoint_dirs:
             _save_checkpoint(model, Path(tokenizer_dir), Path(checkpoint_dirs[done]))
         if done % state_every == 0 and done < steps:
             with io.atomic_path(state_path) as tmp:
-                torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), step=done,
-                                rows=rows, running=running, fingerprint=fingerprint), tmp)
+                torch.save(
+                    dict(
+                        model=model.state_dict(),
+                        optimizer=opt.state_dict(),
+                        step=done,
+                        rows=rows,
+                        running=running,
+                        fingerprint=fingerprint,
+                    ),
+                    tmp,
+                )
     state_path.unlink(missing_ok=True)
     table = pd.DataFrame(rows)
     table["reason"] = table["reason"].fillna("") if "reason" in table else ""

@@ -66,7 +66,8 @@ def as_square(J: Any, name: str = "J") -> np.ndarray:
     bad = ~np.isfinite(a)
     if bad.any():
         raise ValueError(
-            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite entries (NaN/Inf); only finite values are allowed"
+            f"{name} (shape {a.shape}) has {int(bad.sum())} non-finite entries (NaN/Inf); only finite values "
+            "are allowed"
         )
     return a
 

@@ -75,8 +75,11 @@ def _mapping_error(err) -> str:
         return f"config key '{prefix}{missing[0]}': required but missing"
     allowed = sorted(err.schema.get("properties", {}))
     unknown = sorted(k for k in err.instance if k not in allowed)
-    return (f"config key '{prefix}{unknown[0]}': unknown key"
-            + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "") + f"; allowed: {allowed}")
+    return (
+        f"config key '{prefix}{unknown[0]}': unknown key"
+        + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "")
+        + f"; allowed: {allowed}"
+    )
 
 
 def _schema_errors(config: dict, schema: dict) -> list[str]:
@@ -264,8 +267,10 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             out.append(f"config key '{section}.complex_tol': {tol} must be one of spectra.complex_tolerances {tols}")
     boot = config["bootstrap"]
     if boot["interval"] == "studentized" and boot["n_resamples"] < 2:
-        out.append(f"config key 'bootstrap.n_resamples': {boot['n_resamples']} — bootstrap.interval studentized "
-                   "needs ≥ 2 resamples (its standard error has n_resamples − 1 degrees of freedom)")
+        out.append(
+            f"config key 'bootstrap.n_resamples': {boot['n_resamples']} — bootstrap.interval studentized "
+            "needs ≥ 2 resamples (its standard error has n_resamples − 1 degrees of freedom)"
+        )
     n, length = config["samples"]["n"], config["samples"]["length"]
     first_n = config["jacobian"]["store_first_n"]
     if runs(config, "A") and first_n is not None and first_n < 2:
@@ -279,14 +284,20 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     if isinstance(positions, list):
         outside = [q for q in positions if not -length <= q < length]
         if outside:
-            out.append(f"config key 'jacobian.positions': {outside} outside samples.length={length} "
-                       f"(allowed {-length}..{length - 1}; negative counts from the end)")
+            out.append(
+                f"config key 'jacobian.positions': {outside} outside samples.length={length} "
+                f"(allowed {-length}..{length - 1}; negative counts from the end)"
+            )
     if config["causal"]["n_samples"] is not None and config["causal"]["n_samples"] > n:
-        out.append(f"config key 'causal.n_samples': {config['causal']['n_samples']} exceeds samples.n={n} "
-                   "(the causal test uses the first causal.n_samples held-out samples)")
+        out.append(
+            f"config key 'causal.n_samples': {config['causal']['n_samples']} exceeds samples.n={n} "
+            "(the causal test uses the first causal.n_samples held-out samples)"
+        )
     if config["activations"]["skip_positions"] >= length:
-        out.append(f"config key 'activations.skip_positions': {config['activations']['skip_positions']} leaves no "
-                   f"token of samples.length={length}")
+        out.append(
+            f"config key 'activations.skip_positions': {config['activations']['skip_positions']} leaves no "
+            f"token of samples.length={length}"
+        )
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
@@ -296,7 +307,9 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     for group, members in config["scaling"]["groups"].items():
         unknown = [m for m in members if m not in config["models"]]
         if unknown:
-            out.append(f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}")
+            out.append(
+                f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}"
+            )
     return out
 
 
@@ -351,8 +364,9 @@ def _override_errors(config: dict) -> list[str]:
             merged = copy.deepcopy({**config[section], **over[section]})
             sub = {"$defs": schema["$defs"], **schema["properties"][section]}
             prefix = f"config key 'models.{name}.overrides.{section}."
-            out += [e.replace("config key '", prefix, 1).replace(".<top level>'", "'")
-                    for e in _schema_errors(merged, sub)]
+            out += [
+                e.replace("config key '", prefix, 1).replace(".<top level>'", "'") for e in _schema_errors(merged, sub)
+            ]
         if "gpu_kind" in over:
             try:
                 gpu_kinds.check_gpu_kind(over["gpu_kind"], f"config key 'models.{name}.overrides.gpu_kind'")
@@ -370,9 +384,11 @@ def _shape_errors(key: str, m: dict, configs: list) -> list[str]:
     out, seen = [], None
     for where, cfg in configs:
         try:
-            found = hub.architecture(cfg if isinstance(cfg, dict) else hub.read_config_json(cfg),
-                                     generic=m.get("family") == "generic",
-                                     source="config.json" if isinstance(cfg, dict) else str(cfg))
+            found = hub.architecture(
+                cfg if isinstance(cfg, dict) else hub.read_config_json(cfg),
+                generic=m.get("family") == "generic",
+                source="config.json" if isinstance(cfg, dict) else str(cfg),
+            )
         except hub.HubError as err:
             return [f"config key '{key}': {where}: {err}"]
         if seen is not None and found != seen[1]:
@@ -413,7 +429,9 @@ def _dataset_errors(key: str, ds: dict, base: Path) -> list[str]:
     """An hf dataset must be a readable local path, or (offline) be in the HF cache."""
     if "path" in ds:
         if not (base / ds["path"]).exists():
-            return [f"config key '{key}.path': {ds['path']!r} does not exist (a save_to_disk folder or parquet file(s))"]
+            return [
+                f"config key '{key}.path': {ds['path']!r} does not exist (a save_to_disk folder or parquet file(s))"
+            ]
         return []
     if hub.datasets_offline() and hub.cached_snapshot(ds["name"], ds.get("revision"), "dataset") is None:
         return [
@@ -526,8 +544,11 @@ def checkpoint_inputs(config: dict, model: str, ckpt: str) -> list[str]:
     folder = Path(checkpoint_spec(config, model, ckpt)["path"])
     if not folder.is_dir():
         return []  # the config check reports the missing folder
-    return sorted(str(p) for p in folder.rglob("*")
-                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(
+        str(p)
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
 
 
 def lens_checkpoints(config: dict, model: str) -> list[str]:
@@ -567,8 +588,11 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
             try:
                 spec = lens_import_spec(config, name, ckpt)
             except (KeyError, IndexError, ValueError) as err:
-                return [f"config key 'lens.path': {model_config(config, name)['lens']['path']!r} — only {{model}}, {{ckpt}} and {{repo}} may be "
-                        f"substituted ({type(err).__name__}: {err})"]
+                return [
+                    f"config key 'lens.path': {model_config(config, name)['lens']['path']!r} — only {{model}}, "
+                    f"{{ckpt}} and {{repo}} may be "
+                    f"substituted ({type(err).__name__}: {err})"
+                ]
             if spec is None or (spec["repo"] and not hub.hub_offline()):
                 continue  # online, a hub lens is fetched by the lens job
             if spec["repo"]:  # offline: it must already be in the HF cache
@@ -577,8 +601,10 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
                 missing = [f for f in ("config.json", "params.pt") if folder is None or not (folder / f).is_file()]
                 if missing:
                     out.append(
-                        f"config key 'lens.path': tuned lens {spec['repo']}:{spec['path']} (model {name}) is not in the "
-                        f"HF cache (HF_HUB_OFFLINE is set); fetch it with `{hub.download_command(spec['repo'], spec['revision'], spec['repo_type'])} "
+                        f"config key 'lens.path': tuned lens {spec['repo']}:{spec['path']} (model {name}) is "
+                        "not in the "
+                        "HF cache (HF_HUB_OFFLINE is set); fetch it with "
+                        f"`{hub.download_command(spec['repo'], spec['revision'], spec['repo_type'])} "
                         f"--include '{spec['path']}/*'`"
                     )
                 continue
@@ -607,6 +633,7 @@ def block_layers(block: str) -> list[int]:
 
 
 # --- the study switch (config key ``studies``) --------------------------------------------------
+
 
 def runs(config: dict, *studies: str) -> bool:
     """Whether every one of ``studies`` ("A", "B") is switched on by ``config['studies']``."""

@@ -113,8 +113,9 @@ def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = N
     return GPU_HOST_THREADS if cost.gpu else CPU_THREADS
 
 
-def resources(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, attempt: int = 1,
-              device: str | None = None) -> dict[str, int]:
+def resources(
+    config: dict, rule: str, wildcards: Mapping[str, str] | None = None, attempt: int = 1, device: str | None = None
+) -> dict[str, int]:
     """Snakemake resources of one job: ``mem_mb`` (host), ``runtime`` (minutes), ``threads``,
     ``disk_mb``, ``gpu`` (GPUs of one node: 0, 1, or more for a model that does not fit one,
     :func:`job_placement`), all from :func:`job_cost`; memory and runtime × ``attempt``.
@@ -172,16 +173,19 @@ def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: s
         if found is not None:
             return found
     if rule not in SPANNING_RULES:
-        raise FitError(f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
-                       f"> one {kind} ({g.usable_bytes / GB:.1f} GB usable) and {rule} runs on one GPU: "
-                       + ("lower jacobian.layers_per_job, or " if rule == "jacobians" else "")
-                       + "choose a GPU kind with more memory (RESDYN_GPU_KIND / --gpu)")
+        raise FitError(
+            f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
+            f"> one {kind} ({g.usable_bytes / GB:.1f} GB usable) and {rule} runs on one GPU: "
+            + ("lower jacobian.layers_per_job, or " if rule == "jacobians" else "")
+            + "choose a GPU kind with more memory (RESDYN_GPU_KIND / --gpu)"
+        )
     fits = [k for k, other in GPU_KINDS.items() if placement(s, other.max_per_node, other.usable_bytes, work)]
     raise FitError(
         f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
         f"({work / GB:.1f} GB of it besides the weights, all on the head's GPU) fits no {g.max_per_node} x {kind} "
         f"({g.usable_bytes / GB:.1f} GB usable each); GPU kinds that hold it: {', '.join(fits) or 'none'} "
-        "(RESDYN_GPU_KIND / --gpu), or lower what sets the working memory (samples.length, lens.tokens_per_step)")
+        "(RESDYN_GPU_KIND / --gpu), or lower what sets the working memory (samples.length, lens.tokens_per_step)"
+    )
 
 
 def jobs(config: dict) -> Iterator[tuple[str, dict[str, str]]]:

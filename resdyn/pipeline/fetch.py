@@ -76,8 +76,10 @@ def plan(config: dict) -> list[Download]:
             spec = rc.lens_import_spec(config, key, ckpt)
             if spec is None or not spec["repo"]:
                 continue
-            d = lenses.setdefault((spec["repo"], spec["repo_type"], spec["revision"]),
-                                  Download("tuned lenses", spec["repo"], spec["repo_type"], spec["revision"], ()))
+            d = lenses.setdefault(
+                (spec["repo"], spec["repo_type"], spec["revision"]),
+                Download("tuned lenses", spec["repo"], spec["repo_type"], spec["revision"], ()),
+            )
             for name in ("config.json", "params.pt"):
                 if f"{spec['path']}/{name}" not in d.include:
                     d.include += (f"{spec['path']}/{name}",)
@@ -90,8 +92,9 @@ def mark_cached(downloads: list[Download]) -> None:
     for d in downloads:
         snap = hub.cached_snapshot(d.repo, d.revision, d.repo_type)
         if snap is not None:
-            d.cached = (_weights_complete(snap) if d.what.startswith("model ")
-                        else all(any(snap.glob(p)) for p in d.include))
+            d.cached = (
+                _weights_complete(snap) if d.what.startswith("model ") else all(any(snap.glob(p)) for p in d.include)
+            )
 
 
 def _weights_complete(snap: Path) -> bool:
@@ -115,8 +118,10 @@ def add_sizes(downloads: list[Download]) -> None:
         if d.cached:
             continue
         try:
-            files = {f.path: getattr(f, "size", 0) or 0 for f in api.list_repo_tree(
-                d.repo, revision=d.revision, repo_type=d.repo_type, recursive=True)}
+            files = {
+                f.path: getattr(f, "size", 0) or 0
+                for f in api.list_repo_tree(d.repo, revision=d.revision, repo_type=d.repo_type, recursive=True)
+            }
             reached = True
         except Exception:  # gated or unknown: the command still says what to fetch
             if not reached:
@@ -170,8 +175,11 @@ def render(downloads: list[Download]) -> str:
 
 def add_command(sub) -> None:
     """Register ``resdyn fetch`` on the CLI's subparsers."""
-    p = sub.add_parser("fetch", help="print (or --run) the hf download commands for every model revision, dataset "
-                       "and lens a config reads, restricted to the files the pipeline uses")
+    p = sub.add_parser(
+        "fetch",
+        help="print (or --run) the hf download commands for every model revision, dataset "
+        "and lens a config reads, restricted to the files the pipeline uses",
+    )
     p.add_argument("config", help="a config YAML file (one of configs/*.yaml)")
     p.add_argument("--run", action="store_true", help="run the commands (on a node with internet)")
     p.set_defaults(func=command)

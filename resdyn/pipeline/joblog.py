@@ -60,8 +60,7 @@ def job_log(path: str | Path | None) -> Iterator[None]:
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, handlers=[logging.StreamHandler(sys.stderr)], force=True,
-                        format=LOG_FORMAT)
+    logging.basicConfig(level=logging.INFO, handlers=[logging.StreamHandler(sys.stderr)], force=True, format=LOG_FORMAT)
     # Off, then on: a warnings.catch_warnings block (a library, pytest) that ended since the last
     # call has put back its own showwarning, and captureWarnings(True) alone would not re-install.
     logging.captureWarnings(False)
@@ -94,8 +93,13 @@ def describe(path: str | Path) -> str:
 
             shapes: list[str] = []
             with h5py.File(p, "r") as h5:
-                h5.visititems(lambda name, obj: shapes.append(f"{name} {obj.shape}")
-                              if isinstance(obj, h5py.Dataset) and len(shapes) < 4 else None)
+                h5.visititems(
+                    lambda name, obj: (
+                        shapes.append(f"{name} {obj.shape}")
+                        if isinstance(obj, h5py.Dataset) and len(shapes) < 4
+                        else None
+                    )
+                )
             return f"{p}: {size}, datasets {', '.join(shapes) or 'none'}"
         return f"{p}: {size}"
     except Exception as err:  # a summary must never fail the job

@@ -58,10 +58,20 @@ def job_row(config: dict, rule: str, w: dict, device: str = "h100") -> dict:
         except multigpu.FitError as err:
             misfit = str(err)
     return {
-        "rule": rule, "model": w.get("model", ""), "ckpt": w.get("ckpt", ""), "block": w.get("block", ""),
-        "gpu": c.gpu, "gpus": gpus, "threads": threads, "seconds": rcost.seconds(c, kind, threads),
-        "tflop": c.flops / 1e12, "host_gb": c.host_bytes / 1e9, "device_gb": c.device_bytes / 1e9,
-        "disk_gb": c.disk_bytes / 1e9, "placement": where, "misfit": misfit,
+        "rule": rule,
+        "model": w.get("model", ""),
+        "ckpt": w.get("ckpt", ""),
+        "block": w.get("block", ""),
+        "gpu": c.gpu,
+        "gpus": gpus,
+        "threads": threads,
+        "seconds": rcost.seconds(c, kind, threads),
+        "tflop": c.flops / 1e12,
+        "host_gb": c.host_bytes / 1e9,
+        "device_gb": c.device_bytes / 1e9,
+        "disk_gb": c.disk_bytes / 1e9,
+        "placement": where,
+        "misfit": misfit,
     }
 
 
@@ -77,10 +87,16 @@ def rule_table(jobs: pd.DataFrame) -> pd.DataFrame:
         cpu_hours=lambda t: (t.seconds * t.threads).where(~t.gpu, 0.0) / 3600,
     )
     out = j.groupby("rule", sort=False).agg(
-        jobs=("rule", "size"), gpus=("gpus", "max"), threads=("threads", "max"), tflop=("tflop", "sum"),
+        jobs=("rule", "size"),
+        gpus=("gpus", "max"),
+        threads=("threads", "max"),
+        tflop=("tflop", "sum"),
         gpu_hours=("gpu_hours", "sum"),
-        cpu_hours=("cpu_hours", "sum"), max_job_h=("seconds", lambda s: s.max() / 3600),
-        host_gb=("host_gb", "max"), device_gb=("device_gb", "max"), disk_gb=("disk_gb", "sum"),
+        cpu_hours=("cpu_hours", "sum"),
+        max_job_h=("seconds", lambda s: s.max() / 3600),
+        host_gb=("host_gb", "max"),
+        device_gb=("device_gb", "max"),
+        disk_gb=("disk_gb", "sum"),
     )
     return out.reset_index()
 
@@ -124,22 +140,32 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
     dev = gpu_kinds.DEVICES[device]
     lines = [table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), ""]
     lines.append(f"GPU kind {device} ({dev.note}); CPU rates: {rcost.DEVICES['cpu'].note}")
-    lines.append(f"total: {len(jobs)} jobs, {t.gpu_hours:.2f} GPU-hours, {t.cpu_hours:.1f} CPU-hours "
-                 f"(+ {t.host_cpu_hours:.1f} core-hours held by GPU jobs), {t.disk_gb:.1f} GB on disk")
-    lines.append(f"largest job: {table.host_gb.max():.1f} GB host, {table.device_gb.max():.1f} GB GPU memory; "
-                 f"critical path {t.critical_h:.2f} h")
-    lines.append(f"wall time with {gpus} GPU(s) and {cores} CPU cores: ≈ {t.wall_low_h:.1f} h "
-                 f"(list-scheduling bounds {t.wall_low_h:.1f}–{t.wall_high_h:.1f} h)")
+    lines.append(
+        f"total: {len(jobs)} jobs, {t.gpu_hours:.2f} GPU-hours, {t.cpu_hours:.1f} CPU-hours "
+        f"(+ {t.host_cpu_hours:.1f} core-hours held by GPU jobs), {t.disk_gb:.1f} GB on disk"
+    )
+    lines.append(
+        f"largest job: {table.host_gb.max():.1f} GB host, {table.device_gb.max():.1f} GB GPU memory; "
+        f"critical path {t.critical_h:.2f} h"
+    )
+    lines.append(
+        f"wall time with {gpus} GPU(s) and {cores} CPU cores: ≈ {t.wall_low_h:.1f} h "
+        f"(list-scheduling bounds {t.wall_low_h:.1f}–{t.wall_high_h:.1f} h)"
+    )
     generic = sorted(k for k, m in config["models"].items() if m.get("family") == "generic")
     if generic:  # resdyn.lm.generic: priced GENERIC_SLOWDOWN times the hand-written Jacobian work
         from resdyn.lm.families import GENERIC_SLOWDOWN
 
-        lines.append(f"generic path (no adapter; forward mode through HF's modules, self-checked at load): "
-                     f"{', '.join(generic)} - Jacobians priced {GENERIC_SLOWDOWN:g}x the hand-written engines")
+        lines.append(
+            f"generic path (no adapter; forward mode through HF's modules, self-checked at load): "
+            f"{', '.join(generic)} - Jacobians priced {GENERIC_SLOWDOWN:g}x the hand-written engines"
+        )
     lines += fit_lines(jobs, device)
     lines += override_lines(config)
-    lines.append("not priced (tables and figures from tables, run on the submit host in seconds): "
-                 + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all"))
+    lines.append(
+        "not priced (tables and figures from tables, run on the submit host in seconds): "
+        + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all")
+    )
     return "\n".join(lines)
 
 
@@ -153,14 +179,18 @@ def fit_lines(jobs: pd.DataFrame, device: str) -> list[str]:
     if multi.empty and misfit.empty:
         lines.append(f"GPU memory: every GPU job fits one {device} ({usable})")
     for _, j in multi.iterrows():
-        lines.append(f"SPANS {j.gpus} GPUs: {j.rule} {j.model}/{j.ckpt}{'/' + j.block if j.block else ''} needs "
-                     f"{j.device_gb:.1f} GB > one {device} ({usable}); the rule requests gpu={j.gpus} of one node "
-                     f"and loads the model by layer: {j.placement}")
+        lines.append(
+            f"SPANS {j.gpus} GPUs: {j.rule} {j.model}/{j.ckpt}{'/' + j.block if j.block else ''} needs "
+            f"{j.device_gb:.1f} GB > one {device} ({usable}); the rule requests gpu={j.gpus} of one node "
+            f"and loads the model by layer: {j.placement}"
+        )
     for _, j in misfit.iterrows():
         lines.append(f"DOES NOT FIT: {j.misfit}")
     if gpu_kinds.host_linalg(device):
-        lines.append(f"FP64 on {device}: {g.fp64_tflops:g} TFLOP/s is slower than the {rcost.GPU_HOST_THREADS} host "
-                     "cores for eigendecompositions: spectra and bootstrap run as CPU jobs (priced on the CPU)")
+        lines.append(
+            f"FP64 on {device}: {g.fp64_tflops:g} TFLOP/s is slower than the {rcost.GPU_HOST_THREADS} host "
+            "cores for eigendecompositions: spectra and bootstrap run as CPU jobs (priced on the CPU)"
+        )
     return lines
 
 

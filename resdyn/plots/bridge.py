@@ -1,5 +1,4 @@
-"""Figures beyond the two studies: the bridge profiles, the causal test and bootstrap uncertainty.
-"""
+"""Figures beyond the two studies: the bridge profiles, the causal test and bootstrap uncertainty."""
 
 from __future__ import annotations
 
@@ -25,8 +24,22 @@ def bridge_profiles(bridge_df: pd.DataFrame, phases: Mapping[str, Any] | None = 
     df = check_frame(bridge_df, "bridge table")
     if df.empty:
         return empty_figure(title, "layer L", "value", "the bridge table")
-    missing = [c for c in ("layer", "rss", "transport", "random_mean", "random_sd", "complex_frac_attn",
-                           "complex_frac_mlp", "henrici_attn", "henrici_mlp", "cum_erank") if c not in df]
+    missing = [
+        c
+        for c in (
+            "layer",
+            "rss",
+            "transport",
+            "random_mean",
+            "random_sd",
+            "complex_frac_attn",
+            "complex_frac_mlp",
+            "henrici_attn",
+            "henrici_mlp",
+            "cum_erank",
+        )
+        if c not in df
+    ]
     if missing:
         raise ValueError(f"bridge table lacks columns {missing}; has {list(df.columns)}")
     x = num(df["layer"])
@@ -64,8 +77,11 @@ def causal_effects(causal_df: pd.DataFrame, title: str = "") -> Figure:
     df = check_frame(causal_df, "causal table")
     if df.empty:
         return empty_figure(title, "layer L", "KL", "the causal table")
-    missing = [c for c in ("layer", "intervention", "kl", "flip_rate", "random_kl_mean", "random_kl_sd",
-                           "random_flip_mean") if c not in df]
+    missing = [
+        c
+        for c in ("layer", "intervention", "kl", "flip_rate", "random_kl_mean", "random_kl_sd", "random_flip_mean")
+        if c not in df
+    ]
     if missing:
         raise ValueError(f"causal table lacks columns {missing}; has {list(df.columns)}")
     fig, axes = new_figure(2, ncols=2, panel=(4.0, 3.0))
@@ -106,8 +122,13 @@ def uncertainty_bands(boot_df: pd.DataFrame, title: str = "") -> Figure:
         sub = df[df["metric"] == metric].sort_values("s")
         x = num(sub["s"])
         ax.plot(x, num(sub["estimate"]), marker="o", label="estimate")
-        ax.fill_between(x, num(sub["ci_low"]), num(sub["ci_high"]), alpha=0.3,
-                        label=f"{float(num(sub['level'])[0]) if 'level' in sub else 0.95:.0%} bootstrap CI")
+        ax.fill_between(
+            x,
+            num(sub["ci_low"]),
+            num(sub["ci_high"]),
+            alpha=0.3,
+            label=f"{float(num(sub['level'])[0]) if 'level' in sub else 0.95:.0%} bootstrap CI",
+        )
         ax.set_ylabel(metric)
         ax.legend(fontsize="x-small")
     axes[-1].set_xlabel("sublayer depth index s (2L: attention, 2L+1: MLP)")

@@ -38,9 +38,22 @@ from pathlib import Path
 
 from resdyn.provenance.codeversion import PACKAGE_DIR, import_closure, module_file
 
-__all__ = ["FigureSpec", "FIGURES", "SCOPES", "TRAJECTORY_SCOPES", "CATEGORIES", "by_name", "of_scope",
-           "studies_on", "enabled", "require_studies", "output_path", "input_paths", "trajectory_inputs",
-           "figure_code_version"]
+__all__ = [
+    "FigureSpec",
+    "FIGURES",
+    "SCOPES",
+    "TRAJECTORY_SCOPES",
+    "CATEGORIES",
+    "by_name",
+    "of_scope",
+    "studies_on",
+    "enabled",
+    "require_studies",
+    "output_path",
+    "input_paths",
+    "trajectory_inputs",
+    "figure_code_version",
+]
 
 SCOPES = ("ckpt", "lens", "model", "zoo", "global", "trajectory", "lens_trajectory")
 #: Scopes whose figures read each input for every (model, checkpoint) of the run.
@@ -78,66 +91,225 @@ A, B, AB, NONE = frozenset("A"), frozenset("B"), frozenset("AB"), frozenset()
 
 FIGURES: tuple[FigureSpec, ...] = (
     # --- the zoo
-    FigureSpec("training", "zoo", ("models/{model}/training.tsv",), "zoo:training_curve",
-               "Zoo training: train and held-out loss vs unigram baseline", "Zoo", "training", NONE),
+    FigureSpec(
+        "training",
+        "zoo",
+        ("models/{model}/training.tsv",),
+        "zoo:training_curve",
+        "Zoo training: train and held-out loss vs unigram baseline",
+        "Zoo",
+        "training",
+        NONE,
+    ),
     # --- study A, per checkpoint
-    FigureSpec("eigenvalues", "ckpt", (f"{_CKPT}/spectra.h5",), "study_a_spectra:eigenvalue_grid",
-               "Eigenvalues of each sublayer's mean Jacobian in the complex plane (unit circle drawn)",
-               "Study A", "spectra", A),
-    FigureSpec("operator", "ckpt", (f"{_CKPT}/spectra.tsv",), "study_a_spectra:operator_profile",
-               "Operator type vs depth: complex fraction, Henrici departure, self-alignment", "Study A", "spectra", A),
-    FigureSpec("funnel", "ckpt", (f"{_CKPT}/bottleneck.tsv",), "study_a_spectra:funnel",
-               "Cumulative bottleneck: effective rank of P_s = J_s ... J_0 vs depth", "Study A", "spectra", A),
-    FigureSpec("schur", "ckpt", (f"{_CKPT}/schur.tsv",), "study_a_spectra:schur_curves",
-               "Schur surgery: cumulative effective rank of J(alpha) = Q(Lambda + alpha N)Q* per alpha",
-               "Study A", "spectra", A),
-    FigureSpec("communities", "ckpt", (f"{_CKPT}/communities_summary.tsv",), "study_a_topology:community_sizes",
-               "Signed Leiden community sizes per residual boundary", "Study A", "topology", A),
-    FigureSpec("coupling", "ckpt", (f"{_CKPT}/coupling.tsv",), "study_a_topology:coupling_profile",
-               "Topology-dynamics coupling effect per boundary (filled: FDR-significant)", "Study A", "topology", A),
-    FigureSpec("coupling_henrici", "ckpt", (f"{_CKPT}/coupling.tsv",), "study_a_topology:coupling_vs_henrici",
-               "Coupling effect vs Henrici departure of the sublayer (Spearman rho)", "Study A", "topology", A),
+    FigureSpec(
+        "eigenvalues",
+        "ckpt",
+        (f"{_CKPT}/spectra.h5",),
+        "study_a_spectra:eigenvalue_grid",
+        "Eigenvalues of each sublayer's mean Jacobian in the complex plane (unit circle drawn)",
+        "Study A",
+        "spectra",
+        A,
+    ),
+    FigureSpec(
+        "operator",
+        "ckpt",
+        (f"{_CKPT}/spectra.tsv",),
+        "study_a_spectra:operator_profile",
+        "Operator type vs depth: complex fraction, Henrici departure, self-alignment",
+        "Study A",
+        "spectra",
+        A,
+    ),
+    FigureSpec(
+        "funnel",
+        "ckpt",
+        (f"{_CKPT}/bottleneck.tsv",),
+        "study_a_spectra:funnel",
+        "Cumulative bottleneck: effective rank of P_s = J_s ... J_0 vs depth",
+        "Study A",
+        "spectra",
+        A,
+    ),
+    FigureSpec(
+        "schur",
+        "ckpt",
+        (f"{_CKPT}/schur.tsv",),
+        "study_a_spectra:schur_curves",
+        "Schur surgery: cumulative effective rank of J(alpha) = Q(Lambda + alpha N)Q* per alpha",
+        "Study A",
+        "spectra",
+        A,
+    ),
+    FigureSpec(
+        "communities",
+        "ckpt",
+        (f"{_CKPT}/communities_summary.tsv",),
+        "study_a_topology:community_sizes",
+        "Signed Leiden community sizes per residual boundary",
+        "Study A",
+        "topology",
+        A,
+    ),
+    FigureSpec(
+        "coupling",
+        "ckpt",
+        (f"{_CKPT}/coupling.tsv",),
+        "study_a_topology:coupling_profile",
+        "Topology-dynamics coupling effect per boundary (filled: FDR-significant)",
+        "Study A",
+        "topology",
+        A,
+    ),
+    FigureSpec(
+        "coupling_henrici",
+        "ckpt",
+        (f"{_CKPT}/coupling.tsv",),
+        "study_a_topology:coupling_vs_henrici",
+        "Coupling effect vs Henrici departure of the sublayer (Spearman rho)",
+        "Study A",
+        "topology",
+        A,
+    ),
     # --- study A, per model
     # --- study A, across checkpoints and models
-    FigureSpec("trajectory_a", "trajectory", (f"{_CKPT}/bootstrap.tsv",), "trajectory:study_a_trajectory",
-               "Study A whole-model statistics vs training step, all models (bootstrap percentile intervals)",
-               "Study A", "across checkpoints", A),
-    FigureSpec("checkpoints", "model", ("results/{model}/checkpoints.tsv",), "study_a_spectra:checkpoint_comparison",
-               "Study A metrics vs depth, one line per checkpoint (step 0 = null)", "Study A", "checkpoints", A),
-    FigureSpec("significant", "model", ("results/{model}/coupling_counts.tsv",), "study_a_topology:significant_counts",
-               "FDR-significant coupling layers per checkpoint (Simes over a layer's boundaries, BH over layers)",
-               "Study A", "topology", A),
-    FigureSpec("partitions", "model", ("results/{model}/partition_similarity.tsv",),
-               "study_a_topology:partition_similarity_plot",
-               "Communities across checkpoints: NMI and adjusted Rand vs the final and the first checkpoint, "
-               "and signed modularity, per boundary", "Study A", "topology", A),
+    FigureSpec(
+        "trajectory_a",
+        "trajectory",
+        (f"{_CKPT}/bootstrap.tsv",),
+        "trajectory:study_a_trajectory",
+        "Study A whole-model statistics vs training step, all models (bootstrap percentile intervals)",
+        "Study A",
+        "across checkpoints",
+        A,
+    ),
+    FigureSpec(
+        "checkpoints",
+        "model",
+        ("results/{model}/checkpoints.tsv",),
+        "study_a_spectra:checkpoint_comparison",
+        "Study A metrics vs depth, one line per checkpoint (step 0 = null)",
+        "Study A",
+        "checkpoints",
+        A,
+    ),
+    FigureSpec(
+        "significant",
+        "model",
+        ("results/{model}/coupling_counts.tsv",),
+        "study_a_topology:significant_counts",
+        "FDR-significant coupling layers per checkpoint (Simes over a layer's boundaries, BH over layers)",
+        "Study A",
+        "topology",
+        A,
+    ),
+    FigureSpec(
+        "partitions",
+        "model",
+        ("results/{model}/partition_similarity.tsv",),
+        "study_a_topology:partition_similarity_plot",
+        "Communities across checkpoints: NMI and adjusted Rand vs the final and the first checkpoint, "
+        "and signed modularity, per boundary",
+        "Study A",
+        "topology",
+        A,
+    ),
     # --- study B, per lens checkpoint
-    FigureSpec("lens", "lens", (f"{_CKPT}/lens_metrics.tsv",), "study_b:lens_curves",
-               "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer", "Study B", "lens", B),
-    FigureSpec("rss", "lens", (f"{_CKPT}/rss.tsv", f"{_CKPT}/phases.json"), "study_b:rss_profile_plot",
-               "RSS profile per k with Kneedle phase cuts", "Study B", "readout", B),
-    FigureSpec("resolution", "lens", (f"{_CKPT}/resolution.tsv",), "study_b:resolution_frontier",
-               "Resolution sweep: energy vs visibility, Pareto frontier", "Study B", "readout", B),
-    FigureSpec("phase_metrics", "lens", (f"{_CKPT}/geometry.tsv", f"{_CKPT}/phases.json"),
-               "study_b:phase_metric_profiles", "Phase metrics vs depth with the three phases shaded",
-               "Study B", "phases", B),
+    FigureSpec(
+        "lens",
+        "lens",
+        (f"{_CKPT}/lens_metrics.tsv",),
+        "study_b:lens_curves",
+        "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer",
+        "Study B",
+        "lens",
+        B,
+    ),
+    FigureSpec(
+        "rss",
+        "lens",
+        (f"{_CKPT}/rss.tsv", f"{_CKPT}/phases.json"),
+        "study_b:rss_profile_plot",
+        "RSS profile per k with Kneedle phase cuts",
+        "Study B",
+        "readout",
+        B,
+    ),
+    FigureSpec(
+        "resolution",
+        "lens",
+        (f"{_CKPT}/resolution.tsv",),
+        "study_b:resolution_frontier",
+        "Resolution sweep: energy vs visibility, Pareto frontier",
+        "Study B",
+        "readout",
+        B,
+    ),
+    FigureSpec(
+        "phase_metrics",
+        "lens",
+        (f"{_CKPT}/geometry.tsv", f"{_CKPT}/phases.json"),
+        "study_b:phase_metric_profiles",
+        "Phase metrics vs depth with the three phases shaded",
+        "Study B",
+        "phases",
+        B,
+    ),
     # --- study B, across checkpoints and models
-    FigureSpec("trajectory_b", "lens_trajectory", (f"{_CKPT}/phase_metrics.tsv",), "trajectory:study_b_trajectory",
-               "Study B phase metrics vs training step, all models (mean +/- sd over the layers of each phase)",
-               "Study B", "across checkpoints", B),
+    FigureSpec(
+        "trajectory_b",
+        "lens_trajectory",
+        (f"{_CKPT}/phase_metrics.tsv",),
+        "trajectory:study_b_trajectory",
+        "Study B phase metrics vs training step, all models (mean +/- sd over the layers of each phase)",
+        "Study B",
+        "across checkpoints",
+        B,
+    ),
     # --- study B, across models
-    FigureSpec("phase_widths", "global", ("results/scaling/widths.tsv", "results/scaling/phase_widths.tsv"),
-               "study_b:phase_width_scaling", "Phase width vs depth with OLS slope and 95% CI", "Study B", "phases", B),
+    FigureSpec(
+        "phase_widths",
+        "global",
+        ("results/scaling/widths.tsv", "results/scaling/phase_widths.tsv"),
+        "study_b:phase_width_scaling",
+        "Phase width vs depth with OLS slope and 95% CI",
+        "Study B",
+        "phases",
+        B,
+    ),
     # --- beyond the two studies
-    FigureSpec("bridge", "lens", (f"{_CKPT}/bridge.tsv", f"{_CKPT}/phases.json"), "bridge:bridge_profiles",
-               "Study A and B profiles on one depth axis: RSS, Jacobian transport of readout subspaces vs random, "
-               "operator type, cumulative rank", "Beyond the studies", "bridge", AB),
-    FigureSpec("causal", "lens", (f"{_CKPT}/causal.tsv",), "bridge:causal_effects",
-               "Causal test: KL and top-1 flips after projecting off / patching the readout subspace vs random "
-               "subspaces", "Beyond the studies", "causal", B),
-    FigureSpec("uncertainty", "ckpt", (f"{_CKPT}/bootstrap.tsv",), "bridge:uncertainty_bands",
-               "Bootstrap percentile intervals (over samples) of the Jacobian metrics vs depth",
-               "Beyond the studies", "uncertainty", A),
+    FigureSpec(
+        "bridge",
+        "lens",
+        (f"{_CKPT}/bridge.tsv", f"{_CKPT}/phases.json"),
+        "bridge:bridge_profiles",
+        "Study A and B profiles on one depth axis: RSS, Jacobian transport of readout subspaces vs random, "
+        "operator type, cumulative rank",
+        "Beyond the studies",
+        "bridge",
+        AB,
+    ),
+    FigureSpec(
+        "causal",
+        "lens",
+        (f"{_CKPT}/causal.tsv",),
+        "bridge:causal_effects",
+        "Causal test: KL and top-1 flips after projecting off / patching the readout subspace vs random subspaces",
+        "Beyond the studies",
+        "causal",
+        B,
+    ),
+    FigureSpec(
+        "uncertainty",
+        "ckpt",
+        (f"{_CKPT}/bootstrap.tsv",),
+        "bridge:uncertainty_bands",
+        "Bootstrap percentile intervals (over samples) of the Jacobian metrics vs depth",
+        "Beyond the studies",
+        "uncertainty",
+        A,
+    ),
 )
 
 
@@ -148,8 +320,10 @@ def _check_catalogue() -> None:
         raise ValueError(f"figure catalogue: duplicate names {dup}")
     for f in FIGURES:
         if f.scope not in SCOPES or f.category not in CATEGORIES or not f.studies <= set("AB"):
-            raise ValueError(f"figure catalogue: {f.name}: scope {f.scope!r} (allowed {SCOPES}), category "
-                             f"{f.category!r} (allowed {CATEGORIES}), studies {sorted(f.studies)} (allowed A, B)")
+            raise ValueError(
+                f"figure catalogue: {f.name}: scope {f.scope!r} (allowed {SCOPES}), category "
+                f"{f.category!r} (allowed {CATEGORIES}), studies {sorted(f.studies)} (allowed A, B)"
+            )
 
 
 _check_catalogue()
@@ -198,8 +372,15 @@ def require_studies(config: dict, name: str, path: str = "") -> None:
 
 def output_path(spec: FigureSpec, ext: str = "png", **wildcards: str) -> str:
     """``results/figures/…/<name>.<ext>`` of ``spec``; wildcards not given stay as ``{model}``/``{ckpt}``."""
-    folder = {"ckpt": "{model}/{ckpt}/", "lens": "{model}/{ckpt}/", "model": "{model}/", "zoo": "{model}/",
-              "global": "scaling/", "trajectory": "trajectory/", "lens_trajectory": "trajectory/"}[spec.scope]
+    folder = {
+        "ckpt": "{model}/{ckpt}/",
+        "lens": "{model}/{ckpt}/",
+        "model": "{model}/",
+        "zoo": "{model}/",
+        "global": "scaling/",
+        "trajectory": "trajectory/",
+        "lens_trajectory": "trajectory/",
+    }[spec.scope]
     path = f"results/figures/{folder}{spec.name}.{ext}"
     for key, value in wildcards.items():
         path = path.replace("{" + key + "}", value)

@@ -40,16 +40,22 @@ def check_frame(df: Any, what: str) -> pd.DataFrame:
     return df
 
 
-def select_metrics(df: pd.DataFrame, metrics: str | Sequence[str] | None, defaults: Sequence[str | None],
-                   what: str, listed: Sequence[str] | None = None) -> list[str]:
+def select_metrics(
+    df: pd.DataFrame,
+    metrics: str | Sequence[str] | None,
+    defaults: Sequence[str | None],
+    what: str,
+    listed: Sequence[str] | None = None,
+) -> list[str]:
     """The columns a multi-metric figure draws: ``metrics`` (one name or a list) when given,
     else those of ``defaults`` that ``df`` has (``listed``: the defaults as the error names them).
     Raises ValueError when no default is present or ``metrics`` is empty."""
     if metrics is None:
         chosen = [m for m in defaults if m is not None and m in df.columns]
         if not chosen:
-            raise ValueError(f"{what} has none of the default metrics {list(listed or defaults)}; "
-                             f"it has {list(df.columns)}")
+            raise ValueError(
+                f"{what} has none of the default metrics {list(listed or defaults)}; it has {list(df.columns)}"
+            )
         return chosen
     chosen = [metrics] if isinstance(metrics, str) else list(metrics)
     if not chosen:
@@ -80,6 +86,7 @@ def num(values: Any) -> np.ndarray:
 
 def as_bool(values: Any) -> np.ndarray:
     """Booleans from bools, 0/1 or 'True'/'False' strings (TSV); NaN/unknown → False."""
+
     def one(v: Any) -> bool:
         if isinstance(v, (bool, np.bool_)):
             return bool(v)
@@ -173,15 +180,24 @@ def kind_of(df: pd.DataFrame, s: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(s) & (np.mod(s, 2) == 1), "mlp", "attn")
 
 
-def plot_kinds(ax, x: np.ndarray, y: np.ndarray, kinds: np.ndarray, color: Any, ls: str = "-",
-                label: str | None = None) -> None:
+def plot_kinds(
+    ax, x: np.ndarray, y: np.ndarray, kinds: np.ndarray, color: Any, ls: str = "-", label: str | None = None
+) -> None:
     """A line through all points, then attention/MLP points with their own markers."""
     ax.plot(x, y, color=color, ls=ls, lw=1.1, label=label)
     for kind, style in KIND_STYLE.items():
         m = kinds == kind
         if m.any():
-            ax.plot(x[m], y[m], ls="none", marker=style["marker"], ms=3.5, color=color,
-                    mfc=color if kind == "attn" else "white", mew=0.9)
+            ax.plot(
+                x[m],
+                y[m],
+                ls="none",
+                marker=style["marker"],
+                ms=3.5,
+                color=color,
+                mfc=color if kind == "attn" else "white",
+                mew=0.9,
+            )
 
 
 def kind_handles() -> list:
@@ -228,8 +244,15 @@ def shade_phases(ax, phases: Mapping[str, Any] | None, x_end: float, label: bool
         spans = {1: (-0.5, b1 + 0.5), 2: (b1 + 0.5, b2 + 0.5), 3: (b2 + 0.5, end)}
         for ph, (a, b) in spans.items():
             if b > a:
-                ax.axvspan(a, b, color=PHASE_COLORS[ph], alpha=0.13, lw=0, zorder=0,
-                           label=f"phase {ph} ({PHASE_NAMES[ph]})" if label else None)
+                ax.axvspan(
+                    a,
+                    b,
+                    color=PHASE_COLORS[ph],
+                    alpha=0.13,
+                    lw=0,
+                    zorder=0,
+                    label=f"phase {ph} ({PHASE_NAMES[ph]})" if label else None,
+                )
     for key, ls in (("b1", "--"), ("peak", ":"), ("b2", "-.")):
         v = opt_int(phases.get(key))
         if v is not None:
@@ -271,8 +294,7 @@ def _keywords(provenance: Mapping[str, Any]) -> str:
     return "; ".join(words)
 
 
-def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provenance: dict,
-                dpi: int = 120) -> None:
+def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provenance: dict, dpi: int = 120) -> None:
     """Write ``fig`` as PNG and PDF, atomically, with the provenance embedded; close the figure.
 
     The provenance (``json.dumps``; numpy values and paths converted, NaN → null as in the
@@ -298,8 +320,7 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     prov = json.dumps(_plain(provenance))
     title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
     png_meta = {PROVENANCE_KEY: prov}
-    pdf_meta = {"Subject": prov, "Keywords": _keywords(provenance), "Creator": "resdyn",
-                "CreationDate": None}
+    pdf_meta = {"Subject": prov, "Keywords": _keywords(provenance), "Creator": "resdyn", "CreationDate": None}
     if title:
         png_meta["Title"] = title
         pdf_meta["Title"] = title

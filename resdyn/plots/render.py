@@ -54,20 +54,38 @@ def trajectory_table(tables: Sequence[Any], pairs: Sequence[tuple[str, str]]) ->
     for table, (model, ckpt) in zip(tables, pairs):
         parsed = revision_step(ckpt)
         index[model] = index.get(model, -1) + 1
-        front = pd.DataFrame({"model": model, "ckpt": ckpt, "ckpt_index": index[model],
-                              "step": float(parsed[1]) if parsed else np.nan}, index=table.index)
+        front = pd.DataFrame(
+            {"model": model, "ckpt": ckpt, "ckpt_index": index[model], "step": float(parsed[1]) if parsed else np.nan},
+            index=table.index,
+        )
         parts.append(pd.concat([front, table.drop(columns=[c for c in front if c in table.columns])], axis=1))
     return pd.concat(parts, ignore_index=True)
 
 
-def cache_key(name: str, plot: str, outputs: Sequence[str], inputs: Mapping[str, str | None], title: str,
-              caption: str, dpi: int, code: str) -> str:
+def cache_key(
+    name: str,
+    plot: str,
+    outputs: Sequence[str],
+    inputs: Mapping[str, str | None],
+    title: str,
+    caption: str,
+    dpi: int,
+    code: str,
+) -> str:
     """Hex SHA-256 of everything a figure's bytes depend on (but its provenance's times)."""
     import matplotlib
 
-    record = {"figure": name, "plot": plot, "outputs": [str(o) for o in outputs],
-              "inputs": [[str(p), h] for p, h in inputs.items()], "title": title, "caption": caption,
-              "dpi": int(dpi), "code": code, "matplotlib": matplotlib.__version__}
+    record = {
+        "figure": name,
+        "plot": plot,
+        "outputs": [str(o) for o in outputs],
+        "inputs": [[str(p), h] for p, h in inputs.items()],
+        "title": title,
+        "caption": caption,
+        "dpi": int(dpi),
+        "code": code,
+        "matplotlib": matplotlib.__version__,
+    }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -77,9 +95,20 @@ def plot_function(plot: str):
     return getattr(importlib.import_module(f"resdyn.plots.{module}"), function)
 
 
-def render(name: str, plot: str, inputs: Mapping[str, str | None], png: str, pdf: str, title: str, caption: str,
-           dpi: int, code: str, provenance: dict, cache: str | Path | None,
-           pairs: Sequence[tuple[str, str]] | None = None) -> bool:
+def render(
+    name: str,
+    plot: str,
+    inputs: Mapping[str, str | None],
+    png: str,
+    pdf: str,
+    title: str,
+    caption: str,
+    dpi: int,
+    code: str,
+    provenance: dict,
+    cache: str | Path | None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+) -> bool:
     """Draw one figure into ``png`` and ``pdf`` (provenance embedded), or restore it from ``cache``.
 
     ``inputs`` maps each input path, in the order of the plot function's positional arguments,
@@ -97,13 +126,17 @@ def render(name: str, plot: str, inputs: Mapping[str, str | None], png: str, pdf
     templates = catalogue.by_name(name).inputs
     n = len(pairs) if pairs is not None else 1
     if len(templates) * n != len(inputs):
-        raise ValueError(f"figure {name!r}: {len(inputs)} inputs given, the catalogue declares {len(templates)}"
-                         + (f" templates × {n} checkpoints" if pairs is not None else ""))
+        raise ValueError(
+            f"figure {name!r}: {len(inputs)} inputs given, the catalogue declares {len(templates)}"
+            + (f" templates × {n} checkpoints" if pairs is not None else "")
+        )
     paths = list(inputs)
     if pairs is None:
         args = [load(p, t) for p, t in zip(paths, templates)]
     else:
-        args = [trajectory_table([load(p, t) for p in paths[i * n:(i + 1) * n]], pairs) for i, t in enumerate(templates)]
+        args = [
+            trajectory_table([load(p, t) for p in paths[i * n : (i + 1) * n]], pairs) for i, t in enumerate(templates)
+        ]
     fig = plot_function(plot)(*args, title=title)
     save_figure(fig, png, pdf, {**provenance, "figure": name, "figure_code": code, "cache_key": key}, dpi=dpi)
     if store is not None:

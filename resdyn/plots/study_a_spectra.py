@@ -14,19 +14,42 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from resdyn.plots.common import (
-    add_legend, check_frame, empty_figure, finite_values, fmt_num, kind_handles, kind_of, log_if_positive,
-    metric_label, num, ordered_unique, pick, plot_kinds, require, select_metrics, sequential_colors,
+    add_legend,
+    check_frame,
+    empty_figure,
+    finite_values,
+    fmt_num,
+    kind_handles,
+    kind_of,
+    log_if_positive,
+    metric_label,
+    num,
+    ordered_unique,
+    pick,
+    plot_kinds,
+    require,
+    select_metrics,
+    sequential_colors,
 )
 from resdyn.plots.style import (
-    CKPT_COLUMNS, KIND_STYLE, LINESTYLES, LOG_METRICS, MARKERS, PALETTE, S_LABEL, new_figure, styled,
+    CKPT_COLUMNS,
+    KIND_STYLE,
+    LINESTYLES,
+    LOG_METRICS,
+    MARKERS,
+    PALETTE,
+    S_LABEL,
+    new_figure,
+    styled,
 )
 
 _GROUP_RE = re.compile(r"^L(\d+)_(attn|mlp|layer)$")
 
 
 @styled
-def eigenvalue_grid(spectra: Mapping[str, Mapping[str, np.ndarray]], title: str,
-                    layers_per_row: int | None = None) -> Figure:
+def eigenvalue_grid(
+    spectra: Mapping[str, Mapping[str, np.ndarray]], title: str, layers_per_row: int | None = None
+) -> Figure:
     """Eigenvalues of each sublayer Jacobian in the complex plane, with the unit circle.
 
     ``spectra``: {``L{layer:03d}_{kind}``: {``eigenvalues``: complex array, …}} as returned
@@ -75,8 +98,17 @@ def eigenvalue_grid(spectra: Mapping[str, Mapping[str, np.ndarray]], title: str,
         ax.axhline(0, color="0.8", lw=0.5, zorder=0)
         ax.axvline(0, color="0.8", lw=0.5, zorder=0)
         style = KIND_STYLE[kind]
-        ax.scatter(lam.real[ok], lam.imag[ok], s=5, color=style["color"], marker=style["marker"],
-                   alpha=0.7, lw=0, zorder=2, rasterized=True)
+        ax.scatter(
+            lam.real[ok],
+            lam.imag[ok],
+            s=5,
+            color=style["color"],
+            marker=style["marker"],
+            alpha=0.7,
+            lw=0,
+            zorder=2,
+            rasterized=True,
+        )
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
         ax.set_aspect("equal", adjustable="box")
@@ -95,8 +127,11 @@ def eigenvalue_grid(spectra: Mapping[str, Mapping[str, np.ndarray]], title: str,
             if not left:
                 ax.set_ylabel(r"Im $\lambda$", fontsize=7)
     fig.suptitle(title)
-    fig.supxlabel(r"eigenvalues $\lambda$ of the sublayer Jacobians; dashed: unit circle $|\lambda| = 1$",
-                  fontsize=6.5, color="0.3")
+    fig.supxlabel(
+        r"eigenvalues $\lambda$ of the sublayer Jacobians; dashed: unit circle $|\lambda| = 1$",
+        fontsize=6.5,
+        color="0.3",
+    )
     return fig
 
 
@@ -139,7 +174,10 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
     symmetry = "symmetry" in d.columns
     fig, axes = new_figure(4 if symmetry else 3, panel=(6.0, 2.1), sharex=True)
     ax = axes[0]
-    tol_colors = {t: PALETTE[i % len(PALETTE)] for i, (t, _) in enumerate(j_cols + [x for x in jmi_cols if x[0] not in dict(j_cols)])}
+    tol_colors = {
+        t: PALETTE[i % len(PALETTE)]
+        for i, (t, _) in enumerate(j_cols + [x for x in jmi_cols if x[0] not in dict(j_cols)])
+    }
     for tol, col in j_cols:
         plot_kinds(ax, s, num(d[col]), kinds, tol_colors[tol], "-", f"$J$, tol {col.split('_tol')[1]}")
     for tol, col in jmi_cols:
@@ -163,11 +201,13 @@ def operator_profile(spectra_df: pd.DataFrame, title: str) -> Figure:
         ax.set_ylim(-0.05, 2.05)
         add_legend(ax, loc="best")
     ax = axes[-1]
-    sa_names = {"self_alignment_kfrac": "k = fraction of d", "self_alignment_k1": "k = 1",
-                "self_alignment_kerank": "k = round(erank)"}
+    sa_names = {
+        "self_alignment_kfrac": "k = fraction of d",
+        "self_alignment_k1": "k = 1",
+        "self_alignment_kerank": "k = round(erank)",
+    }
     for i, col in enumerate(sa_cols):
-        plot_kinds(ax, s, num(d[col]), kinds, PALETTE[i % len(PALETTE)], LINESTYLES[i % 4],
-                    sa_names.get(col, col))
+        plot_kinds(ax, s, num(d[col]), kinds, PALETTE[i % len(PALETTE)], LINESTYLES[i % 4], sa_names.get(col, col))
     ax.set_ylabel("self-alignment\n" + r"$\|U_k^\top V_k\|_F^2/k$")
     ax.set_ylim(-0.03, 1.03)
     add_legend(ax, loc="best")
@@ -195,17 +235,28 @@ def funnel(bottleneck_df: pd.DataFrame, title: str) -> Figure:
     d = df.assign(_s=num(df["s"])).sort_values("_s", kind="stable")
     s = d["_s"].to_numpy()
     fig, (ax,) = new_figure(1, panel=(5.2, 3.4))
-    series = [("erank", "effective rank erank($P_s$)", PALETTE[0], "-", "o"),
-              ("participation_ratio", "participation ratio PR($P_s$)", PALETTE[1], "-", "^"),
-              ("erank_single", "erank($J_s$) (single sublayer)", PALETTE[0], "--", "o"),
-              ("pr_single", "PR($J_s$) (single sublayer)", PALETTE[1], "--", "^")]
+    series = [
+        ("erank", "effective rank erank($P_s$)", PALETTE[0], "-", "o"),
+        ("participation_ratio", "participation ratio PR($P_s$)", PALETTE[1], "-", "^"),
+        ("erank_single", "erank($J_s$) (single sublayer)", PALETTE[0], "--", "o"),
+        ("pr_single", "PR($J_s$) (single sublayer)", PALETTE[1], "--", "^"),
+    ]
     ys = []
     for col, label, color, ls, marker in series:
         if col in d.columns:
             y = num(d[col])
             ys.append(y)
-            ax.plot(s, y, color=color, ls=ls, marker=marker, ms=3.5, lw=1.2, label=label,
-                    mfc=color if ls == "-" else "white")
+            ax.plot(
+                s,
+                y,
+                color=color,
+                ls=ls,
+                marker=marker,
+                ms=3.5,
+                lw=1.2,
+                label=label,
+                mfc=color if ls == "-" else "white",
+            )
     if "d" in d.columns:
         dims = finite_values(num(d["d"]))
         if dims.size:
@@ -253,6 +304,7 @@ def schur_curves(schur_df: pd.DataFrame, title: str) -> Figure:
     fig.suptitle(title)
     return fig
 
+
 DEFAULT_CKPT_METRICS = ("complex_frac_J_tol1e-06", "henrici", "self_alignment_kfrac", "cum_erank")
 
 
@@ -266,8 +318,12 @@ def checkpoint_comparison(ckpt_df: pd.DataFrame, metrics: Sequence[str] | None =
     """
     df = check_frame(ckpt_df, "checkpoint table")
     tol = _tol_columns(df, "J")
-    wanted = ["complex_frac_J_tol1e-06" if "complex_frac_J_tol1e-06" in df.columns else (tol[0][1] if tol else None),
-              "henrici", "self_alignment_kfrac", "cum_erank"]
+    wanted = [
+        "complex_frac_J_tol1e-06" if "complex_frac_J_tol1e-06" in df.columns else (tol[0][1] if tol else None),
+        "henrici",
+        "self_alignment_kfrac",
+        "cum_erank",
+    ]
     metrics = select_metrics(df, metrics, wanted, "checkpoint table", DEFAULT_CKPT_METRICS)
     if df.empty:
         return empty_figure(title, S_LABEL, ", ".join(metrics), "the checkpoint table")
@@ -282,8 +338,15 @@ def checkpoint_comparison(ckpt_df: pd.DataFrame, metrics: Sequence[str] | None =
             g = g.assign(_s=num(g["s"])).sort_values("_s", kind="stable")
             y = num(g[metric])
             ys.append(y)
-            ax.plot(g["_s"].to_numpy(), y, color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
-                    ms=3, lw=1.1, label=name)
+            ax.plot(
+                g["_s"].to_numpy(),
+                y,
+                color=PALETTE[i % len(PALETTE)],
+                marker=MARKERS[i % len(MARKERS)],
+                ms=3,
+                lw=1.1,
+                label=name,
+            )
         if metric in LOG_METRICS:
             log_if_positive(ax, *ys)
         ax.set_xlabel(S_LABEL, fontsize=6.5)

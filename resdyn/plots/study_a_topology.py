@@ -14,12 +14,34 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from resdyn.plots.common import (
-    add_legend, as_bool, boundary_x, check_frame, empty_figure, fmt_num, group_column, log_if_positive,
-    metric_label, num, ordered_unique, pick, require,
+    add_legend,
+    as_bool,
+    boundary_x,
+    check_frame,
+    empty_figure,
+    fmt_num,
+    group_column,
+    log_if_positive,
+    metric_label,
+    num,
+    ordered_unique,
+    pick,
+    require,
 )
 from resdyn.plots.style import (
-    BOUNDARY_STYLE, B_LABEL, CKPT_COLUMNS, COUNT_COLUMNS, EFFECT_COLUMNS, HENRICI_COLUMNS, LINESTYLES, MARKERS,
-    METRIC_LABELS, PALETTE, TOTAL_COLUMNS, new_figure, styled,
+    B_LABEL,
+    BOUNDARY_STYLE,
+    CKPT_COLUMNS,
+    COUNT_COLUMNS,
+    EFFECT_COLUMNS,
+    HENRICI_COLUMNS,
+    LINESTYLES,
+    MARKERS,
+    METRIC_LABELS,
+    PALETTE,
+    TOTAL_COLUMNS,
+    new_figure,
+    styled,
 )
 
 
@@ -36,7 +58,9 @@ def _parse_sizes(v: Any, row: int) -> np.ndarray:
         try:
             v = json.loads(text if text.startswith("[") else f"[{text}]")
         except json.JSONDecodeError as err:
-            raise ValueError(f"community summary row {row}: sizes {text[:60]!r} is not a list of sizes ({err})") from None
+            raise ValueError(
+                f"community summary row {row}: sizes {text[:60]!r} is not a list of sizes ({err})"
+            ) from None
     arr = num(np.ravel(np.asarray(v, dtype=object)))
     return arr[np.isfinite(arr)]
 
@@ -66,14 +90,24 @@ def community_sizes(summary_df: pd.DataFrame, title: str) -> Figure:
         all_sizes.append(sz)
         if sz.size and np.isfinite(x[i]):
             style = BOUNDARY_STYLE[int(side[i])]
-            ax.scatter(x[i] + rng.uniform(-0.18, 0.18, sz.size), sz, s=14, color=style["color"],
-                       marker=style["marker"], alpha=0.55, lw=0)
+            ax.scatter(
+                x[i] + rng.uniform(-0.18, 0.18, sz.size),
+                sz,
+                s=14,
+                color=style["color"],
+                marker=style["marker"],
+                alpha=0.55,
+                lw=0,
+            )
             medians[i] = float(np.median(sz))
     ax.plot(x, medians, ls="none", marker="_", ms=9, mew=1.6, color="black", label="median size")
     log_if_positive(ax, *all_sizes)
     ax.set_ylabel("community size (units)")
-    handles = [Line2D([], [], ls="none", marker=st["marker"], color=st["color"], label=st["label"])
-               for k, st in BOUNDARY_STYLE.items() if np.any(side == k)]
+    handles = [
+        Line2D([], [], ls="none", marker=st["marker"], color=st["color"], label=st["label"])
+        for k, st in BOUNDARY_STYLE.items()
+        if np.any(side == k)
+    ]
     add_legend(ax, loc="best", extra=handles)
     ax = axes[1]
     n_com = num(df["n_communities"])
@@ -107,8 +141,10 @@ def _significance(df: pd.DataFrame, q_level: float = 0.05) -> np.ndarray:
 
 
 def _sig_handles(color: Any = "0.3") -> list:
-    return [Line2D([], [], ls="none", marker="o", color=color, mfc=color, label="FDR-significant (BH)"),
-            Line2D([], [], ls="none", marker="o", color=color, mfc="white", label="not significant")]
+    return [
+        Line2D([], [], ls="none", marker="o", color=color, mfc=color, label="FDR-significant (BH)"),
+        Line2D([], [], ls="none", marker="o", color=color, mfc="white", label="not significant"),
+    ]
 
 
 @styled
@@ -174,7 +210,11 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
     rho = float(np.corrcoef(_average_ranks(x[ok]), _average_ranks(y[ok]))[0, 1])
     dof = n - 2
     with np.errstate(divide="ignore"):
-        t = rho * math.sqrt(max(dof / ((rho + 1.0) * (1.0 - rho)), 0.0)) if abs(rho) < 1 else math.copysign(math.inf, rho)
+        t = (
+            rho * math.sqrt(max(dof / ((rho + 1.0) * (1.0 - rho)), 0.0))
+            if abs(rho) < 1
+            else math.copysign(math.inf, rho)
+        )
     return rho, float(2.0 * stdtr(dof, -abs(t))), n
 
 
@@ -267,12 +307,27 @@ def significant_counts(counts_df: pd.DataFrame, title: str) -> Figure:
                 ts.append(float(totals[m][0]) if totals is not None else float("nan"))
         if not xs:
             continue
-        bars = ax.bar(xs, np.nan_to_num(hs, nan=0.0), width=width * 0.92, color=PALETTE[j % len(PALETTE)],
-                      hatch=hatches[j % len(hatches)], edgecolor="white", lw=0.5, label=c)
+        bars = ax.bar(
+            xs,
+            np.nan_to_num(hs, nan=0.0),
+            width=width * 0.92,
+            color=PALETTE[j % len(PALETTE)],
+            hatch=hatches[j % len(hatches)],
+            edgecolor="white",
+            lw=0.5,
+            label=c,
+        )
         for b, h, t in zip(bars, hs, ts):
             text = "n/a" if not np.isfinite(h) else (f"{h:g}/{t:g}" if np.isfinite(t) else f"{h:g}")
-            ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), xytext=(0, 2),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=5.5)
+            ax.annotate(
+                text,
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=5.5,
+            )
     ax.set_xticks(range(len(models)), models if models != [""] else ["all"])
     ax.set_xlim(-0.6, len(models) - 0.4)
     ax.set_xlabel("model")
@@ -310,11 +365,27 @@ def partition_similarity_plot(similarity_df: pd.DataFrame, title: str) -> Figure
         for i, (a, b) in enumerate(pairs):
             m = (ckpt == a) & (ref == b)
             order = np.argsort(np.nan_to_num(x[m], nan=np.inf), kind="stable")
-            ax.plot(x[m][order], y[m][order], color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
-                    ms=3.5, lw=1.0, ls=LINESTYLES[i % len(LINESTYLES)], label=f"{a} vs {b}")
+            ax.plot(
+                x[m][order],
+                y[m][order],
+                color=PALETTE[i % len(PALETTE)],
+                marker=MARKERS[i % len(MARKERS)],
+                ms=3.5,
+                lw=1.0,
+                ls=LINESTYLES[i % len(LINESTYLES)],
+                label=f"{a} vs {b}",
+            )
         if not pairs:
-            ax.text(0.5, 0.5, "one checkpoint: nothing to compare", transform=ax.transAxes, ha="center",
-                    va="center", fontsize=8, color="0.35")
+            ax.text(
+                0.5,
+                0.5,
+                "one checkpoint: nothing to compare",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="0.35",
+            )
         finite = y[np.isfinite(y)]
         ax.set_ylim(min(0.0, float(finite.min()) if finite.size else 0.0) - 0.05, 1.05)  # both indices are ≤ 1
         ax.set_xlabel(xl)
@@ -325,8 +396,15 @@ def partition_similarity_plot(similarity_df: pd.DataFrame, title: str) -> Figure
     for i, c in enumerate(ordered_unique(ckpt)):
         m = (ckpt == c) & once  # a checkpoint's modularity is on each of its reference rows: draw it once
         order = np.argsort(np.nan_to_num(x[m], nan=np.inf), kind="stable")
-        axes[2].plot(x[m][order], mod[m][order], color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
-                     ms=3.5, lw=1.0, label=c)
+        axes[2].plot(
+            x[m][order],
+            mod[m][order],
+            color=PALETTE[i % len(PALETTE)],
+            marker=MARKERS[i % len(MARKERS)],
+            ms=3.5,
+            lw=1.0,
+            label=c,
+        )
     axes[2].set_xlabel(xl)
     axes[2].set_ylabel("signed modularity")
     add_legend(axes[2], loc="best", title="checkpoint", title_fontsize=6.5, fontsize=6)

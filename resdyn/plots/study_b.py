@@ -12,11 +12,32 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from resdyn.plots.common import (
-    add_legend, as_bool, check_frame, empty_figure, finite_values, fmt_num, metric_label, num, opt_int,
-    ordered_unique, pick, reason_note, require, select_metrics, sequential_colors, shade_phases,
+    add_legend,
+    as_bool,
+    check_frame,
+    empty_figure,
+    finite_values,
+    fmt_num,
+    metric_label,
+    num,
+    opt_int,
+    ordered_unique,
+    pick,
+    reason_note,
+    require,
+    select_metrics,
+    sequential_colors,
+    shade_phases,
 )
 from resdyn.plots.style import (
-    LINESTYLES, MARKERS, PALETTE, PHASE_COLORS, PHASE_MARKERS, PHASE_NAMES, new_figure, styled,
+    LINESTYLES,
+    MARKERS,
+    PALETTE,
+    PHASE_COLORS,
+    PHASE_MARKERS,
+    PHASE_NAMES,
+    new_figure,
+    styled,
 )
 
 _LENS_STYLE = {"tuned": (PALETTE[0], "-", "o"), "logit": (PALETTE[1], "--", "s")}
@@ -41,9 +62,12 @@ def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
         for i, name in enumerate(lenses):
             g = df[df["lens"].astype(str) == name]
             g = g.assign(_l=num(g["layer"])).sort_values("_l", kind="stable")
-            color, ls, marker = _LENS_STYLE.get(name, (PALETTE[(i + 2) % len(PALETTE)], LINESTYLES[i % 4], MARKERS[i % 10]))
-            ax.plot(g["_l"].to_numpy(), num(g[col]), color=color, ls=ls, marker=marker, ms=3, lw=1.1,
-                    label=f"{name} lens")
+            color, ls, marker = _LENS_STYLE.get(
+                name, (PALETTE[(i + 2) % len(PALETTE)], LINESTYLES[i % 4], MARKERS[i % 10])
+            )
+            ax.plot(
+                g["_l"].to_numpy(), num(g[col]), color=color, ls=ls, marker=marker, ms=3, lw=1.1, label=f"{name} lens"
+            )
         if col.startswith("hit"):
             ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel(xl, fontsize=6.5)
@@ -88,8 +112,16 @@ def rss_profile_plot(rss_df: pd.DataFrame, phases: Mapping[str, Any] | None, tit
         else:
             label = f"k = {v:.0%} of d"
         used = key == "k" and cut_k is not None and int(round(v)) == cut_k
-        ax.plot(g["_l"].to_numpy(), num(g["rss"]), color=color, lw=2.4 if used else 1.1, marker="o",
-                ms=3.5 if used else 2.5, label=label + (" (phase cut)" if used else ""), zorder=3 if used else 2)
+        ax.plot(
+            g["_l"].to_numpy(),
+            num(g["rss"]),
+            color=color,
+            lw=2.4 if used else 1.1,
+            marker="o",
+            ms=3.5 if used else 2.5,
+            label=label + (" (phase cut)" if used else ""),
+            zorder=3 if used else 2,
+        )
     smoothed = (phases or {}).get("smoothed") if isinstance(phases, Mapping) else None
     if isinstance(smoothed, (list, tuple, np.ndarray)) and len(smoothed):
         sm = num(np.asarray(smoothed, dtype=object))
@@ -132,7 +164,7 @@ def resolution_frontier(res_df: pd.DataFrame, title: str) -> Figure:
         fr = num(df["k_fraction"]) if "k_fraction" in df.columns else np.full(len(df), np.nan)
         for xi, yi, k, f in zip(e, v, ks, fr):
             if np.isfinite(xi) and np.isfinite(yi):
-                text = (f"k={k:g}" if "k" in df.columns else f"{k:.0%}")
+                text = f"k={k:g}" if "k" in df.columns else f"{k:.0%}"
                 if "k" in df.columns and np.isfinite(f):
                     text += f" ({f:.0%})"
                 ax.annotate(text, (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=5.5)
@@ -142,12 +174,14 @@ def resolution_frontier(res_df: pd.DataFrame, title: str) -> Figure:
     fig.suptitle(title)
     return fig
 
+
 DEFAULT_PHASE_METRICS = ("hidden_erank", "update_orthogonality", "norm_ratio", "relative_update_norm")
 
 
 @styled
-def phase_metric_profiles(geometry_df: pd.DataFrame, phases: Mapping[str, Any] | None,
-                          metrics: Sequence[str] | None = None, title: str = "") -> Figure:
+def phase_metric_profiles(
+    geometry_df: pd.DataFrame, phases: Mapping[str, Any] | None, metrics: Sequence[str] | None = None, title: str = ""
+) -> Figure:
     """Each metric vs layer with the three phases shaded (phase 3 extends to the last row).
 
     Columns (``layer_geometry``, :func:`resdyn.study_b.geometry.layer_geometry`, possibly joined with

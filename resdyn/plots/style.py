@@ -24,13 +24,25 @@ PROVENANCE_KEY = "resdyn_provenance"
 # Its "rocket" image colormap is left out: no figure here draws an image.
 PALETTE = [
     mpl.colors.to_rgb(c)
-    for c in ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9")
+    for c in (
+        "#0173b2",
+        "#de8f05",
+        "#029e73",
+        "#d55e00",
+        "#cc78bc",
+        "#ca9161",
+        "#fbafe4",
+        "#949494",
+        "#ece133",
+        "#56b4e9",
+    )
 ]
 
 _SEABORN_WHITEGRID: dict[str, Any] = {
     "figure.facecolor": "white", "axes.labelcolor": ".15", "xtick.direction": "out", "ytick.direction": "out",
     "xtick.color": ".15", "ytick.color": ".15", "axes.axisbelow": True, "grid.linestyle": "-", "text.color": ".15",
-    "font.family": ["sans-serif"], "font.sans-serif": ["Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif"],
+    "font.family": ["sans-serif"],
+    "font.sans-serif": ["Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif"],
     "lines.solid_capstyle": "round", "patch.edgecolor": "w", "patch.force_edgecolor": True, "xtick.top": False,
     "ytick.right": False, "axes.grid": True, "axes.facecolor": "white", "axes.edgecolor": ".8", "grid.color": ".8",
     "axes.spines.left": True, "axes.spines.bottom": True, "axes.spines.right": True, "axes.spines.top": True,
@@ -38,7 +50,8 @@ _SEABORN_WHITEGRID: dict[str, Any] = {
 }  # fmt: skip
 
 _SEABORN_PAPER: dict[str, Any] = {
-    "axes.linewidth": 1.0, "grid.linewidth": 0.8, "lines.linewidth": 1.2, "lines.markersize": 4.8, "patch.linewidth": 0.8,
+    "axes.linewidth": 1.0, "grid.linewidth": 0.8, "lines.linewidth": 1.2, "lines.markersize": 4.8,
+    "patch.linewidth": 0.8,
     "xtick.major.width": 1.0, "ytick.major.width": 1.0, "xtick.minor.width": 0.8, "ytick.minor.width": 0.8,
     "xtick.major.size": 4.8, "ytick.major.size": 4.8, "xtick.minor.size": 3.2, "ytick.minor.size": 3.2,
     "font.size": 9.6, "axes.labelsize": 9.6, "axes.titlesize": 9.6, "xtick.labelsize": 8.8, "ytick.labelsize": 8.8,
@@ -136,8 +149,9 @@ def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     return wrapper
 
 
-def new_figure(n_panels: int, ncols: int = 1, panel: tuple[float, float] = (3.3, 2.4),
-            sharex: bool | str = False) -> tuple[Figure, list]:
+def new_figure(
+    n_panels: int, ncols: int = 1, panel: tuple[float, float] = (3.3, 2.4), sharex: bool | str = False
+) -> tuple[Figure, list]:
     """A new constrained-layout figure on an Agg canvas with ``n_panels`` axes (row-major)."""
     n_panels = max(1, int(n_panels))
     ncols = max(1, min(int(ncols), n_panels))

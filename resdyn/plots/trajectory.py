@@ -28,11 +28,12 @@ def _panel(ax, df: pd.DataFrame, y: str, low: str | None, high: str | None, x: s
     for model, rows in df.groupby("model", sort=False):
         rows = rows.sort_values(x)
         xs, ys = num(rows[x]), num(rows[y])
-        line, = ax.plot(xs, ys, marker="o", label=str(model))
+        (line,) = ax.plot(xs, ys, marker="o", label=str(model))
         if low and high:
             err = np.vstack([ys - num(rows[low]), num(rows[high]) - ys])
-            ax.errorbar(xs, ys, yerr=np.clip(np.nan_to_num(err), 0, None), fmt="none", capsize=3,
-                        color=line.get_color())
+            ax.errorbar(
+                xs, ys, yerr=np.clip(np.nan_to_num(err), 0, None), fmt="none", capsize=3, color=line.get_color()
+            )
     if x == "ckpt_index":
         ticks = df.drop_duplicates("ckpt_index").sort_values("ckpt_index")
         ax.set_xticks(num(ticks["ckpt_index"]), [str(c) for c in ticks["ckpt"]], rotation=30, fontsize="x-small")
@@ -76,8 +77,11 @@ def study_b_trajectory(phase_df: pd.DataFrame, title: str = "") -> Figure:
     x, xlabel = _x(df) if len(df) else ("step", "training step")
     if not metrics:
         return empty_figure(title, xlabel, "value", "phase metrics")
-    df = df.assign(low=num(df["mean"]) - num(df["sd"]), high=num(df["mean"]) + num(df["sd"]),
-                   model=df["model"].astype(str) + " · " + df["phase_name"].astype(str))
+    df = df.assign(
+        low=num(df["mean"]) - num(df["sd"]),
+        high=num(df["mean"]) + num(df["sd"]),
+        model=df["model"].astype(str) + " · " + df["phase_name"].astype(str),
+    )
     fig, axes = new_figure(len(metrics), ncols=min(3, len(metrics)), panel=(3.6, 2.6))
     for ax, metric in zip(axes, metrics):
         _panel(ax, df[df["metric"] == metric], "mean", "low", "high", x)

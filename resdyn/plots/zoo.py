@@ -1,5 +1,4 @@
-"""Figures of the zoo: training curves of the models the pipeline trains itself.
-"""
+"""Figures of the zoo: training curves of the models the pipeline trains itself."""
 
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ def training_curve(df: pd.DataFrame, title: str) -> Figure:
     d = df.assign(_step=num(df["step"])).sort_values("_step", kind="stable")
     step = d["_step"].to_numpy()
     fig, (ax,) = new_figure(1, panel=(4.8, 3.2))
-    ax.plot(step, num(d["train_loss"]), color=PALETTE[0], lw=1.2, marker=".", ms=3,
-            label="train (mean since previous eval)")
+    ax.plot(
+        step, num(d["train_loss"]), color=PALETTE[0], lw=1.2, marker=".", ms=3, label="train (mean since previous eval)"
+    )
     ax.plot(step, num(d["heldout_loss"]), color=PALETTE[1], lw=1.2, marker="o", ms=3, label="held-out")
     if "unigram_loss" in d.columns:
         ax.plot(step, num(d["unigram_loss"]), color="0.35", ls="--", lw=1.0, label="unigram baseline (held-out)")

@@ -202,7 +202,9 @@ def render_changes(config: dict, jobs: list[PlannedJob], device: str = "h100", c
             lines.append(f"  {where}: {'; '.join(job.why)}")
     real = [j for j in jobs if j.rule != "all"]
     lines.append("")
-    lines.append(f"total: {len(real)} jobs, {sum(j.gpu_hours for j in real):.3g} GPU-hours ({device}), "
-                 f"{sum(j.cpu_hours for j in real):.3g} CPU-hours; unpriced (submit host, seconds): "
-                 + (", ".join(sorted({j.rule for j in real if j.rule in rcost.LOCAL_UNPRICED_RULES})) or "none"))
+    lines.append(
+        f"total: {len(real)} jobs, {sum(j.gpu_hours for j in real):.3g} GPU-hours ({device}), "
+        f"{sum(j.cpu_hours for j in real):.3g} CPU-hours; unpriced (submit host, seconds): "
+        + (", ".join(sorted({j.rule for j in real if j.rule in rcost.LOCAL_UNPRICED_RULES})) or "none")
+    )
     return "\n".join(lines)

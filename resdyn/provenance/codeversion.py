@@ -44,19 +44,32 @@ PACKAGE = "resdyn"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 #: (module, top-level dict) tables keyed by model family: only the job's family's entries count.
-FAMILY_TABLES = frozenset({
-    ("resdyn.lm.families", "FAMILIES"),
-    ("resdyn.lm.families", "REFUSED_FAMILIES"),
-})
+FAMILY_TABLES = frozenset(
+    {
+        ("resdyn.lm.families", "FAMILIES"),
+        ("resdyn.lm.families", "REFUSED_FAMILIES"),
+    }
+)
 
 #: A string naming a symbol as ``"resdyn.module:Name"`` (what :func:`pkgutil.resolve_name` takes; the
 #: family table names each adapter so): the closure follows it like an import of that name.
 _NAMED_SYMBOL = re.compile(r"(resdyn(?:\.\w+)*):(\w+)")
 
-__all__ = ["CodeVersionError", "FAMILY_TABLES", "module_file", "imported_modules", "import_closure",
-           "symbol_closure", "code_manifest", "script_code_version", "cached_code_version", "stored_manifest",
-           "clear_caches",
-           "version_of", "changed_symbols"]
+__all__ = [
+    "CodeVersionError",
+    "FAMILY_TABLES",
+    "module_file",
+    "imported_modules",
+    "import_closure",
+    "symbol_closure",
+    "code_manifest",
+    "script_code_version",
+    "cached_code_version",
+    "stored_manifest",
+    "clear_caches",
+    "version_of",
+    "changed_symbols",
+]
 
 
 class CodeVersionError(ValueError):
@@ -94,7 +107,9 @@ def _parse(path: str) -> ast.Module:
     try:
         return ast.parse(Path(path).read_bytes(), filename=path)
     except SyntaxError as err:
-        raise CodeVersionError(f"{path}:{err.lineno}: syntax error ({err.msg}); its code version cannot be computed") from None
+        raise CodeVersionError(
+            f"{path}:{err.lineno}: syntax error ({err.msg}); its code version cannot be computed"
+        ) from None
 
 
 def _import_base(node: ast.ImportFrom, module: str | None, is_pkg: bool) -> str | None:
@@ -183,8 +198,12 @@ def _strip_docstrings(node: ast.AST) -> ast.AST:
     for n in _statements([node]):
         if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = n.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 n.body = body[1:] or [ast.Pass()]
     return node
 
@@ -375,8 +394,11 @@ def _is_definition(stmt: ast.stmt) -> bool:
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return True
     if isinstance(stmt, ast.Assign):
-        return all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store, ast.Starred))
-                   for t in stmt.targets for n in ast.walk(t))
+        return all(
+            isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store, ast.Starred))
+            for t in stmt.targets
+            for n in ast.walk(t)
+        )
     if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
         return isinstance(stmt.target, ast.Name)
     return False
@@ -686,8 +708,11 @@ def clear_caches() -> None:
 def symbol_closure(script: str | Path, package_dir: Path = PACKAGE_DIR, family: str | None = None) -> set[str]:
     """``module:name`` of every definition ``script`` reaches (labels of :func:`code_manifest`
     without the script's own statements and without effects)."""
-    return {k.split("#")[0] for k in code_manifest(script, package_dir, family)
-            if not k.startswith("script:") and "<effect" not in k}
+    return {
+        k.split("#")[0]
+        for k in code_manifest(script, package_dir, family)
+        if not k.startswith("script:") and "<effect" not in k
+    }
 
 
 def version_of(manifest: dict[str, str]) -> str:
@@ -712,8 +737,9 @@ def changed_symbols(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return out
 
 
-def cached_code_version(script: str | Path, cache_dir: str | Path, family: str | None = None,
-                        package_dir: Path = PACKAGE_DIR) -> str:
+def cached_code_version(
+    script: str | Path, cache_dir: str | Path, family: str | None = None, package_dir: Path = PACKAGE_DIR
+) -> str:
     """:func:`script_code_version`, remembered across processes (every ``snakemake`` call builds
     the DAG anew) while none of the files the closure read has changed (mtime and size).
 

@@ -34,8 +34,20 @@ from resdyn import io
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("resdyn", "torch", "transformers", "numpy", "scipy", "pandas", "h5py", "igraph",
-            "leidenalg", "kneed", "statsmodels", "snakemake")
+PACKAGES = (
+    "resdyn",
+    "torch",
+    "transformers",
+    "numpy",
+    "scipy",
+    "pandas",
+    "h5py",
+    "igraph",
+    "leidenalg",
+    "kneed",
+    "statsmodels",
+    "snakemake",
+)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,10 +68,12 @@ def versions() -> dict[str, str | None]:
 
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     """Commit of the code and whether the work tree has uncommitted changes."""
+
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                                  check=True, timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -89,8 +103,14 @@ class SidecarError(ValueError):
 
 #: Keys a sidecar may hold, with the JSON type each must have when present.
 _SIDECAR_TYPES: dict[str, type | tuple[type, ...]] = {
-    "rule": (str, type(None)), "wildcards": dict, "params": dict, "inputs": dict, "outputs": dict,
-    "artifact": dict, "start": (str, type(None)), "end": (str, type(None)),
+    "rule": (str, type(None)),
+    "wildcards": dict,
+    "params": dict,
+    "inputs": dict,
+    "outputs": dict,
+    "artifact": dict,
+    "start": (str, type(None)),
+    "end": (str, type(None)),
 }
 
 
@@ -114,9 +134,11 @@ def check_input_path(name: str, side: Path, root: Path | None = None) -> None:
     if _inside(resolved, root):
         return
     if resolved.is_dir() and (_inside(root, resolved) or resolved == Path(resolved.anchor)):
-        raise SidecarError(f"sidecar {side}: input {name!r} is a folder above the run folder {root} "
-                           "(no rule reads it): the sidecar was edited — delete the artifact and its sidecar "
-                           "and rerun snakemake")
+        raise SidecarError(
+            f"sidecar {side}: input {name!r} is a folder above the run folder {root} "
+            "(no rule reads it): the sidecar was edited — delete the artifact and its sidecar "
+            "and rerun snakemake"
+        )
 
 
 def load_sidecar(side: str | Path) -> dict:
@@ -131,8 +153,10 @@ def load_sidecar(side: str | Path) -> dict:
         raise SidecarError(f"sidecar {side}: holds a JSON {type(rec).__name__}, not an object")
     for key, kind in _SIDECAR_TYPES.items():
         if key in rec and not isinstance(rec[key], kind):
-            raise SidecarError(f"sidecar {side}: '{key}' is a JSON {type(rec[key]).__name__}, not the "
-                               f"{'object' if kind is dict else 'string'} a sidecar holds")
+            raise SidecarError(
+                f"sidecar {side}: '{key}' is a JSON {type(rec[key]).__name__}, not the "
+                f"{'object' if kind is dict else 'string'} a sidecar holds"
+            )
     art = rec.get("artifact")
     if art is not None and not isinstance(art.get("sha256"), (str, type(None))):
         raise SidecarError(f"sidecar {side}: 'artifact.sha256' is not a string")
@@ -152,8 +176,10 @@ def _recorded(path: str | Path) -> dict | None:
         return None
     art = load_sidecar(side).get("artifact")
     if not isinstance(art, dict) or not art.get("sha256"):
-        raise SidecarError(f"sidecar {side}: records no hash of {path}, so its content cannot be checked — "
-                           f"delete {path} and its sidecar and rerun snakemake to rebuild it")
+        raise SidecarError(
+            f"sidecar {side}: records no hash of {path}, so its content cannot be checked — "
+            f"delete {path} and its sidecar and rerun snakemake to rebuild it"
+        )
     return art
 
 
@@ -165,9 +191,11 @@ def _diff(path: str | Path, was: dict, now: dict) -> str:
         return f"sha256 {was['sha256'][:12]}… → {now['sha256'][:12]}…"
     old, new = was["files"], now["files"]
     changed = [f for f in sorted(set(old) & set(new)) if old[f] != new[f]]
-    parts = [f"changed {', '.join(changed[:5])}" if changed else "",
-             f"removed {', '.join(sorted(set(old) - set(new))[:5])}" if set(old) - set(new) else "",
-             f"added {', '.join(sorted(set(new) - set(old))[:5])}" if set(new) - set(old) else ""]
+    parts = [
+        f"changed {', '.join(changed[:5])}" if changed else "",
+        f"removed {', '.join(sorted(set(old) - set(new))[:5])}" if set(old) - set(new) else "",
+        f"added {', '.join(sorted(set(new) - set(old))[:5])}" if set(new) - set(old) else "",
+    ]
     return "; ".join(x for x in parts if x) or "file list differs"
 
 
@@ -195,8 +223,20 @@ def _upstream(inputs: list[str], key: str) -> Any:
     for inp in inputs:
         if Path(inp).name == "checkpoint.json" and key == "checkpoint":
             rec = io.read_json(inp)
-            return {k: rec.get(k) for k in ("model", "checkpoint", "source", "repo", "revision",
-                                            "resolved_commit", "folder", "content_hash", "tokenizer_hash")}
+            return {
+                k: rec.get(k)
+                for k in (
+                    "model",
+                    "checkpoint",
+                    "source",
+                    "repo",
+                    "revision",
+                    "resolved_commit",
+                    "folder",
+                    "content_hash",
+                    "tokenizer_hash",
+                )
+            }
         side = io.prov_path(inp)
         if side.is_file():
             value = load_sidecar(side).get(key)
@@ -205,8 +245,16 @@ def _upstream(inputs: list[str], key: str) -> Any:
     return None
 
 
-def record(rule: str, wildcards: dict, params: dict, inputs: list[str], outputs: list[str],
-           start: str, extra: dict | None = None, input_hashes: dict[str, str | None] | None = None) -> dict:
+def record(
+    rule: str,
+    wildcards: dict,
+    params: dict,
+    inputs: list[str],
+    outputs: list[str],
+    start: str,
+    extra: dict | None = None,
+    input_hashes: dict[str, str | None] | None = None,
+) -> dict:
     """The provenance record of one step (see module docstring for the fields).
 
     ``input_hashes`` are the inputs' hashes taken when the step started (hashed here if None);
@@ -253,8 +301,16 @@ class Step:
     def provenance(self) -> dict:
         """The record so far (end time unset); figures embed this."""
         inputs = [str(p) for p in self.sm.input]
-        return record(self.sm.rule, dict(self.sm.wildcards.items()), self.params, inputs,
-                      [str(p) for p in self.sm.output], self.start, self.extra, self.input_hashes)
+        return record(
+            self.sm.rule,
+            dict(self.sm.wildcards.items()),
+            self.params,
+            inputs,
+            [str(p) for p in self.sm.output],
+            self.start,
+            self.extra,
+            self.input_hashes,
+        )
 
     def finish(self) -> None:
         """Write ``<output>.prov.json`` for every output (after the outputs exist), with the
@@ -262,8 +318,9 @@ class Step:
         prov = self.provenance()
         prov["end"] = _now()
         prints = {str(out): fingerprint(out) for out in self.sm.output if Path(out).exists()}
-        prov["outputs"] = {str(out): prints[str(out)]["sha256"] if str(out) in prints else None
-                           for out in self.sm.output}
+        prov["outputs"] = {
+            str(out): prints[str(out)]["sha256"] if str(out) in prints else None for out in self.sm.output
+        }
         for out, art in prints.items():
             io.write_json({**prov, "artifact": art}, io.prov_path(out))
 
@@ -291,22 +348,28 @@ def step(snakemake) -> Iterator[Step]:
         threads = max(1, int(getattr(snakemake, "threads", 1) or 1))
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(threads)
-        jl.info("rule %s, wildcards %s, threads %d, host %s, pid %d", snakemake.rule,
-                dict(snakemake.wildcards.items()), threads, platform.node(), os.getpid())
+        jl.info(
+            "rule %s, wildcards %s, threads %d, host %s, pid %d",
+            snakemake.rule,
+            dict(snakemake.wildcards.items()),
+            threads,
+            platform.node(),
+            os.getpid(),
+        )
         joblog.log_files(jl, "input", [str(p) for p in snakemake.input])
         with threadpool_limits(limits=threads):
             try:
                 s = Step(snakemake)  # hashes and checks the inputs: a corrupt one stops here, logged
                 yield s
             except Exception:
-                jl.exception("rule %s failed after %s; peak memory %s", snakemake.rule, clock,
-                             joblog.peak_memory())
+                jl.exception("rule %s failed after %s; peak memory %s", snakemake.rule, clock, joblog.peak_memory())
                 raise
         s.finish()
         joblog.log_files(jl, "output", [str(p) for p in snakemake.output])
         torch = sys.modules.get("torch")
         device = s.extra.get("device") or (
-            "cuda:" + torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "cpu")
+            "cuda:" + torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else "cpu"
+        )
         torch_threads = f", torch threads {torch.get_num_threads()}" if torch is not None else ""
         jl.info("done in %s; device %s%s; peak memory %s", clock, device, torch_threads, joblog.peak_memory())
 
@@ -394,8 +457,13 @@ class Auditor:
         except ValueError as err:
             return [problem("unreadable sidecar", path, str(err))]
         if not side.is_file():  # a PNG with embedded provenance but no sidecar
-            return [problem("missing sidecar", path, f"no provenance sidecar {side.name} (the PNG's embedded "
-                            "record has no hash of the PNG itself)")]
+            return [
+                problem(
+                    "missing sidecar",
+                    path,
+                    f"no provenance sidecar {side.name} (the PNG's embedded record has no hash of the PNG itself)",
+                )
+            ]
         problems = []
         rule = prov.get("rule")
         art = prov.get("artifact")
@@ -403,8 +471,9 @@ class Auditor:
         if not isinstance(art, dict) or not art.get("sha256"):
             problems.append(problem("no output hash", path, "its sidecar records no hash of the artifact"))
         elif art["sha256"] != now["sha256"]:
-            problems.append(problem("changed output", path, f"differs from what rule {rule} wrote "
-                                    f"({_diff(path, art, now)})"))
+            problems.append(
+                problem("changed output", path, f"differs from what rule {rule} wrote ({_diff(path, art, now)})")
+            )
         for inp, digest in (prov.get("inputs") or {}).items():
             cur = self.fingerprint(inp)
             if cur["sha256"] is None:
@@ -416,15 +485,31 @@ class Auditor:
                     problems.append(problem("unreadable sidecar", inp, str(err)))
                     continue
                 if up is not None and up["sha256"] == cur["sha256"]:
-                    problems.append(problem("stale chain", path, f"made from a version of {inp} that no longer "
-                                            f"exists (it was rebuilt since by rule {read(inp).get('rule')})"))
+                    problems.append(
+                        problem(
+                            "stale chain",
+                            path,
+                            f"made from a version of {inp} that no longer "
+                            f"exists (it was rebuilt since by rule {read(inp).get('rule')})",
+                        )
+                    )
                 elif up is not None:  # the input itself was altered: fixing it comes first
-                    problems.append(problem("changed input", path, f"input {inp} was altered after its rule wrote "
-                                            "it (see its 'changed output' line)",
-                                            f"fix {inp} first (restore it, or delete it and rerun snakemake)"))
+                    problems.append(
+                        problem(
+                            "changed input",
+                            path,
+                            f"input {inp} was altered after its rule wrote it (see its 'changed output' line)",
+                            f"fix {inp} first (restore it, or delete it and rerun snakemake)",
+                        )
+                    )
                 else:
-                    problems.append(problem("changed input", path, f"input {inp} changed since it was made "
-                                            f"(sha256 {digest[:12]}… → {cur['sha256'][:12]}…)"))
+                    problems.append(
+                        problem(
+                            "changed input",
+                            path,
+                            f"input {inp} changed since it was made (sha256 {digest[:12]}… → {cur['sha256'][:12]}…)",
+                        )
+                    )
         return problems
 
 
@@ -469,8 +554,14 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
     for root in map(Path, roots):
         inside = [Path.cwd() / r for r in ARTIFACT_ROOTS if (Path.cwd() / r).resolve().is_relative_to(root.resolve())]
         if root.exists() and not is_artifact_path(root) and not any(r.exists() for r in inside):
-            problems.append(problem("not an artifact", root, "not an artifact of this pipeline (rules write "
-                                    f"only under {' and '.join(f'{r}/' for r in ARTIFACT_ROOTS)})"))
+            problems.append(
+                problem(
+                    "not an artifact",
+                    root,
+                    "not an artifact of this pipeline (rules write "
+                    f"only under {' and '.join(f'{r}/' for r in ARTIFACT_ROOTS)})",
+                )
+            )
             continue
         if root.is_file():
             sidecars = [io.prov_path(root)]
@@ -503,6 +594,7 @@ def audit(roots: list[str | Path]) -> tuple[int, list[str]]:
                 continue
             # Report a folder output once (the one downstream sidecars name), not each file in it.
             orphans.add(next((a for a in chain_up if str(a) in referenced), f))
-        problems += [problem("missing sidecar", o, f"no provenance sidecar {io.prov_path(o).name}")
-                     for o in sorted(orphans)]
+        problems += [
+            problem("missing sidecar", o, f"no provenance sidecar {io.prov_path(o).name}") for o in sorted(orphans)
+        ]
     return checked, problems

@@ -27,12 +27,14 @@ def _require_finite(states: torch.Tensor, sample: int, where: str) -> None:
     layer, kind = (b // 2, ("pre_attn", "pre_mlp")[b % 2]) if b < states.shape[0] - 1 else (b // 2 - 1, "output")
     raise FloatingPointError(
         f"{where}: non-finite residual state (NaN/Inf) at layer {layer} {kind}, sample index {sample} — "
-        "the model's weights or inputs hold NaN/Inf; no activations written")
+        "the model's weights or inputs hold NaN/Inf; no activations written"
+    )
 
 
 @torch.no_grad()
-def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, progress: bool = True,
-                            where: str = "the model") -> np.ndarray:
+def collect_boundary_states(
+    model, input_ids: np.ndarray, skip_positions: int, progress: bool = True, where: str = "the model"
+) -> np.ndarray:
     """(N, 2·n_layers + 1, T − skip, d) float32 boundary states of N samples (one forward each).
 
     A NaN/Inf state raises FloatingPointError naming ``where`` (model and checkpoint), the first
@@ -50,9 +52,18 @@ def collect_boundary_states(model, input_ids: np.ndarray, skip_positions: int, p
 
 
 @torch.no_grad()
-def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray, skip_positions: int,
-                            out_dir: str | Path, dtype: str, attrs: Mapping, residual: str = "sequential",
-                            progress: bool = True, where: str = "the model") -> list[Path]:
+def stream_activation_files(
+    model,
+    input_ids: np.ndarray,
+    sample_ids: np.ndarray,
+    skip_positions: int,
+    out_dir: str | Path,
+    dtype: str,
+    attrs: Mapping,
+    residual: str = "sequential",
+    progress: bool = True,
+    where: str = "the model",
+) -> list[Path]:
     """:func:`collect_boundary_states` + :meth:`resdyn.artifacts.Activations.write` without holding them all.
 
     Same files, bit for bit, but each sample's states go to the open layer files as soon as
@@ -65,8 +76,7 @@ def stream_activation_files(model, input_ids: np.ndarray, sample_ids: np.ndarray
     n_layers, d = structure.n_layers(model), structure.hidden_size(model)
     n, length = input_ids.shape[0], input_ids.shape[1] - skip_positions
     device = next(model.parameters()).device
-    with Activations.stream(out_dir, n_layers, n, length, d, dtype, sample_ids, skip_positions, attrs,
-                            residual) as put:
+    with Activations.stream(out_dir, n_layers, n, length, d, dtype, sample_ids, skip_positions, attrs, residual) as put:
         for i, ids in enumerate(tqdm(input_ids, desc="boundary states", disable=not progress)):
             states = decompose.boundary_states(model, torch.as_tensor(ids, device=device))
             _require_finite(states, i, where)

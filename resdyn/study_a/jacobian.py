@@ -69,6 +69,8 @@ OPERATOR_KINDS = JacobianBlocks.OPERATOR_KINDS
 def layer_kinds(adapter: sublayers.LayerSublayers) -> tuple[str, ...]:
     """The Jacobian kinds stored for a layer: :data:`KINDS` or :data:`PARALLEL_KINDS`."""
     return PARALLEL_KINDS if adapter.parallel else KINDS
+
+
 SCHEMA = JacobianBlocks.SCHEMA
 
 PositionsArg = None | int | str | Sequence[int]
@@ -243,8 +245,9 @@ def gated_mlp_jacobian(mlp: nn.Module | sublayers.LayerSublayers, u: torch.Tenso
     return down.weight @ m
 
 
-def plain_mlp_jacobian(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, act: nn.Module,
-                       u: torch.Tensor) -> torch.Tensor:
+def plain_mlp_jacobian(
+    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, act: nn.Module, u: torch.Tensor
+) -> torch.Tensor:
     """∂F/∂u (d_out, d_in) of a non-gated MLP ``F(u) = W_2 act(W_1 u + b_1) + b_2`` at u (d,):
     ``W_2 diag(act'(g)) W_1``, g = W_1 u + b_1 (one GEMM)."""
     g = nn.functional.linear(u, w1, b1)
@@ -395,8 +398,12 @@ def _sample_context(ctx: sublayers.SequenceContext, b: int) -> sublayers.Sequenc
         return {i: (tuple(cut(a) for a in args), {k: cut(v) for k, v in kw.items()}) for i, (args, kw) in table.items()}
 
     return dataclasses.replace(
-        ctx, embeddings=ctx.embeddings[b : b + 1], per_layer_inputs=None if per is None else per[b : b + 1],
-        _rope=ctx._rope, layer_calls=calls(ctx.layer_calls), attn_calls=calls(ctx.attn_calls),
+        ctx,
+        embeddings=ctx.embeddings[b : b + 1],
+        per_layer_inputs=None if per is None else per[b : b + 1],
+        _rope=ctx._rope,
+        layer_calls=calls(ctx.layer_calls),
+        attn_calls=calls(ctx.attn_calls),
     )
 
 
@@ -762,8 +769,9 @@ def write_layer_block(
     finally:
         bar.close()
     for layer in layers:
-        JacobianBlocks.write_layer(out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam,
-                                   spectral_norm_method(d))
+        JacobianBlocks.write_layer(
+            out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, spectral_norm_method(d)
+        )
     JacobianSums.remove(ckpt)
 
 

@@ -29,12 +29,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["contingency", "normalized_mutual_information", "adjusted_rand_index", "partition_similarity",
-           "SIMILARITY_COLUMNS", "REFERENCES"]
+__all__ = [
+    "contingency",
+    "normalized_mutual_information",
+    "adjusted_rand_index",
+    "partition_similarity",
+    "SIMILARITY_COLUMNS",
+    "REFERENCES",
+]
 
 #: Columns of ``partition_similarity.tsv``.
-SIMILARITY_COLUMNS = ("ckpt", "layer", "boundary", "reference_ckpt", "reference", "nmi", "ari", "modularity",
-                      "reason")
+SIMILARITY_COLUMNS = ("ckpt", "layer", "boundary", "reference_ckpt", "reference", "nmi", "ari", "modularity", "reason")
 #: Reference checkpoints every checkpoint is compared with: the last (trained) and the first (step 0).
 REFERENCES = ("final", "first")
 
@@ -96,21 +101,25 @@ def _labels(table: pd.DataFrame, ckpt: str) -> dict[tuple[int, str], pd.Series]:
     need = {"layer", "boundary", "unit", "community"}
     if not need <= set(table.columns):
         raise ValueError(f"communities of checkpoint {ckpt!r} lack columns {sorted(need - set(table.columns))}")
-    return {(int(layer), str(boundary)): sub.set_index("unit")["community"].sort_index()
-            for (layer, boundary), sub in table.groupby(["layer", "boundary"], sort=True)}
+    return {
+        (int(layer), str(boundary)): sub.set_index("unit")["community"].sort_index()
+        for (layer, boundary), sub in table.groupby(["layer", "boundary"], sort=True)
+    }
 
 
 def _modularity(summary: pd.DataFrame, ckpt: str) -> dict[tuple[int, str], float]:
     need = {"layer", "boundary", "modularity"}
     if not need <= set(summary.columns):
-        raise ValueError(f"communities summary of checkpoint {ckpt!r} lacks columns "
-                         f"{sorted(need - set(summary.columns))}")
-    return {(int(r.layer), str(r.boundary)): float(r.modularity)
-            for r in summary[["layer", "boundary", "modularity"]].itertuples(index=False)}
+        raise ValueError(
+            f"communities summary of checkpoint {ckpt!r} lacks columns {sorted(need - set(summary.columns))}"
+        )
+    return {
+        (int(r.layer), str(r.boundary)): float(r.modularity)
+        for r in summary[["layer", "boundary", "modularity"]].itertuples(index=False)
+    }
 
 
-def partition_similarity(partitions: Mapping[str, pd.DataFrame],
-                         summaries: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+def partition_similarity(partitions: Mapping[str, pd.DataFrame], summaries: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """``partition_similarity.tsv``: every checkpoint's partition of every boundary compared with
     the final checkpoint's and the first's (step 0) of the same boundary.
 
@@ -126,8 +135,9 @@ def partition_similarity(partitions: Mapping[str, pd.DataFrame],
     if not isinstance(partitions, Mapping) or not partitions:
         raise ValueError("partitions must be a non-empty mapping {checkpoint: community table}")
     if set(summaries) != set(partitions):
-        raise ValueError(f"summaries for checkpoints {sorted(summaries)}, partitions for {sorted(partitions)}: "
-                         "they must match")
+        raise ValueError(
+            f"summaries for checkpoints {sorted(summaries)}, partitions for {sorted(partitions)}: they must match"
+        )
     names = list(partitions)
     labels = {c: _labels(t, c) for c, t in partitions.items()}
     modularity = {c: _modularity(summaries[c], c) for c in names}
@@ -137,15 +147,24 @@ def partition_similarity(partitions: Mapping[str, pd.DataFrame],
         for key, lab in labels[ckpt].items():
             for reference in REFERENCES:
                 ref = refs[reference]
-                row = {"ckpt": ckpt, "layer": key[0], "boundary": key[1], "reference_ckpt": ref,
-                       "reference": reference, "nmi": float("nan"), "ari": float("nan"),
-                       "modularity": modularity[ckpt].get(key, float("nan")), "reason": None}
+                row = {
+                    "ckpt": ckpt,
+                    "layer": key[0],
+                    "boundary": key[1],
+                    "reference_ckpt": ref,
+                    "reference": reference,
+                    "nmi": float("nan"),
+                    "ari": float("nan"),
+                    "modularity": modularity[ckpt].get(key, float("nan")),
+                    "reason": None,
+                }
                 other = labels[ref].get(key)
                 if other is None:
                     row["reason"] = f"checkpoint {ref!r} has no partition of layer {key[0]} {key[1]}"
                 elif not lab.index.equals(other.index):
-                    row["reason"] = (f"units differ: {lab.size} in {ckpt!r}, {other.size} in {ref!r} "
-                                     f"(layer {key[0]} {key[1]})")
+                    row["reason"] = (
+                        f"units differ: {lab.size} in {ckpt!r}, {other.size} in {ref!r} (layer {key[0]} {key[1]})"
+                    )
                 else:
                     row["nmi"] = normalized_mutual_information(lab.to_numpy(), other.to_numpy())
                     row["ari"] = adjusted_rand_index(lab.to_numpy(), other.to_numpy())

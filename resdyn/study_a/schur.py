@@ -1,6 +1,6 @@
 """Schur surgery: scale the non-normal part of a Jacobian, keep its eigenvalues.
 
-DESIGN.md defines J(α) through the complex Schur form J = Q (Λ + N) Q^H:
+docs/design.md defines J(α) through the complex Schur form J = Q (Λ + N) Q^H:
 J(α) = Q (Λ + αN) Q^H. α = 1 gives J, α = 0 the normal matrix Q Λ Q^H with J's eigenvalues,
 and in between the eigenvalues stay put while ‖J(α)‖_F² = Σ|λ_i|² + α²‖N‖_F².
 
@@ -36,7 +36,7 @@ This module therefore offers two forms and picks by the input (``form="auto"``):
     ‖J − J_real(0)‖_F ≤ ‖N‖_F = ‖J − J_complex(0)‖_F.
     Unlike the complex form, J(α) is not affine in α inside the 2×2 blocks.
 
-``"complex"`` (default for complex J, available for real J) — the DESIGN.md formula verbatim.
+``"complex"`` (default for complex J, available for real J) — the docs/design.md formula verbatim.
     Always returns complex128 (also for real J, where the result is generally not real).
 
 Both forms depend on which Schur form LAPACK returns (the order of eigenvalues along the

@@ -4,7 +4,7 @@ Pure numpy/scipy, float64 (complex128 for complex input) linear algebra; no torc
 Every public function validates its input first and raises ``ValueError`` naming the shape or
 value it got and what is allowed.
 
-Notation (DESIGN.md, "Definitions"): J is a d×d (mean) Jacobian with eigenvalues λ_i and SVD
+Notation (docs/design.md, "Definitions"): J is a d×d (mean) Jacobian with eigenvalues λ_i and SVD
 J = U Σ V^T (V^H for complex J), σ_1 ≥ … ≥ σ_d ≥ 0. Sublayers are ordered by depth index
 s = 2L (attention half of layer L) and s = 2L + 1 (MLP half).
 
@@ -86,7 +86,7 @@ __all__ = [
 
 #: Sublayer kinds in depth order within a layer: s = 2L + KINDS.index(kind).
 KINDS: tuple[str, ...] = ("attn", "mlp")
-#: The single operator of a parallel-residual layer, I + J_A + J_F (DESIGN.md "Parallel-residual
+#: The single operator of a parallel-residual layer, I + J_A + J_F (docs/design.md "Parallel-residual
 #: layers"). It maps h_L -> h_{L+1}, so it takes the depth slot s = 2L + 1 of a sequential layer's
 #: MLP half (the slot that ends at h_{L+1}); s = 2L is absent (there is no m_L boundary).
 LAYER_KIND = "layer"
@@ -546,7 +546,8 @@ def sublayer_metrics(
     ``sigma_min``; ``fro_J`` ‖J‖_F; ``fro_minus_identity`` ‖J − I‖_F; ``nonnormal_fro`` ‖N‖_F;
     ``henrici`` ‖N‖_F/‖J‖_F and ``henrici_JmI`` ‖N‖_F/‖J − I‖_F (J − I has the same N);
     ``symmetry`` ‖J − Jᵀ‖_F/‖J‖_F and ``symmetry_minus_identity`` ‖J − Jᵀ‖_F/‖J − I‖_F
-    (:func:`symmetry_index`, 0 = symmetric, ≤ 2); ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) / ``complex_frac_JmI_tol{t}``
+    (:func:`symmetry_index`, 0 = symmetric, ≤ 2); ``complex_frac_J_tol{t}`` (:func:`complex_fraction`) /
+    ``complex_frac_JmI_tol{t}``
     (:func:`shifted_complex_fraction`, relative to |λ − 1|) for each tolerance t (label
     ``f"{t:.0e}"``, e.g. ``complex_frac_J_tol1e-06``; eigenvalues of J − I are λ − 1);
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
@@ -613,7 +614,8 @@ def check_chain(keys: Sequence[tuple[int, str]], what: str = "jacobians") -> Non
         detail = [f"missing (layer, kind): {', '.join(f'({L}, {k!r})' for L, k in missing)}"] if missing else []
         detail += [f"layers {mixed} mix 'layer' with 'attn'/'mlp'"] if mixed else []
         raise ValueError(
-            f"{what} must chain s = 0..{2 * last + 1} without gaps (each layer: 'attn' and 'mlp', or one parallel-residual "
+            f"{what} must chain s = 0..{2 * last + 1} without gaps (each layer: 'attn' and 'mlp', or one "
+            "parallel-residual "
             f"'layer'); {'; '.join(detail)}"
         )
 
@@ -806,5 +808,3 @@ def checkpoint_table(
         part.insert(0, "ckpt", str(ckpt))
         parts.append(part.sort_values("s", kind="stable"))
     return pd.concat(parts, ignore_index=True)
-
-

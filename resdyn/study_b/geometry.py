@@ -553,15 +553,14 @@ def with_lens_hits(
     need = ["lens", "layer", *columns]
     missing = [c for c in need if c not in lens_metrics.columns]
     if missing:
-        raise ValueError(
-            f"lens_metrics lacks columns {missing}; needs {need}, has {list(lens_metrics.columns)}"
-        )
+        raise ValueError(f"lens_metrics lacks columns {missing}; needs {need}, has {list(lens_metrics.columns)}")
     if "layer" not in per_layer.columns:
         raise ValueError(f"per_layer lacks column 'layer'; has {list(per_layer.columns)}")
     dup = lens_metrics.duplicated(["lens", "layer"])
     if dup.any():
         raise ValueError(
-            f"lens_metrics has duplicate (lens, layer) rows: {lens_metrics.loc[dup, ['lens', 'layer']].values.tolist()[:5]}"
+            "lens_metrics has duplicate (lens, layer) rows: "
+            f"{lens_metrics.loc[dup, ['lens', 'layer']].values.tolist()[:5]}"
         )
     wide = lens_metrics.pivot(index="layer", columns="lens", values=columns)
     wide.columns = [f"{lens}_{col}" for col, lens in wide.columns]
@@ -593,9 +592,7 @@ def hit_ratio(hit5: Any, hit1: Any) -> np.ndarray:
     return out
 
 
-def phase_table(
-    per_layer: pd.DataFrame, cuts: Any, metrics: Sequence[str] | None = None
-) -> pd.DataFrame:
+def phase_table(per_layer: pd.DataFrame, cuts: Any, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """:func:`phase_metrics` with the cut points of a :func:`resdyn.study_b.phases.cutpoints` result
     (a :class:`resdyn.study_b.phases.Cutpoints`, or a mapping with keys ``b1`` and ``b2``).
 
@@ -618,8 +615,11 @@ def phase_table(
         table = table[table["state"] != "output"]
     out = phase_metrics(table, int(b1), int(b2), metrics)
     # why a statistic is empty: a phase with no (finite) layer, or one layer (no sd)
-    out["reason"] = np.select([out["n_layers"] == 0, out["n_layers"] == 1],
-                              ["no layer with a finite value in this phase", "one layer: sd undefined"], "")
+    out["reason"] = np.select(
+        [out["n_layers"] == 0, out["n_layers"] == 1],
+        ["no layer with a finite value in this phase", "one layer: sd undefined"],
+        "",
+    )
     return out
 
 

@@ -51,7 +51,9 @@ def fetch_tuned_lens(path: str, repo: str | None = None, revision: str | None = 
         folder = Path(path)
         missing = [name for name in (CONFIG_FILE, PARAMS_FILE) if not (folder / name).is_file()]
         if missing:
-            raise FileNotFoundError(f"tuned lens folder {folder}: no {', '.join(missing)} (expected config.json + params.pt)")
+            raise FileNotFoundError(
+                f"tuned lens folder {folder}: no {', '.join(missing)} (expected config.json + params.pt)"
+            )
         return folder
     if repo_type not in REPO_TYPES:
         raise ValueError(f"lens repo_type={repo_type!r}: allowed are {REPO_TYPES}")
@@ -106,7 +108,9 @@ def read_tuned_lens(folder: str | Path) -> tuple[dict[str, Any], torch.Tensor, t
     if declared is not None and declared != n:
         raise ValueError(f"{cfg_path}: num_hidden_layers={declared} but {params_path.name} holds {n} translators")
     if any("weight" not in found[i] for i in range(n)):
-        raise ValueError(f"{params_path}: a translator has no weight (layers {[i for i in range(n) if 'weight' not in found[i]]})")
+        raise ValueError(
+            f"{params_path}: a translator has no weight (layers {[i for i in range(n) if 'weight' not in found[i]]})"
+        )
     d = found[0]["weight"].shape[-1]
     weight = torch.zeros(n, d, d)
     bias = torch.zeros(n, d)
@@ -157,7 +161,11 @@ def import_tuned_lens(
             f"(base_model_name_or_path={cfg.get('base_model_name_or_path')!r}, "
             f"base_model_revision={cfg.get('base_model_revision')!r})"
         )
-    options = {"source": "tuned_lens", **(source or {}), "unembed_hash_checked": bool(recorded),
-               "base_model_name_or_path": cfg.get("base_model_name_or_path"),
-               "base_model_revision": cfg.get("base_model_revision")}
+    options = {
+        "source": "tuned_lens",
+        **(source or {}),
+        "unembed_hash_checked": bool(recorded),
+        "base_model_name_or_path": cfg.get("base_model_name_or_path"),
+        "base_model_revision": cfg.get("base_model_revision"),
+    }
     return lens_mod.Lens(model, weight, bias, options=options, meta={**(meta or {}), "stop_reason": "imported"})

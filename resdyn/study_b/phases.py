@@ -50,8 +50,17 @@ import pandas as pd
 
 from resdyn.numerics.checks import is_int
 
-__all__ = ["SMOOTHING_METHODS", "Cutpoints", "smooth", "cutpoints", "phase_spans", "phase_of_layer", "profile_at",
-           "middle_regime", "regime_agreement"]
+__all__ = [
+    "SMOOTHING_METHODS",
+    "Cutpoints",
+    "smooth",
+    "cutpoints",
+    "phase_spans",
+    "phase_of_layer",
+    "profile_at",
+    "middle_regime",
+    "regime_agreement",
+]
 
 SMOOTHING_METHODS = ("none", "moving_average", "savgol")
 _SAVGOL_POLYORDER = 2
@@ -84,9 +93,7 @@ def _check_window(window: object, method: str, n: int) -> int:
     if w > n:
         raise ValueError(f"window={w} is longer than the profile ({n} points); use window <= {n}")
     if method == "savgol" and w <= _SAVGOL_POLYORDER:
-        raise ValueError(
-            f"savgol needs window > polyorder={_SAVGOL_POLYORDER} (odd, e.g. 3, 5), got window={w}"
-        )
+        raise ValueError(f"savgol needs window > polyorder={_SAVGOL_POLYORDER} (odd, e.g. 3, 5), got window={w}")
     return w
 
 
@@ -210,9 +217,7 @@ def _kneedle_stage(
     }
     if x.size < 3:
         where = "start" if direction == "increasing" else "end"
-        out["reason"] = (
-            f"{label}: segment has {x.size} point(s) (< 3) - peak at or next to the {where} of the profile"
-        )
+        out["reason"] = f"{label}: segment has {x.size} point(s) (< 3) - peak at or next to the {where} of the profile"
         return out
     scale = max(1.0, float(np.max(np.abs(y))))
     if float(np.ptp(y)) <= flat_tol * scale:
@@ -350,7 +355,9 @@ class Cutpoints:
         required = [f.name for f in fields(cls) if f.name not in _OPTIONAL_KEYS]
         missing = [name for name in required if name not in obj]
         if missing:
-            raise ValueError(f"{source}: lacks keys {missing} (a phases.json written by resdyn.study_b.phases has {required})")
+            raise ValueError(
+                f"{source}: lacks keys {missing} (a phases.json written by resdyn.study_b.phases has {required})"
+            )
 
         def integer(name: str, v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int):
@@ -373,8 +380,10 @@ class Cutpoints:
         n = integer("n", obj["n"])
         b1, peak, b2 = (integer(name, obj[name]) for name in ("b1", "peak", "b2"))
         if not (n >= 1 and 0 <= b1 <= peak <= b2 <= n - 1):
-            raise ValueError(f"{source}: cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, "
-                             f"got b1={b1}, peak={peak}, b2={b2}, n={n}")
+            raise ValueError(
+                f"{source}: cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, "
+                f"got b1={b1}, peak={peak}, b2={b2}, n={n}"
+            )
         spans = tuple(tuple(span) for span in obj["spans"]) if isinstance(obj["spans"], list) else None
         if spans != tuple(phase_spans(n, b1, b2)):
             raise ValueError(f"{source}: spans {obj['spans']!r} do not match b1={b1}, b2={b2}, n={n}")
@@ -383,8 +392,9 @@ class Cutpoints:
             raise ValueError(f"{source}: widths {widths!r} do not match spans {obj['spans']!r}")
         profile, smoothed = numbers("profile"), numbers("smoothed")
         if len(profile) != n or len(smoothed) != n:
-            raise ValueError(f"{source}: profile and smoothed must have n = {n} points, "
-                             f"got {len(profile)} and {len(smoothed)}")
+            raise ValueError(
+                f"{source}: profile and smoothed must have n = {n} points, got {len(profile)} and {len(smoothed)}"
+            )
         window = obj["window"]
         if window is not None:
             integer("window", window)
@@ -408,11 +418,25 @@ class Cutpoints:
         if regime is not None:
             _check_regime(regime, source)
         return cls(
-            b1=b1, b2=b2, peak=peak, b1_found=flag("b1_found"), b2_found=flag("b2_found"), reason=obj["reason"],
-            spans=spans, widths=tuple(widths), n=n, window=window, method=obj["method"], sensitivity=sens,
-            notes=tuple(obj["notes"]), profile=profile, smoothed=smoothed,
-            stages={name: dict(stage) for name, stage in stages.items()}, k=k,
-            k_fraction_requested=None if kf is None else float(kf), regime=regime,
+            b1=b1,
+            b2=b2,
+            peak=peak,
+            b1_found=flag("b1_found"),
+            b2_found=flag("b2_found"),
+            reason=obj["reason"],
+            spans=spans,
+            widths=tuple(widths),
+            n=n,
+            window=window,
+            method=obj["method"],
+            sensitivity=sens,
+            notes=tuple(obj["notes"]),
+            profile=profile,
+            smoothed=smoothed,
+            stages={name: dict(stage) for name, stage in stages.items()},
+            k=k,
+            k_fraction_requested=None if kf is None else float(kf),
+            regime=regime,
         )
 
 
@@ -568,8 +592,10 @@ def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
         raise ValueError("rss table is empty")
     ds = pd.unique(rss["d"])
     if len(ds) != 1 or not float(ds[0]).is_integer() or int(ds[0]) < int(rss["k"].max()):
-        raise ValueError(f"rss table: column d must hold one hidden size, an integer >= every k "
-                         f"(max k = {rss['k'].max()}), got {sorted(ds.tolist())}")
+        raise ValueError(
+            f"rss table: column d must hold one hidden size, an integer >= every k "
+            f"(max k = {rss['k'].max()}), got {sorted(ds.tolist())}"
+        )
     d = int(ds[0])
     ks = rss[["k", "k_fraction"]].drop_duplicates().sort_values("k")
     target = k_from_fraction(d, k_fraction)
@@ -624,7 +650,9 @@ def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
     """
     need = ["k", "k_fraction", "energy", "visibility", "pareto"]
     if not isinstance(resolution, pd.DataFrame):
-        raise ValueError(f"resolution must be a pandas DataFrame (a resolution.tsv table), got {type(resolution).__name__}")
+        raise ValueError(
+            f"resolution must be a pandas DataFrame (a resolution.tsv table), got {type(resolution).__name__}"
+        )
     missing = [c for c in need if c not in resolution.columns]
     if missing:
         raise ValueError(f"resolution table lacks columns {missing}; needs {need}, has {list(resolution.columns)}")
@@ -641,12 +669,18 @@ def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
 
     dist = np.hypot(1.0 - unit("energy"), 1.0 - unit("visibility"))
     i = int(np.argmin(dist))
-    sel = front.iloc[max(0, i - 1): i + 2]
-    how = (f"frontier point nearest the ideal (normalised energy 1, visibility 1): k = {int(front['k'][i])} "
-           f"({float(front['k_fraction'][i]):g} of d), with its frontier neighbours; "
-           f"{len(front)} frontier point(s)")
-    return {"k": sel["k"].astype(int).tolist(), "k_fraction": [float(x) for x in sel["k_fraction"]],
-            "k_center": int(front["k"][i]), "how": how}
+    sel = front.iloc[max(0, i - 1) : i + 2]
+    how = (
+        f"frontier point nearest the ideal (normalised energy 1, visibility 1): k = {int(front['k'][i])} "
+        f"({float(front['k_fraction'][i]):g} of d), with its frontier neighbours; "
+        f"{len(front)} frontier point(s)"
+    )
+    return {
+        "k": sel["k"].astype(int).tolist(),
+        "k_fraction": [float(x) for x in sel["k_fraction"]],
+        "k_center": int(front["k"][i]),
+        "how": how,
+    }
 
 
 def regime_agreement(
@@ -674,13 +708,23 @@ def regime_agreement(
     """
     ks, k_fractions = list(regime.get("k") or []), list(regime.get("k_fraction") or [])
     if not ks or len(ks) != len(k_fractions):
-        raise ValueError(f"regime_agreement needs at least one k and one fraction per k, got k {ks!r}, "
-                         f"fractions {k_fractions!r}")
+        raise ValueError(
+            f"regime_agreement needs at least one k and one fraction per k, got k {ks!r}, fractions {k_fractions!r}"
+        )
     cuts = []
     for k in ks:
         c = cutpoints(_profile_at_k(rss, int(k)), window=window, method=method, sensitivity=sensitivity)
-        cuts.append({"k": int(k), "b1": c.b1, "peak": c.peak, "b2": c.b2, "b1_found": c.b1_found,
-                     "b2_found": c.b2_found, "reason": c.reason})
+        cuts.append(
+            {
+                "k": int(k),
+                "b1": c.b1,
+                "peak": c.peak,
+                "b2": c.b2,
+                "b1_found": c.b1_found,
+                "b2_found": c.b2_found,
+                "reason": c.reason,
+            }
+        )
     b1s, b2s = [c["b1"] for c in cuts], [c["b2"] for c in cuts]
     b1_shift, b2_shift = max(b1s) - min(b1s), max(b2s) - min(b2s)
     return {
@@ -708,6 +752,9 @@ def _check_regime(regime: Any, source: str) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{source}: regime.{key} must be an integer >= 0, got {v!r}")
     cuts = regime["cuts"]
-    if not isinstance(cuts, list) or not all(isinstance(c, Mapping) for c in cuts) \
-            or [c.get("k") for c in cuts] != regime["k"]:
+    if (
+        not isinstance(cuts, list)
+        or not all(isinstance(c, Mapping) for c in cuts)
+        or [c.get("k") for c in cuts] != regime["k"]
+    ):
         raise ValueError(f"{source}: regime.cuts must hold one cut per k of regime.k {regime['k']!r}")

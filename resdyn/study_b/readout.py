@@ -102,8 +102,7 @@ def _pair(V1: object, V2: object) -> tuple[np.ndarray, np.ndarray]:
     B = _as_matrix(V2, "V2")
     if A.shape != B.shape:
         raise ValueError(
-            f"V1 and V2 must have the same shape (d × k, same ambient d and same k), "
-            f"got V1 {A.shape} and V2 {B.shape}"
+            f"V1 and V2 must have the same shape (d × k, same ambient d and same k), got V1 {A.shape} and V2 {B.shape}"
         )
     return _orthonormal_basis(A, "V1"), _orthonormal_basis(B, "V2")
 
@@ -295,9 +294,7 @@ def _check_translators(translators: Sequence[np.ndarray], min_n: int) -> list[np
     if isinstance(translators, np.ndarray) and translators.ndim == 3:
         translators = list(translators)
     if not isinstance(translators, (list, tuple)):
-        raise ValueError(
-            f"translators must be a list of (d, d) arrays A_0..A_(n-1), got {type(translators).__name__}"
-        )
+        raise ValueError(f"translators must be a list of (d, d) arrays A_0..A_(n-1), got {type(translators).__name__}")
     if len(translators) < min_n:
         raise ValueError(f"need at least {min_n} translators (consecutive pairs), got {len(translators)}")
     mats = [_as_matrix(A, f"translators[{i}]") for i, A in enumerate(translators)]
@@ -307,8 +304,7 @@ def _check_translators(translators: Sequence[np.ndarray], min_n: int) -> list[np
     for i, M in enumerate(mats):
         if M.shape != shape:
             raise ValueError(
-                f"all translators must have the same shape; translators[0] is {shape}, "
-                f"translators[{i}] is {M.shape}"
+                f"all translators must have the same shape; translators[0] is {shape}, translators[{i}] is {M.shape}"
             )
     return mats
 

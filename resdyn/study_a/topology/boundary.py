@@ -57,6 +57,7 @@ def participation_coefficient(graph: ig.Graph, labels: Any) -> np.ndarray:
     (isolated). Returns float64, shape (d,).
     """
     from scipy import sparse
+
     lab = check_labels(graph, labels)
     n = graph.vcount()
     i, j, w = _positive_arcs(graph, lab)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 def edge_arrays(graph: ig.Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, weight) arrays of a weighted undirected graph, validated."""
     import igraph as ig
+
     if not isinstance(graph, ig.Graph):
         raise TypeError(f"graph must be an igraph.Graph, got {type(graph).__name__}")
     if graph.is_directed():
@@ -42,6 +43,7 @@ def edge_arrays(graph: ig.Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check_labels(graph: ig.Graph, labels: Any) -> np.ndarray:
     """``labels`` as one int64 community label per vertex of ``graph``; TypeError/ValueError otherwise."""
     import igraph as ig
+
     if not isinstance(graph, ig.Graph):
         raise TypeError(f"graph must be an igraph.Graph, got {type(graph).__name__}")
     lab = np.asarray(labels)
@@ -118,6 +120,7 @@ def _leiden_once(
 ) -> tuple[np.ndarray, float]:
     import igraph as ig
     import leidenalg
+
     pos, neg = w > 0, w < 0
     g_pos = ig.Graph(n=n, edges=np.stack([src[pos], dst[pos]], 1).tolist(), directed=False)
     g_pos.es["weight"] = w[pos].tolist()
@@ -159,17 +162,13 @@ def signed_modularity(graph: ig.Graph, labels: Any) -> float:
         if two_m == 0:
             continue
         inside = 2.0 * ws[same].sum()  # Σ_ij over ordered pairs counts each edge twice
-        strength = np.bincount(src, ws, minlength=graph.vcount()) + np.bincount(
-            dst, ws, minlength=graph.vcount()
-        )
+        strength = np.bincount(src, ws, minlength=graph.vcount()) + np.bincount(dst, ws, minlength=graph.vcount())
         K = np.bincount(lab, strength, minlength=n_c)
         total += sign * (inside - (K**2).sum() / two_m)
     return float(total / (2.0 * np.abs(w).sum()))
 
 
-def signed_leiden_partition(
-    graph: ig.Graph, resolution: float | Sequence[float], seed: int
-) -> SignedPartition:
+def signed_leiden_partition(graph: ig.Graph, resolution: float | Sequence[float], seed: int) -> SignedPartition:
     """Signed Leiden CPM communities of a signed graph; a grid of γ picks by signed modularity.
 
     The graph is split into a positive layer G⁺ (edges w > 0, weight w) and a negative layer
@@ -199,9 +198,7 @@ def signed_leiden_partition(
     seed = _check_seed(seed)
     if isinstance(resolution, (str, bytes)):
         raise ValueError(f"resolution must be a number or a list of numbers, got {resolution!r}")
-    if np.ndim(resolution) > 0 or (
-        isinstance(resolution, Iterable) and not isinstance(resolution, np.ndarray)
-    ):
+    if np.ndim(resolution) > 0 or (isinstance(resolution, Iterable) and not isinstance(resolution, np.ndarray)):
         gammas = [_check_resolution(g, "resolution grid value") for g in resolution]
         if not gammas:
             raise ValueError("resolution grid is empty: give one γ or a non-empty list")

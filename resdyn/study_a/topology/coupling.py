@@ -48,6 +48,7 @@ def coupling_stats(gains: Any, is_boundary: Any) -> dict[str, Any]:
     rank_biserial, p_value, n_boundary, n_interior, median_boundary, median_interior, reason.
     """
     from scipy import stats
+
     g = np.asarray(gains, dtype=np.float64)
     b = np.asarray(is_boundary)
     if g.ndim != 1:
@@ -72,10 +73,7 @@ def coupling_stats(gains: Any, is_boundary: Any) -> dict[str, Any]:
         "reason": None,
     }
     if gb.size < 1 or gi.size < 1:
-        out["reason"] = (
-            f"need ≥ 1 boundary and ≥ 1 interior unit, got {gb.size} boundary and "
-            f"{gi.size} interior"
-        )
+        out["reason"] = f"need ≥ 1 boundary and ≥ 1 interior unit, got {gb.size} boundary and {gi.size} interior"
         return out
     res = stats.mannwhitneyu(gb, gi, alternative="two-sided")
     out["rank_biserial"] = float(2.0 * res.statistic / (gb.size * gi.size) - 1.0)
@@ -86,9 +84,7 @@ def coupling_stats(gains: Any, is_boundary: Any) -> dict[str, Any]:
     if mb > 0 and mi > 0:
         out["effect_log_median_ratio"] = float(math.log(mb / mi))
     else:
-        out["reason"] = (
-            f"non-positive median gain (boundary {mb}, interior {mi}): log ratio undefined"
-        )
+        out["reason"] = f"non-positive median gain (boundary {mb}, interior {mi}): log ratio undefined"
     return out
 
 
@@ -108,6 +104,7 @@ def bh_fdr(p_values: Any) -> np.ndarray:
     handling and the range check.
     """
     from scipy import stats
+
     p = np.asarray(p_values, dtype=np.float64)
     flat = p.ravel()
     ok = ~np.isnan(flat)
@@ -164,6 +161,7 @@ def sign_dependence(effects: Any, henrici: Any) -> tuple[float, float]:
     → (nan, nan).
     """
     from scipy import stats
+
     e = np.asarray(effects, dtype=np.float64).ravel()
     h = np.asarray(henrici, dtype=np.float64).ravel()
     if e.shape != h.shape:
@@ -193,13 +191,14 @@ def coupling_from_tables(
 ) -> pd.DataFrame:
     """``coupling.tsv`` of one checkpoint: boundary-vs-interior gain per residual boundary.
 
-    ``communities``: the partitions of all layers (columns ``layer, boundary, unit,
-    is_boundary`` …; :meth:`resdyn.artifacts.CommunityPartitions.read_folder`). ``jacobians``: {(layer, kind): mean Jacobian (d, d) or a
-    zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'), ``pre_mlp``
-    uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn`` (h_L, its
-    only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖, ``J_minus_I`` →
-    ‖(J − I) e_i‖ (:func:`unit_gains`). ``spectra``: spectra.tsv (``layer, kind, henrici``),
-    whose Henrici departure is carried along (NaN if absent) for :func:`sign_dependence`.
+    ``communities``: the partitions of all layers (columns ``layer, boundary, unit, is_boundary`` …;
+    :meth:`resdyn.artifacts.CommunityPartitions.read_folder`). ``jacobians``: {(layer, kind): mean
+    Jacobian (d, d) or a zero-argument callable}; boundary ``pre_attn`` of layer L uses (L, 'attn'),
+    ``pre_mlp`` uses (L, 'mlp') (:data:`BOUNDARY_KIND`); for a parallel-residual layer ``pre_attn``
+    (h_L, its only boundary) uses the layer operator (L, 'layer'). ``gain``: ``J`` → ‖J e_i‖,
+    ``J_minus_I`` → ‖(J − I) e_i‖ (:func:`unit_gains`). ``spectra``: spectra.tsv (``layer, kind,
+    henrici``), whose Henrici departure is carried along (NaN if absent) for
+    :func:`sign_dependence`.
 
     One row per (layer, boundary), ordered by depth s = 2L (attn) / 2L + 1 (mlp), with the
     :func:`coupling_stats` keys, ``henrici``, and BH ``q_value`` / ``significant`` across the
@@ -300,8 +299,9 @@ def layer_significance(coupling: pd.DataFrame, q_level: float = 0.05) -> pd.Data
     """
     need = {"layer", "p_value"}
     if not need <= set(coupling.columns):
-        raise ValueError(f"coupling table lacks columns {sorted(need - set(coupling.columns))}; "
-                         f"it has {sorted(coupling.columns)}")
+        raise ValueError(
+            f"coupling table lacks columns {sorted(need - set(coupling.columns))}; it has {sorted(coupling.columns)}"
+        )
     rows = []
     for layer, sub in coupling.groupby("layer", sort=True):
         p = pd.to_numeric(sub["p_value"], errors="raise").to_numpy(dtype=np.float64)
@@ -317,9 +317,7 @@ def layer_significance(coupling: pd.DataFrame, q_level: float = 0.05) -> pd.Data
     return table[list(LAYER_COLUMNS)]
 
 
-def significant_counts(
-    coupling: Mapping[str, pd.DataFrame], layers: Mapping[str, pd.DataFrame]
-) -> pd.DataFrame:
+def significant_counts(coupling: Mapping[str, pd.DataFrame], layers: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Per checkpoint: FDR-significant layers (the headline count, :func:`layer_significance`),
     FDR-significant boundaries (detail), and the sign dependence (Spearman ρ between coupling
     effect and Henrici departure across boundaries).
@@ -331,8 +329,9 @@ def significant_counts(
     ``sign_dependence_p``.
     """
     if set(layers) != set(coupling):
-        raise ValueError(f"layer tables for checkpoints {sorted(layers)}, coupling tables for {sorted(coupling)}: "
-                         "they must match")
+        raise ValueError(
+            f"layer tables for checkpoints {sorted(layers)}, coupling tables for {sorted(coupling)}: they must match"
+        )
     rows = []
     for ckpt, table in coupling.items():
         tested = table["p_value"].notna() if "p_value" in table else pd.Series(dtype=bool)
@@ -342,14 +341,18 @@ def significant_counts(
             if {"effect_log_median_ratio", "henrici"} <= set(table.columns)
             else (float("nan"), float("nan"))
         )
-        rows.append({
-            "ckpt": ckpt,
-            "n_significant_layers": int(per_layer["significant"].astype(bool).sum()),
-            "n_layers": int(per_layer["layer"].nunique()),
-            "n_layers_tested": int(per_layer["p_value"].notna().sum()),
-            "n_significant_boundaries": int(table["significant"].astype(bool).sum()) if "significant" in table else 0,
-            "n_boundaries": int(tested.sum()),
-            "sign_dependence_rho": rho,
-            "sign_dependence_p": p,
-        })
+        rows.append(
+            {
+                "ckpt": ckpt,
+                "n_significant_layers": int(per_layer["significant"].astype(bool).sum()),
+                "n_layers": int(per_layer["layer"].nunique()),
+                "n_layers_tested": int(per_layer["p_value"].notna().sum()),
+                "n_significant_boundaries": int(table["significant"].astype(bool).sum())
+                if "significant" in table
+                else 0,
+                "n_boundaries": int(tested.sum()),
+                "sign_dependence_rho": rho,
+                "sign_dependence_p": p,
+            }
+        )
     return pd.DataFrame(rows)

@@ -37,9 +37,7 @@ def _iter_chunks(X: Any, chunk_size: int | None) -> Iterable[Any]:
         step = chunk_size if chunk_size is not None else max(1, _CHUNK_BYTES // (8 * max(d, 1)))
         return (X[i : i + step] for i in range(0, n, step))
     if isinstance(X, (str, bytes, Mapping)) or not isinstance(X, Iterable):
-        raise TypeError(
-            f"X must be a tokens × units array or an iterable of such chunks, got {type(X).__name__}"
-        )
+        raise TypeError(f"X must be a tokens × units array or an iterable of such chunks, got {type(X).__name__}")
     return X
 
 
@@ -148,9 +146,7 @@ def correlation_matrix(X: Any, *, chunk_size: int | None = None) -> tuple[np.nda
     ``constant_units`` (index array).
     """
     if chunk_size is not None and (
-        isinstance(chunk_size, bool)
-        or not isinstance(chunk_size, (int, np.integer))
-        or chunk_size < 1
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
     ):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
     S, s, lo, hi, n = _accumulate(X, chunk_size)
@@ -226,9 +222,7 @@ def top_k_edges(R: np.ndarray, top_k: int, min_abs_r: float = 0.0) -> tuple[np.n
     return np.stack([i, j], axis=1).astype(np.int64), w
 
 
-def correlation_graph(
-    X: Any, top_k: int, min_abs_r: float = 0.0, *, chunk_size: int | None = None
-) -> ig.Graph:
+def correlation_graph(X: Any, top_k: int, min_abs_r: float = 0.0, *, chunk_size: int | None = None) -> ig.Graph:
     """Signed, sparsified correlation graph of units over tokens.
 
     ``X``: tokens × units (n × d) float array-like or iterable of token chunks (see
@@ -241,6 +235,7 @@ def correlation_graph(
     ``n_constant_units``. Peak memory ≈ one d×d float64 (128 MiB at d = 4096) + one token chunk.
     """
     import igraph as ig
+
     k = _check_top_k(top_k)
     tau = _check_min_abs_r(min_abs_r)
     R, info = correlation_matrix(X, chunk_size=chunk_size)

@@ -74,7 +74,9 @@ class _FusedKL(torch.autograd.Function):
         return q, None, None, None
 
 
-def fused_kl(z: torch.Tensor, target_p: torch.Tensor, target_neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+def fused_kl(
+    z: torch.Tensor, target_p: torch.Tensor, target_neg_entropy: torch.Tensor, value: bool = True
+) -> torch.Tensor:
     """Differentiable per-token KL(p ‖ softmax(z)); see :class:`_FusedKL`.
 
     ``value=False`` returns zeros whose backward is still ∂KL/∂z (gradient-only steps).
@@ -95,7 +97,9 @@ class _LinearHeadKL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+    def forward(
+        ctx, y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True
+    ) -> torch.Tensor:
         acc = torch.promote_types(y.dtype, torch.float32)  # float32 (float64 in the tests)
         z = torch.matmul(y.to(w.dtype), w.mT)
         q = torch.softmax(z, dim=-1)
@@ -116,7 +120,9 @@ class _LinearHeadKL(torch.autograd.Function):
         return g.to(ctx.y_dtype), None, None, None, None
 
 
-def linear_head_kl(y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True) -> torch.Tensor:
+def linear_head_kl(
+    y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor, value: bool = True
+) -> torch.Tensor:
     """Differentiable (in y) per-token KL(p ‖ softmax(W y)); see :class:`_LinearHeadKL`."""
     return _LinearHeadKL.apply(y, w, m, neg_entropy, value)
 
@@ -146,7 +152,9 @@ def default_chunk_elements(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def teacher_stats(model: nn.Module, w: torch.Tensor, final_states: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_stats(
+    model: nn.Module, w: torch.Tensor, final_states: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token teacher statistics ``(m = Wᵀ p (N, d) float32, Σ p log p (N,))`` of the model's
     final distribution p, from the last layer's raw output (N, d); W as used by the training
     readout (its bf16 rounding included, so the KL gradient cancels exactly at q = p)."""
@@ -184,7 +192,9 @@ def final_target(model: nn.Module, final_states: torch.Tensor) -> Target:
 
 
 @torch.no_grad()
-def layer_kl(model: nn.Module, weight: torch.Tensor | None, bias: torch.Tensor | None, states: torch.Tensor, budget: int) -> np.ndarray:
+def layer_kl(
+    model: nn.Module, weight: torch.Tensor | None, bias: torch.Tensor | None, states: torch.Tensor, budget: int
+) -> np.ndarray:
     """Mean KL(p_final ‖ p_lens) per translator layer over the tokens of ``states``; (n,) float64.
 
     ``weight = bias = None`` evaluates the logit lens.

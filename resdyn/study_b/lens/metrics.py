@@ -19,7 +19,9 @@ METRIC_COLUMNS = artifacts.LENS_METRIC_COLUMNS  # defined by resdyn.artifacts.Le
 
 
 @torch.no_grad()
-def lens_metrics(model: nn.Module, lens: Lens, token_batches: Iterable[torch.Tensor], chunk_elements: int | None = None) -> pd.DataFrame:
+def lens_metrics(
+    model: nn.Module, lens: Lens, token_batches: Iterable[torch.Tensor], chunk_elements: int | None = None
+) -> pd.DataFrame:
     """Per-layer readout quality of the tuned and the logit lens on held-out token batches.
 
     For layer L ∈ 0..n (n: the model's own output, identity translator, KL = 0 exactly):
@@ -56,14 +58,30 @@ def lens_metrics(model: nn.Module, lens: Lens, token_batches: Iterable[torch.Ten
     for name in ("tuned", "logit"):
         for layer in range(n + 1):
             kl, ce, h1, h5 = sums[name][layer]
-            row = {"lens": name, "layer": layer, "kl": kl / n_tok, "ce": ce / max(n_ce, 1), "hit1": h1 / n_tok, "hit5": h5 / n_tok, "n_tokens": n_tok}
+            row = {
+                "lens": name,
+                "layer": layer,
+                "kl": kl / n_tok,
+                "ce": ce / max(n_ce, 1),
+                "hit1": h1 / n_tok,
+                "hit5": h5 / n_tok,
+                "n_tokens": n_tok,
+            }
             if name == "tuned" and conv is not None and layer in conv.index:
                 c = conv.loc[layer]
-                row.update(converged=bool(c["converged"]), steps=int(c["steps"]), converged_step=int(c["converged_step"]), final_heldout_kl=float(c["final_heldout_kl"]))
+                row.update(
+                    converged=bool(c["converged"]),
+                    steps=int(c["steps"]),
+                    converged_step=int(c["converged_step"]),
+                    final_heldout_kl=float(c["final_heldout_kl"]),
+                )
                 row["reason"] = "" if np.isfinite(row["final_heldout_kl"]) else "no held-out batches: no held-out KL"
             else:  # why the training columns are empty
-                row["reason"] = ("logit lens: nothing trained" if name == "logit" else
-                                 "last layer's output: read as is, no translator trained")
+                row["reason"] = (
+                    "logit lens: nothing trained"
+                    if name == "logit"
+                    else "last layer's output: read as is, no translator trained"
+                )
             rows.append(row)
     return pd.DataFrame(rows, columns=METRIC_COLUMNS)
 

@@ -87,7 +87,10 @@ class LensOptions:
         _check(self.optimizer in OPTIMIZERS, f"optimizer={self.optimizer!r}; allowed: {OPTIMIZERS}")
         _check(self.lr_schedule in LR_SCHEDULES, f"lr_schedule={self.lr_schedule!r}; allowed: {LR_SCHEDULES}")
         _check(self.clip_scope in CLIP_SCOPES, f"clip_scope={self.clip_scope!r}; allowed: {CLIP_SCOPES}")
-        _check(self.readout_dtype in READOUT_DTYPES, f"readout_dtype={self.readout_dtype!r}; allowed: {tuple(READOUT_DTYPES)}")
+        _check(
+            self.readout_dtype in READOUT_DTYPES,
+            f"readout_dtype={self.readout_dtype!r}; allowed: {tuple(READOUT_DTYPES)}",
+        )
         _check(is_int(self.steps) and self.steps >= 1, f"steps={self.steps!r}; must be an integer ≥ 1")
         _check(
             self.tokens_per_step is None or (is_int(self.tokens_per_step) and self.tokens_per_step >= 1),
@@ -96,12 +99,17 @@ class LensOptions:
         _check(self.lr is None or self.lr > 0, f"lr={self.lr!r}; must be None or > 0")
         _check(0 <= self.momentum < 1, f"momentum={self.momentum!r}; must be in [0, 1)")
         _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay!r}; must be ≥ 0")
-        _check(is_int(self.warmup_steps) and self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps!r}; must be an integer ≥ 0")
+        _check(
+            is_int(self.warmup_steps) and self.warmup_steps >= 0,
+            f"warmup_steps={self.warmup_steps!r}; must be an integer ≥ 0",
+        )
         _check(
             self.clip_grad_norm is None or self.clip_grad_norm > 0,
             f"clip_grad_norm={self.clip_grad_norm!r}; must be None or > 0",
         )
-        _check(is_int(self.eval_every) and self.eval_every >= 1, f"eval_every={self.eval_every!r}; must be an integer ≥ 1")
+        _check(
+            is_int(self.eval_every) and self.eval_every >= 1, f"eval_every={self.eval_every!r}; must be an integer ≥ 1"
+        )
         _check(is_int(self.patience) and self.patience >= 1, f"patience={self.patience!r}; must be an integer ≥ 1")
         _check(self.tol >= 0, f"tol={self.tol!r}; must be ≥ 0")
         _check(

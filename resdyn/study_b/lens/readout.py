@@ -36,7 +36,9 @@ def apply_translator(hidden: torch.Tensor, weight: torch.Tensor | None, bias: to
     return out.to(hidden.dtype)
 
 
-def lens_readout(model: nn.Module, hidden: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+def lens_readout(
+    model: nn.Module, hidden: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
     """Lens logits ``unembed_logits(model, T(h))`` (..., V); W = b = None gives the logit lens."""
     return structure.unembed_logits(model, apply_translator(hidden, weight, bias))
 
@@ -185,7 +187,11 @@ def linear_readout_weight(model: nn.Module, dtype: torch.dtype) -> torch.Tensor 
     bias, no softcap, no logit scaling) so that :func:`resdyn.study_b.lens.kl.linear_head_kl` applies; None otherwise
     (Gemma's softcap, Granite's logits_scaling)."""
     head = model.get_output_embeddings()
-    if (not isinstance(head, nn.Linear) or head.bias is not None or softcap(model) is not None
-            or structure.readout_scale(model) is not None):
+    if (
+        not isinstance(head, nn.Linear)
+        or head.bias is not None
+        or softcap(model) is not None
+        or structure.readout_scale(model) is not None
+    ):
         return None
     return head.weight.detach().to(dtype)

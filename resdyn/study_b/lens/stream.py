@@ -21,7 +21,10 @@ def as_batches(token_batches: Iterable[torch.Tensor], name: str) -> list[torch.T
     batches = []
     for i, b in enumerate(token_batches):
         if not isinstance(b, torch.Tensor) or b.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"{name}[{i}]: expected an integer torch tensor (B, T), got {type(b).__name__} {getattr(b, 'dtype', '')}")
+            raise ValueError(
+                f"{name}[{i}]: expected an integer torch tensor (B, T), got {type(b).__name__} "
+                f"{getattr(b, 'dtype', '')}"
+            )
         if b.dim() == 1:
             b = b[None]
         if b.dim() != 2 or b.numel() == 0:
@@ -56,7 +59,11 @@ def token_batches(input_ids: np.ndarray | torch.Tensor, batch_size: int) -> list
     """
     if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}; must be an integer ≥ 1")
-    ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64)) if not isinstance(input_ids, torch.Tensor) else input_ids.long()
+    ids = (
+        torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+        if not isinstance(input_ids, torch.Tensor)
+        else input_ids.long()
+    )
     if ids.dim() != 2 or ids.shape[0] == 0:
         raise ValueError(f"input_ids: expected shape (N, T) with N ≥ 1, got {tuple(ids.shape)}")
     return [ids[i : i + batch_size] for i in range(0, ids.shape[0], batch_size)]

@@ -96,7 +96,11 @@ def _make_optimizer(params: list[nn.Parameter], opt: LensOptions) -> torch.optim
         # PyTorch's momentum amplifies the step by 1/(1−β); undo it so lr is the effective step
         # (tuned-lens does the same; its optimum is then lr ≈ 1).
         return torch.optim.SGD(
-            params, lr=lr * (1 - opt.momentum), momentum=opt.momentum, nesterov=opt.momentum > 0, weight_decay=opt.weight_decay
+            params,
+            lr=lr * (1 - opt.momentum),
+            momentum=opt.momentum,
+            nesterov=opt.momentum > 0,
+            weight_decay=opt.weight_decay,
         )
     # Decoupled decay: pulls W, b toward 0 (= identity translator) at rate lr·wd regardless of the
     # gradient scale, where Adam's L2 form would be rescaled by the second-moment estimate.
@@ -184,7 +188,13 @@ def train_lens(
         raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
     saver = None
     if checkpoint is not None:
-        key = _fingerprint(model, batches, heldout, opt, {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash})
+        key = _fingerprint(
+            model,
+            batches,
+            heldout,
+            opt,
+            {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash},
+        )
         saver = _Checkpointer(Path(checkpoint), key, int(checkpoint_every))
     with frozen(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opt.seed)
@@ -200,8 +210,9 @@ def train_lens(
         teacher = None if head_w is None else (lambda final: teacher_stats(model, head_w, final, opt.chunk_elements))
         stream = TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
         result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w)
-        _require_finite(torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator",
-                        result["steps"])
+        _require_finite(
+            torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator", result["steps"]
+        )
     if saver is not None:
         saver.remove()
 
@@ -233,7 +244,8 @@ def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
         layer = int(torch.nonzero(bad)[0])
         raise FloatingPointError(
             f"{where}: non-finite {what} (NaN/Inf) at layer {layer}, lens step {step} — the model's weights or "
-            "states hold NaN/Inf (or training diverged: lower lens.lr); no lens written")
+            "states hold NaN/Inf (or training diverged: lower lens.lr); no lens written"
+        )
 
 
 @dataclass
@@ -258,8 +270,14 @@ class _Loop:
             self.since_converged = np.full(self.n, -1)
 
 
-def _restore(loop: _Loop, state: dict[str, Any], weight: nn.Parameter, bias: nn.Parameter,
-             optimizer: torch.optim.Optimizer, stream: TokenStream) -> None:
+def _restore(
+    loop: _Loop,
+    state: dict[str, Any],
+    weight: nn.Parameter,
+    bias: nn.Parameter,
+    optimizer: torch.optim.Optimizer,
+    stream: TokenStream,
+) -> None:
     """Load a checkpoint's state (:func:`_snapshot`) into the translators, optimizer, stream and loop."""
     with torch.no_grad():
         weight.copy_(state["weight"])
@@ -273,8 +291,9 @@ def _restore(loop: _Loop, state: dict[str, Any], weight: nn.Parameter, bias: nn.
     stream.seek(*state["stream"])
 
 
-def _snapshot(loop: _Loop, weight: nn.Parameter, bias: nn.Parameter, optimizer: torch.optim.Optimizer,
-              stream: TokenStream) -> dict[str, Any]:
+def _snapshot(
+    loop: _Loop, weight: nn.Parameter, bias: nn.Parameter, optimizer: torch.optim.Optimizer, stream: TokenStream
+) -> dict[str, Any]:
     """The loop's whole resumable state (:class:`resdyn.artifacts.LensCheckpoint`'s content)."""
     return {
         "weight": weight.detach().cpu().clone(),
@@ -282,16 +301,24 @@ def _snapshot(loop: _Loop, weight: nn.Parameter, bias: nn.Parameter, optimizer: 
         "optimizer": optimizer.state_dict(),
         "step": loop.step,
         "rows": list(loop.rows),
-        "history": (torch.from_numpy(np.stack(loop.history)) if loop.history
-                    else torch.zeros(0, loop.n, dtype=torch.float64)),
+        "history": (
+            torch.from_numpy(np.stack(loop.history)) if loop.history else torch.zeros(0, loop.n, dtype=torch.float64)
+        ),
         "since_converged": torch.from_numpy(np.asarray(loop.since_converged, dtype=np.int64)),
         "train_kl": None if loop.train_kl is None else torch.from_numpy(np.asarray(loop.train_kl)),
         "stream": stream.position(),
     }
 
 
-def _evaluate(loop: _Loop, step: int, model: nn.Module, weight: nn.Parameter, bias: nn.Parameter,
-              heldout_states: torch.Tensor | None, opt: LensOptions) -> None:
+def _evaluate(
+    loop: _Loop,
+    step: int,
+    model: nn.Module,
+    weight: nn.Parameter,
+    bias: nn.Parameter,
+    heldout_states: torch.Tensor | None,
+    opt: LensOptions,
+) -> None:
     """Curve rows at ``step``: the pending training KL, then the held-out KL (kept in the history)."""
     if loop.train_kl is not None:
         loop.rows.extend((step, L, "train", float(v)) for L, v in enumerate(loop.train_kl))
@@ -309,9 +336,17 @@ def _window_ok(loop: _Loop, step: int, opt: LensOptions) -> bool:
     return len(loop.history) > opt.patience and step - opt.patience * opt.eval_every >= opt.warmup_steps
 
 
-def _optimizer_step(loop: _Loop, model: nn.Module, weight: nn.Parameter, bias: nn.Parameter,
-                    optimizer: torch.optim.Optimizer, base_lrs: list[float], stream: TokenStream,
-                    opt: LensOptions, head_w: torch.Tensor | None) -> None:
+def _optimizer_step(
+    loop: _Loop,
+    model: nn.Module,
+    weight: nn.Parameter,
+    bias: nn.Parameter,
+    optimizer: torch.optim.Optimizer,
+    base_lrs: list[float],
+    stream: TokenStream,
+    opt: LensOptions,
+    head_w: torch.Tensor | None,
+) -> None:
     """One step: the next tokens, the scheduled lr, the KL gradient, clipping, the update."""
     step = loop.step
     states, teacher = stream.take()
@@ -397,8 +432,12 @@ def _fit(
             saver.save(_snapshot(loop, weight, bias, optimizer, stream))
     bar.close()
     curves = pd.DataFrame(loop.rows, columns=CURVE_COLUMNS)
-    return {"curves": curves, "convergence": _convergence_table(loop, heldout_states, opt), "steps": loop.step,
-            "stop_reason": loop.stop_reason}
+    return {
+        "curves": curves,
+        "convergence": _convergence_table(loop, heldout_states, opt),
+        "steps": loop.step,
+        "stop_reason": loop.stop_reason,
+    }
 
 
 class _Checkpointer:
@@ -421,11 +460,23 @@ class _Checkpointer:
         LensCheckpoint.remove(self.path)
 
 
-def _fingerprint(model: nn.Module, batches: list[torch.Tensor], heldout: list[torch.Tensor] | None, opt: LensOptions, meta: dict[str, Any]) -> str:
+def _fingerprint(
+    model: nn.Module,
+    batches: list[torch.Tensor],
+    heldout: list[torch.Tensor] | None,
+    opt: LensOptions,
+    meta: dict[str, Any],
+) -> str:
     """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
     ``model_hash``) every model parameter: what a resumed trajectory must share with the first."""
     options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
-    h = hashlib.sha256(json.dumps({"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": model_info(model)}, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(
+        json.dumps(
+            {"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": model_info(model)},
+            sort_keys=True,
+            default=str,
+        ).encode()
+    )
     h.update(unembed_hash(model).encode())
     if meta.get("model_hash") is None:
         for name, t in model.state_dict().items():

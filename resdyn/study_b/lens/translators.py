@@ -38,7 +38,8 @@ class Lens:
 
     ``weight (n, d, d)``, ``bias (n, d)``: float32 W_L, b_L on the model's device.
     ``curves``: DataFrame(step, layer, split ∈ {train, heldout}, kl); train KL is that of the
-    step's own training batch (before its update), held-out KL that of the held-out set after it. ``convergence``: DataFrame(layer, converged,
+    step's own training batch (before its update), held-out KL that of the held-out set after it. ``convergence``:
+    DataFrame(layer, converged,
     converged_step, steps, final_heldout_kl, rel_change) — see :mod:`resdyn.study_b.lens`.
     """
 
@@ -56,7 +57,10 @@ class Lens:
         info = model_info(model)
         n, d = info["n_layers"], info["d_model"]
         if tuple(weight.shape) != (n, d, d) or tuple(bias.shape) != (n, d):
-            raise ValueError(f"translator shapes {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the model: expected ({n}, {d}, {d}), ({n}, {d})")
+            raise ValueError(
+                f"translator shapes {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the model: expected "
+                f"({n}, {d}, {d}), ({n}, {d})"
+            )
         device = model_device(model)
         self.model = model
         self.weight = weight.detach().to(device, torch.float32)
@@ -113,14 +117,21 @@ class Lens:
             "steps_trained": self.meta.get("steps_trained"),
             "stop_reason": self.meta.get("stop_reason"),
             # NaN (too few evals for the convergence window) as JSON null; load reads it back as NaN
-            "convergence": self.convergence.astype(object).where(self.convergence.notna(), None).to_dict(orient="records"),
+            "convergence": self.convergence.astype(object)
+            .where(self.convergence.notna(), None)
+            .to_dict(orient="records"),
         }
 
     def save(self, directory: str | Path) -> Path:
         """Write the lens folder (:class:`resdyn.artifacts.LensFolder`): translators.safetensors,
         curves.tsv and (last) config.json, each atomically."""
-        return LensFolder.write(directory, self.weight.detach().cpu().contiguous().numpy(),
-                                self.bias.detach().cpu().contiguous().numpy(), self.curves, self.config())
+        return LensFolder.write(
+            directory,
+            self.weight.detach().cpu().contiguous().numpy(),
+            self.bias.detach().cpu().contiguous().numpy(),
+            self.curves,
+            self.config(),
+        )
 
     @classmethod
     def load(cls, directory: str | Path, model: nn.Module) -> Lens:
@@ -147,8 +158,15 @@ class Lens:
         # null (NaN when saved: no held-out batches, or fewer evals than the window) back to NaN
         convergence[["final_heldout_kl", "rel_change"]] = convergence[["final_heldout_kl", "rel_change"]].astype(float)
         meta = {k: cfg.get(k) for k in ("model_id", "model_revision", "model_hash", "steps_trained", "stop_reason")}
-        return cls(model, torch.from_numpy(files.weight.copy()), torch.from_numpy(files.bias.copy()),
-                   options=cfg.get("training"), curves=files.curves, convergence=convergence, meta=meta)
+        return cls(
+            model,
+            torch.from_numpy(files.weight.copy()),
+            torch.from_numpy(files.bias.copy()),
+            options=cfg.get("training"),
+            curves=files.curves,
+            convergence=convergence,
+            meta=meta,
+        )
 
     def export_tuned_lens(self, directory: str | Path) -> Path:
         """Write the lens in EleutherAI tuned-lens's format: ``params.pt`` + ``config.json``.
@@ -171,7 +189,9 @@ class Lens:
             state[f"{i}.weight"] = self.weight[i].detach().cpu().clone()
             state[f"{i}.bias"] = self.bias[i].detach().cpu().clone()
         config = {
-            "base_model_name_or_path": self.meta.get("model_id") or getattr(self.model.config, "name_or_path", "") or "",
+            "base_model_name_or_path": self.meta.get("model_id")
+            or getattr(self.model.config, "name_or_path", "")
+            or "",
             "d_model": self.d_model,
             "num_hidden_layers": self.n_layers,
             "bias": True,
