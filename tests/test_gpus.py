@@ -253,7 +253,10 @@ def test_a_run_whose_job_fits_no_node_stops_before_any_job(paper_b, paper_hub_ca
         multigpu.FitError, match=r"^job lens \S+_32b/main: .* fits no 8 x a100-40 .*a100-80, h100, h200"
     ):
         dag.check_fits(paper_b, "a100-40")
-    dag.check_fits({**paper_b, "device": "cpu"}, "a100-40")  # a CPU run holds no GPU
+    # a CPU run holds no GPU, so no GPU kind refuses it; its 13B lens would run for weeks on a CPU
+    with pytest.raises(multigpu.FitError, match=r"^job lens \S+: asks for .* h; a job may ask for at most") as err:
+        dag.check_fits({**paper_b, "device": "cpu"}, "a100-40")
+    assert "a100-40" not in str(err.value)
     env = {
         **__import__("os").environ,
         "HF_HUB_CACHE": str(paper_hub_cache),

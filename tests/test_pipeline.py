@@ -11,6 +11,7 @@ import modulefinder
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,22 @@ def with_config(work: Path, name: str, change) -> str:
     path = work / "configs" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return f"configs/{name}.yaml"
+
+
+def test_outputs_follow_the_users_umask(smoke):
+    """Every file and folder the run wrote under results/ and models/ has the modes a plain write
+    gets under the umask the run started with (0644/0755 under 022), not mkstemp's private 0600."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    wrong = []
+    for top in ("results", "models"):
+        for p in [smoke / top, *(smoke / top).rglob("*")]:
+            if any(part.startswith(".") for part in p.relative_to(smoke).parts):
+                continue  # a staging name or Snakemake's own
+            want = (0o777 if p.is_dir() else 0o666) & ~mask
+            if stat.S_IMODE(p.stat().st_mode) != want:
+                wrong.append(f"{p.relative_to(smoke)}: {oct(stat.S_IMODE(p.stat().st_mode))}, want {oct(want)}")
+    assert not wrong, "\n".join(wrong[:20])
 
 
 def test_every_artifact_exists_and_parses(smoke):

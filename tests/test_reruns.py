@@ -5,6 +5,8 @@ without documenting whether it reruns jobs fails this test)."""
 import re
 from pathlib import Path
 
+from resdyn.plots.catalogue import TRAJECTORY_SCOPES
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reruns.md"
 #: Directives that end a rule's params block.
@@ -29,10 +31,15 @@ def rule_params() -> dict[str, tuple[list[str], list[str]]]:
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
         lines = smk.read_text().splitlines()
         rule = None
+        scopes = re.search(r"^FIGURE_SCOPES = \{(.*?)^\}", smk.read_text(), re.S | re.M)
         for i, line in enumerate(lines):
             m = re.match(r"^\s*rule (\w+):", line)
             if m:
                 rule = m[1]
+            elif re.match(r"^\s*rule:\s*$", line) and i + 2 < len(lines):
+                # a rule written once for several names (the figure rules: rule figure_{scope})
+                name = re.match(r'^\s*f?"(\w*)\{_scope\}"', lines[i + 2])
+                rule = (name[1], re.findall(r'^\s*"(\w+)":', scopes[1], re.M)) if name and scopes else None
             if rule and re.match(r"^\s*params:\s*$", line):
                 indent = len(line) - len(line.lstrip()) + 4
                 block, j = [], i + 1
@@ -46,14 +53,19 @@ def rule_params() -> dict[str, tuple[list[str], list[str]]]:
                         entries.append(cur)
                     elif cur is not None:
                         cur.append(b.strip())
-                triggers, settings = [], []
-                for e in entries:
-                    text = " ".join(e)
-                    name = text.split("=", 1)[0]
-                    keys = sorted(set(_config_keys(text)))
-                    label = f"{name} ({', '.join(keys)})" if keys else name
-                    (settings if "setting(" in text else triggers).append(label)
-                out[rule] = (triggers, settings)
+                for name in [f"{rule[0]}{scope}" for scope in rule[1]] if isinstance(rule, tuple) else [rule]:
+                    triggers, settings = [], []
+                    for e in entries:
+                        text = " ".join(e)
+                        if text.startswith("**("):  # {"pairs": ...} for the trajectory scopes only
+                            if name.removeprefix("figure_") in TRAJECTORY_SCOPES:
+                                triggers += re.findall(r'\{"(\w+)":', text)
+                            continue
+                        param = text.split("=", 1)[0]
+                        keys = sorted(set(_config_keys(text)))
+                        label = f"{param} ({', '.join(keys)})" if keys else param
+                        (settings if "setting(" in text else triggers).append(label)
+                    out[name] = (triggers, settings)
     return out
 
 

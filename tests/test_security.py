@@ -410,3 +410,111 @@ def test_collect_refuses_the_results_tree_and_files_it_did_not_write(tmp_path):
     results.write_collected(got, out, force=True)
     assert json.loads((out / "catalog.json").read_text())["tables"].keys() == {"spectra"}
     results.write_collected(got, out)  # its own files: rewritten without --force
+
+
+# --- sbatch extra flags -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--exclude=n01 ; touch X ; #",
+        "--exclude=n01 $(touch X)",
+        "--exclude=`touch X`",
+        "--exclude=n01 && touch X",
+        "--exclude n01",
+        "--mail-user='a b'",
+        "--begin=now|x",
+        "--exclude=n01\ntouch X",
+    ],
+)
+def test_an_extra_flag_that_would_reach_the_shell_is_refused(monkeypatch, flags):
+    from resdyn.cluster import site
+
+    for var in [v for v in os.environ if v.startswith("RESDYN_SLURM_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("RESDYN_SLURM_EXTRA", flags)
+    with pytest.raises(ValueError) as err:
+        site.set_resources()
+    assert str(err.value).startswith("RESDYN_SLURM_EXTRA=") and "\n" not in str(err.value)
+
+
+def test_the_plugins_sbatch_call_with_resdyns_extra_flags_runs_only_sbatch(tmp_path, monkeypatch):
+    """The SLURM plugin appends slurm_extra unquoted to the sbatch command it runs with a shell: the
+    flags resdyn passes on are quoted words, so the command is sbatch and nothing else."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+
+    from resdyn.cluster import site
+
+    extra = site.check_extra("--nodelist=n[01-04] --signal=B:USR1@60 --mail-type=END,FAIL", "RESDYN_SLURM_EXTRA")
+    (tmp_path / "n0").write_text("a file the unquoted glob n[01-04] would match")
+    resources = SimpleNamespace(get=lambda k, d=None: {"slurm_extra": extra}.get(k, d), slurm_extra=extra)
+    job = SimpleNamespace(resources=resources, is_group=lambda: False, threads=1, name="r", wildcards={})
+    params = {
+        "run_uuid": "u",
+        "slurm_logfile": "l",
+        "comment_str": "c",
+        "account": "",
+        "partition": "",
+        "workdir": str(tmp_path),
+    }
+    try:
+        call = get_submit_command(job, params)
+    except Exception as err:  # the plugin's job interface differs between releases
+        pytest.skip(f"the plugin's get_submit_command needs more of the job interface: {err}")
+    assert extra in call
+    (tmp_path / "bin").mkdir()
+    stub = tmp_path / "bin" / "sbatch"
+    stub.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done > "$ARGS_OUT"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ARGS_OUT": str(tmp_path / "args")}
+    subprocess.run(["bash", "-c", call], cwd=tmp_path, env=env, check=True)
+    args = (tmp_path / "args").read_text().splitlines()
+    assert "--nodelist=n[01-04]" in args and "--signal=B:USR1@60" in args and "--mail-type=END,FAIL" in args
+
+
+# --- a ceiling for every job --------------------------------------------------------------------
+
+
+def test_a_zoo_model_no_site_can_hold_is_refused_with_its_numbers(monkeypatch):
+    from resdyn.cluster import multigpu
+    from resdyn.pipeline import dag
+
+    cfg = rc.load_config(ROOT / "config.yaml")
+    dag.check_fits(cfg)  # the default run fits
+    name = next(iter(cfg["models"]))
+    cfg["models"] = {
+        name: {
+            **cfg["models"][name],
+            "n_layers": 512,
+            "d_model": 65536,
+            "n_heads": 512,
+            "n_kv_heads": 512,
+            "d_ff": 4 * 65536,
+        }
+    }
+    cfg = rc.validate_config({**cfg, "device": "cpu", "scaling": {}})  # on a CPU no GPU kind can refuse it
+    with pytest.raises(multigpu.FitError) as err:
+        dag.check_fits(cfg)
+    msg = str(err.value)
+    assert re.match(
+        r"^job \w+ .*: asks for [\d,]+ GB of host memory and [\d,.]+ h; a job may ask for at most "
+        r"1,000 GB and 168 h",
+        msg,
+    ), msg
+    monkeypatch.setenv("RESDYN_MAX_JOB_MEMORY_GB", "not a number")
+    with pytest.raises(ValueError, match="RESDYN_MAX_JOB_MEMORY_GB='not a number': expected a positive number"):
+        dag.check_fits(cfg)
+
+
+def test_a_lens_step_of_a_trillion_tokens_is_refused(monkeypatch):
+    from resdyn.cluster import multigpu
+    from resdyn.pipeline import dag
+
+    cfg = rc.read_yaml(ROOT / "config.yaml")
+    cfg["lens"] = {**cfg.get("lens", {}), "tokens_per_step": 10**12}
+    cfg = rc.validate_config({**cfg, "device": "cpu"})
+    with pytest.raises(multigpu.FitError, match=r"^job lens .*a job may ask for at most"):
+        dag.check_fits(cfg)

@@ -84,20 +84,34 @@ def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 
 
+#: One word of an EXTRA setting: ``--name`` or ``--name=value``, the value free of spaces, quotes
+#: and shell characters (``;``, ``|``, ``&``, ``$``, backquotes, redirections).
+_EXTRA_WORD = re.compile(r"--([a-z][a-z0-9-]*)(?:=([A-Za-z0-9_.,:@%+/=\[\]^*-]*))?\Z")
+
+
 def check_extra(flags: str, key: str) -> str:
-    """``flags`` if every option in it is one of :data:`SBATCH_EXTRA_OPTIONS` (``--name`` or
-    ``--name=value``; values may follow as separate words), else one line naming ``key``."""
-    for word in shlex.split(flags):
-        if not word.startswith("-"):
-            continue
-        name = word.lstrip("-").split("=", 1)[0]
-        if not word.startswith("--") or name not in SBATCH_EXTRA_OPTIONS:
+    """The sbatch flags of ``flags``, each ``--name`` or ``--name=value`` with ``name`` in
+    :data:`SBATCH_EXTRA_OPTIONS`, joined shell-quoted (the SLURM plugin appends the setting to an
+    sbatch command run by a shell); anything else is one ValueError line naming ``key``."""
+    try:
+        words = shlex.split(flags)
+    except ValueError as err:
+        raise ValueError(f"{key}={flags!r}: not a list of sbatch flags ({err})") from err
+    for word in words:
+        m = _EXTRA_WORD.match(word)
+        if m is None:
+            raise ValueError(
+                f"{key}={flags!r}: {word!r} is not an sbatch flag of the form --name or --name=value (values hold "
+                "letters, digits and _.,:@%+/=[]^*- only: no spaces, quotes or shell characters); allowed: "
+                f"--{', --'.join(SBATCH_EXTRA_OPTIONS)}"
+            )
+        if m.group(1) not in SBATCH_EXTRA_OPTIONS:
             raise ValueError(
                 f"{key}={flags!r}: {word!r} is not an sbatch option resdyn passes on (the SLURM plugin "
                 "sets account, partition, memory, CPUs, time, constraint, QOS and GPUs itself; use the "
                 f"long form); allowed: --{', --'.join(SBATCH_EXTRA_OPTIONS)}"
             )
-    return flags
+    return shlex.join(words)
 
 
 def constraint_table(text: str, key: str = "RESDYN_SLURM_GPU_CONSTRAINTS") -> dict[float, str]:
@@ -150,7 +164,7 @@ def job_class_settings(gpu: bool) -> dict[str, str]:
         out["gpu_model"] = env("RESDYN_SLURM_GPU_MODEL")
         out["cpus_per_gpu"] = int(env("RESDYN_SLURM_CPUS_PER_GPU", str(gpu_kinds.GPU_HOST_THREADS)))
     if out["slurm_extra"]:
-        check_extra(out["slurm_extra"], prefix + "EXTRA")
+        out["slurm_extra"] = check_extra(out["slurm_extra"], prefix + "EXTRA")
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -5,6 +5,7 @@ resources and its placement, and the check that every GPU job fits before any jo
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 
 from resdyn.cluster.cost import (
@@ -146,14 +147,49 @@ def placement_param(config: dict, rule: str, wildcards: Mapping[str, str]) -> di
     return found.device_map() if found is not None and found.devices > 1 else None
 
 
+#: What one job may ask of the site unless ``RESDYN_MAX_JOB_MEMORY_GB`` / ``RESDYN_MAX_JOB_HOURS``
+#: say otherwise: host memory of the largest common node (1 TB) and the longest common time
+#: limit (7 days). A job over either is a mistake in the config, not a job to queue.
+DEFAULT_MAX_JOB_MEMORY_GB = 1000.0
+DEFAULT_MAX_JOB_HOURS = 168.0
+
+
+def job_ceiling() -> tuple[float, float]:
+    """(host memory in GB, hours) one job may request: :data:`DEFAULT_MAX_JOB_MEMORY_GB` and
+    :data:`DEFAULT_MAX_JOB_HOURS`, or the site's ``RESDYN_MAX_JOB_MEMORY_GB`` / ``RESDYN_MAX_JOB_HOURS``."""
+    out = []
+    for var, default in (
+        ("RESDYN_MAX_JOB_MEMORY_GB", DEFAULT_MAX_JOB_MEMORY_GB),
+        ("RESDYN_MAX_JOB_HOURS", DEFAULT_MAX_JOB_HOURS),
+    ):
+        text = os.environ.get(var) or ""
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = -1.0
+        if not value > 0 or not math.isfinite(value):
+            raise ValueError(f"{var}={text!r}: expected a positive number")
+        out.append(value)
+    return out[0], out[1]
+
+
 def check_fits(config: dict, kind: str | None = None) -> None:
     """Before any job: every GPU job of the config fits the GPUs of one node of ``kind`` (default
-    :func:`gpu_kind`), or :class:`FitError` names the first that does not (``device: cpu``: no check)."""
-    if config.get("device", "auto") == "cpu":
-        return
+    :func:`gpu_kind`), and every job, CPU or GPU, asks for at most :func:`job_ceiling`; else
+    :class:`FitError` names the first job that does not, with its numbers."""
+    max_gb, max_hours = job_ceiling()
     for rule, w in unique_jobs(config):
-        if rule in (*GPU_RULES, *GPU_LINALG_RULES):
+        if rule in (*GPU_RULES, *GPU_LINALG_RULES) and config.get("device", "auto") != "cpu":
             job_placement(config, rule, w, kind)
+        res = resources(config, rule, w, device=kind)
+        gb, hours = res["mem_mb"] * MiB / GB, res["runtime"] / 60.0
+        if gb > max_gb or hours > max_hours:
+            job = f"{rule} {'/'.join(w.values())}".strip()
+            raise FitError(
+                f"job {job}: asks for {gb:,.0f} GB of host memory and {hours:,.1f} h; a job may ask for at most "
+                f"{max_gb:,.0f} GB and {max_hours:,.0f} h (RESDYN_MAX_JOB_MEMORY_GB, RESDYN_MAX_JOB_HOURS): lower the "
+                "model's size or the config's sample and token counts"
+            )
 
 
 def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: str | None = None) -> Placement | None:
