@@ -137,7 +137,22 @@ LAYERS = {
     "results": {"io", "lm", "artifacts", "provenance"},  # collect / load: the tables of a run
     "compare": {"io", "artifacts", "results"},
     "cli": {"io", "lm", "artifacts", "cluster", "pipeline", "provenance", "results", "compare"},
-    "": {"results"},  # the package itself: resdyn.load
+    "api": {
+        "io",
+        "numerics",
+        "lm",
+        "artifacts",
+        "cluster",
+        "pipeline",
+        "provenance",
+        "study_a",
+        "study_b",
+        "beyond",
+        "plots",
+        "results",
+        "compare",
+    },  # the notebook API: everything but cli
+    "": {"results", "api"},  # the package itself: resdyn.load, the API's names
 }
 
 #: A "package.module:Name" string (the family table's adapters): resolved at run time, so an
