@@ -229,6 +229,7 @@ def _save_checkpoint(model, tokenizer_dir: Path, out_dir: Path) -> None:
     for f in Path(tokenizer_dir).iterdir():
         if f.is_file():
             shutil.copy2(f, tmp / f.name)
+    io.publish_modes(tmp)  # save_pretrained writes its safetensors file 0600
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
 
