@@ -268,3 +268,54 @@ def test_cycle_check_sees_a_planted_cycle(tmp_path):
     assert import_cycle(module_edges(pkg2)) == ["resdyn.lm.adapter", "resdyn.lm.table", "resdyn.lm.adapter"]
     (pkg2 / "lm" / "adapter.py").write_text("class X:\n    pass\n")
     assert import_cycle(module_edges(pkg2)) == []
+
+
+#: The longest a function in resdyn/ may be (lines from ``def`` to its last line, docstring
+#: included) unless its docstring says why with :data:`LONG_REASON` (docs/design.md).
+MAX_FUNCTION_LINES = 80
+LONG_REASON = "Long because"
+
+
+def long_functions(source: str, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(qualified name, lines) of every function or method in ``source`` longer than ``max_lines``
+    whose docstring lacks :data:`LONG_REASON`."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > max_lines and LONG_REASON not in (ast.get_docstring(child) or ""):
+                        found.append((name, lines))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_no_function_is_long_without_a_reason():
+    bad = [
+        f"{path.relative_to(REPO)}: {name} ({lines} lines)"
+        for path in sorted((REPO / "resdyn").rglob("*.py"))
+        for name, lines in long_functions(path.read_text())
+    ]
+    assert not bad, (
+        f"functions over {MAX_FUNCTION_LINES} lines: split them into named steps or say why in the "
+        f"docstring ({LONG_REASON!r}):\n" + "\n".join(bad)
+    )
+
+
+def test_long_functions_counts_lines_and_honours_the_reason():
+    lines = [f"    x{i} = {i}\n" for i in range(80)]
+    body = "".join(lines)
+    plain = f'def f():\n    """Sum."""\n{body}'
+    kept = f'def f():\n    """Sum.\n\n    Long because it is one loop.\n    """\n{body}'
+    method = f'class C:\n    def g(self):\n        """Sum."""\n{body.replace("    ", "        ")}'
+    assert long_functions(plain) == [("f", 82)]
+    assert long_functions(kept) == []
+    assert long_functions(method) == [("C.g", 82)]
+    assert long_functions('def f():\n    """Sum."""\n' + "".join(lines[:-2])) == []  # 80 lines

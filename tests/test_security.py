@@ -129,10 +129,18 @@ def test_a_pickled_resume_state_runs_no_code(tmp_path):
 
 
 def test_training_reads_its_resume_state_safely():
-    """train_zoo_model loads its state through load_training_state (the one safe reader)."""
+    """train_zoo_model (with the module's functions it calls) loads its state through
+    load_training_state (the one safe reader)."""
     tree = ast.parse((ROOT / "resdyn" / "lm" / "zoo.py").read_text())
-    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train_zoo_model")
-    calls = {ast.unparse(n.func) for n in ast.walk(train) if isinstance(n, ast.Call)}
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls: set[str] = set()
+    todo, seen = ["train_zoo_model"], set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        found = {ast.unparse(n.func) for n in ast.walk(defs[name]) if isinstance(n, ast.Call)}
+        calls |= found
+        todo += [f for f in found if f in defs and f not in seen and f != "load_training_state"]
     assert "load_training_state" in calls and "torch.load" not in calls
 
 

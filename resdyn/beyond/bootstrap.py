@@ -53,7 +53,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -335,11 +336,8 @@ def perturbative_spectra(
       perturbation theory, Löwdin partitioning)
       H_ab = λ_a δ_ab + F_ab + ½ Σ_{q∉C} F_aq F_qb (1/(λ_a − λ_q) + 1/(λ_b − λ_q)).
 
-    Henrici without cancellation in the real parts: for real J, Σ|λ|² = tr(J²) + 2 Σ (Im λ)²,
-    so ‖N‖_F² = ‖J‖_F² − Σ|λ|² = ½‖J − Jᵀ‖_F² − 2 Σ_p (Im λ_p)². Both quadratic terms are
-    exact: with Z = (J_0, J_1 − J_0, …, J_{n−1} − J_0) and v_r = (1, w_r),
-    ‖J*_r‖_F² = v_r G v_r, ½‖J*_r − J*_rᵀ‖_F² = v_r A v_r (Gram matrices G_ij = ⟨Z_i, Z_j⟩,
-    A_ij = ½⟨Z_i − Z_iᵀ, Z_j − Z_jᵀ⟩); only Σ(Im λ*)² is perturbative.
+    Henrici without cancellation in the real parts (:func:`_henrici_from_quadratics`), from exact
+    quadratic terms (:func:`_exact_quadratics`); only Σ(Im λ*)² is perturbative.
 
     Args:
         X: (n, d, d) real per-sample Jacobians.
@@ -361,34 +359,9 @@ def perturbative_spectra(
     Z[1:] -= Xt[0]  # Z = (J_0, J_1 − J_0, …)
     D = Z.clone()
     D[0] = 0.0  # D_i = J_i − J_0, D_0 = 0 exactly
-    flat = Z.reshape(n, -1)
-    G = flat @ flat.T
-    asym = (Z - Z.transpose(1, 2)).reshape(n, -1)
-    A = 0.5 * (asym @ asym.T)
-    del asym
-    v = torch.cat(
-        [
-            torch.ones(R, 1, dtype=torch.float64, device=dev),
-            torch.as_tensor(weights[:, 1:], dtype=torch.float64, device=dev),
-        ],
-        1,
-    )
-    # v_r = (1, w_r1, …, w_r,n−1): J*_r = J_0 + Σ_{i≥1} w_ri (J_i − J_0) since Σ_i w_ri = 1
-    fro2 = torch.einsum("ri,ij,rj->r", v, G, v).cpu().numpy()
-    asym2 = torch.einsum("ri,ij,rj->r", v, A, v).cpu().numpy()
-    out: dict[str, Any] = {
-        "eigvals": None,
-        "henrici": None,
-        "norm_F": None,
-        "cluster_sizes": [],
-        "cond": math.nan,
-        "reason": "",
-    }
-
-    Jbar = Xt[0] + D.mean(0)
-    lam_t, V = torch.linalg.eig(Jbar)
-    Vinv = torch.linalg.inv(V)
-    cond = float((torch.linalg.vector_norm(V, dim=0) * torch.linalg.vector_norm(Vinv, dim=1)).max())
+    fro2, asym2 = _exact_quadratics(Z, weights, dev)
+    out: dict[str, Any] = dict(eigvals=None, henrici=None, norm_F=None, cluster_sizes=[], cond=math.nan, reason="")
+    lam_t, V, Vinv, cond = _mean_eigenbasis(Xt[0] + D.mean(0))
     out["cond"] = cond
     if not math.isfinite(cond) or cond > COND_MAX:
         out["reason"] = f"eigenvectors of the n-sample mean ill-conditioned (max κ = {cond:.3g} > {COND_MAX:g})"
@@ -399,20 +372,7 @@ def perturbative_spectra(
     lam = lam_t.cpu().numpy()
     B = max(1, int(chunk_bytes // (3 * 16 * d * d)))
 
-    def blocks():
-        for r0 in range(0, R, B):
-            yield r0, torch.einsum("rn,npq->rpq", C[r0 : r0 + B], E)
-
-    # pass 1: the cluster criterion's extremes over replicates
-    gap_min = torch.full((d, d), math.inf, dtype=torch.float64, device=dev)
-    coupling = torch.zeros((d, d), dtype=torch.float64, device=dev)
-    normF = np.empty(R)
-    for r0, F in blocks():
-        diag = lam_t[None, :] + F.diagonal(dim1=1, dim2=2)
-        gap_min = torch.minimum(gap_min, (diag[:, :, None] - diag[:, None, :]).abs().amin(0))
-        coupling = torch.maximum(coupling, (F * F.transpose(1, 2)).abs().sqrt().amax(0))
-        normF[r0 : r0 + F.shape[0]] = torch.linalg.matrix_norm(F).cpu().numpy()
-    out["norm_F"] = normF
+    gap_min, coupling, out["norm_F"] = _cluster_extremes(_replicate_blocks(C, E, B), lam_t, R)
     labels = _clusters(lam, gap_min.cpu().numpy(), coupling.cpu().numpy(), tau)
     del gap_min, coupling
     groups = [np.flatnonzero(labels == c) for c in range(labels.max() + 1)]
@@ -425,12 +385,96 @@ def perturbative_spectra(
             "of exact decompositions"
         )
         return out
+    lam_star = _perturbed_eigvals(_replicate_blocks(C, E, B), lam_t, lam, labels, multi, R)
+    out.update(eigvals=lam_star, henrici=_henrici_from_quadratics(fro2, asym2, lam_star))
+    return out
+
+
+def _exact_quadratics(Z: Any, weights: np.ndarray, dev: Any) -> tuple[np.ndarray, np.ndarray]:
+    """‖J*_r‖_F² = v_r G v_r and ½‖J*_r − J*_rᵀ‖_F² = v_r A v_r of every replicate, exactly.
+
+    Z = (J_0, J_1 − J_0, …, J_{n−1} − J_0),
+    G_ij = ⟨Z_i, Z_j⟩, A_ij = ½⟨Z_i − Z_iᵀ, Z_j − Z_jᵀ⟩, v_r = (1, w_r1, …, w_r,n−1): J*_r =
+    J_0 + Σ_{i≥1} w_ri (J_i − J_0) since Σ_i w_ri = 1.
+    """
+    import torch
+
+    n = Z.shape[0]
+    R = weights.shape[0]
+    flat = Z.reshape(n, -1)
+    G = flat @ flat.T
+    asym = (Z - Z.transpose(1, 2)).reshape(n, -1)
+    A = 0.5 * (asym @ asym.T)
+    del asym
+    v = torch.cat(
+        [
+            torch.ones(R, 1, dtype=torch.float64, device=dev),
+            torch.as_tensor(weights[:, 1:], dtype=torch.float64, device=dev),
+        ],
+        1,
+    )
+    fro2 = torch.einsum("ri,ij,rj->r", v, G, v).cpu().numpy()
+    asym2 = torch.einsum("ri,ij,rj->r", v, A, v).cpu().numpy()
+    return fro2, asym2
+
+
+def _mean_eigenbasis(Jbar: Any) -> tuple[Any, Any, Any, float]:
+    """(λ, V, V⁻¹, max_p κ_p) of J̄ = V Λ V⁻¹, κ_p = ‖V_{:,p}‖ ‖V⁻¹_{p,:}‖ (eigenvalue condition numbers)."""
+    import torch
+
+    lam_t, V = torch.linalg.eig(Jbar)
+    Vinv = torch.linalg.inv(V)
+    cond = float((torch.linalg.vector_norm(V, dim=0) * torch.linalg.vector_norm(Vinv, dim=1)).max())
+    return lam_t, V, Vinv, cond
+
+
+def _replicate_blocks(C: Any, E: Any, B: int) -> Iterator[tuple[int, Any]]:
+    """(r0, F) for blocks of B replicates: F_r = Σ_i C_ri E_i, C_ri = w_ri − 1/n."""
+    import torch
+
+    for r0 in range(0, C.shape[0], B):
+        yield r0, torch.einsum("rn,npq->rpq", C[r0 : r0 + B], E)
+
+
+def _cluster_extremes(blocks: Iterable[tuple[int, Any]], lam_t: Any, R: int) -> tuple[Any, Any, np.ndarray]:
+    """The cluster criterion's extremes over replicates: (min_r |λ_p + F_r,pp − λ_q − F_r,qq|,
+    max_r sqrt|F_r,pq F_r,qp|, ‖F_r‖_F per replicate)."""
+    import torch
+
+    d = lam_t.shape[0]
+    dev = lam_t.device
+    gap_min = torch.full((d, d), math.inf, dtype=torch.float64, device=dev)
+    coupling = torch.zeros((d, d), dtype=torch.float64, device=dev)
+    normF = np.empty(R)
+    for r0, F in blocks:
+        diag = lam_t[None, :] + F.diagonal(dim1=1, dim2=2)
+        gap_min = torch.minimum(gap_min, (diag[:, :, None] - diag[:, None, :]).abs().amin(0))
+        coupling = torch.maximum(coupling, (F * F.transpose(1, 2)).abs().sqrt().amax(0))
+        normF[r0 : r0 + F.shape[0]] = torch.linalg.matrix_norm(F).cpu().numpy()
+    return gap_min, coupling, normF
+
+
+def _perturbed_eigvals(
+    blocks: Iterable[tuple[int, Any]],
+    lam_t: Any,
+    lam: np.ndarray,
+    labels: np.ndarray,
+    multi: list[np.ndarray],
+    R: int,
+) -> np.ndarray:
+    """(R, d) replicate eigenvalues: second order λ_p + F_pp + Σ_{q∉C(p)} F_pq F_qp / (λ_p − λ_q) for an
+    isolated eigenvalue (real part when λ_p is real), eigenvalues of the Löwdin effective matrix
+    H_ab = λ_a δ_ab + F_ab + ½ Σ_{q∉C} F_aq F_qb (1/(λ_a − λ_q) + 1/(λ_b − λ_q)) for each cluster C in ``multi``."""
+    import torch
+
+    d = lam_t.shape[0]
+    dev = lam_t.device
     same = torch.as_tensor(labels[:, None] == labels[None, :], device=dev)
     diff = lam_t[:, None] - lam_t[None, :]
     K = torch.where(same, torch.zeros((), dtype=torch.complex128, device=dev), 1.0 / torch.where(same, 1.0, diff))
     real_single = torch.as_tensor((lam.imag == 0) & (np.bincount(labels)[labels] == 1), device=dev)
     lam_star = np.empty((R, d), dtype=np.complex128)
-    for r0, F in blocks():
+    for r0, F in blocks:
         Ft = F.transpose(1, 2)
         val = lam_t[None, :] + F.diagonal(dim1=1, dim2=2) + (F * Ft * K[None]).sum(-1)
         val = torch.where(real_single[None], val.real.to(torch.complex128), val)
@@ -443,12 +487,20 @@ def perturbative_spectra(
             H = H + 0.5 * ((Fr * Kg[None]) @ Fc + Fr @ (Kg.T[None] * Fc))
             val[:, gi] = torch.linalg.eigvals(H)
         lam_star[r0 : r0 + F.shape[0]] = val.cpu().numpy()
+    return lam_star
+
+
+def _henrici_from_quadratics(fro2: np.ndarray, asym2: np.ndarray, lam_star: np.ndarray) -> np.ndarray:
+    """min(1, ‖N‖_F / ‖J‖_F) per replicate, 0 where ‖J‖_F = 0.
+
+    For real J, Σ|λ|² = tr(J²) + 2 Σ (Im λ)², so ‖N‖_F² = ‖J‖_F² − Σ|λ|² = ½‖J − Jᵀ‖_F² − 2 Σ_p (Im λ_p)²:
+    no cancellation in the real parts. ``fro2`` = ‖J‖_F², ``asym2`` = ½‖J − Jᵀ‖_F² (exact), ``lam_star``
+    the (perturbative) eigenvalues.
+    """
     nn2 = asym2 - 2.0 * np.sum(lam_star.imag**2, axis=1)
     fro = np.sqrt(np.maximum(fro2, 0.0))
     with np.errstate(invalid="ignore", divide="ignore"):
-        h = np.where(fro > 0, np.minimum(1.0, np.sqrt(np.maximum(nn2, 0.0)) / fro), 0.0)
-    out.update(eigvals=lam_star, henrici=h)
-    return out
+        return np.where(fro > 0, np.minimum(1.0, np.sqrt(np.maximum(nn2, 0.0)) / fro), 0.0)
 
 
 def perturbative_rows(
@@ -569,6 +621,30 @@ def jacobian_bootstrap(
     torch eigvals on a GPU — plus (R + 2) × S fp64 products and one svdvals per row
     (:func:`resdyn.cluster.cost.cost_bootstrap`).
     """
+    R, seed, lvl, tol = _check_bootstrap_options(n_resamples, seed, level, complex_tol, method, interval)
+    keys, first = _check_per_sample(per_sample, means)
+    n, d = first.shape[0], first.shape[1]
+    total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
+    weights = _bootstrap_weights(n, R, seed)
+    rows_total = R + 2
+    if memory_budget is None:
+        from resdyn.cluster.cost import bootstrap_memory_budget
+
+        memory_budget = bootstrap_memory_budget(d, rows_total)
+    chunk = max(1, int(memory_budget) // (2 * d * d * 8))
+    acc = _BootstrapRows.empty(rows_total, len(keys), method)
+    stream = _BootstrapStream(per_sample, keys, means, weights, n, d, tol, lvl, device, method)
+    cache: np.ndarray | None = first
+    for start in range(0, rows_total, chunk):
+        stream.run_pass(acc, np.arange(start, min(rows_total, start + chunk)), cache)
+        cache = None
+    return _bootstrap_tables(acc, keys, d, n, total, R, seed, lvl, tol, method, interval)
+
+
+def _check_bootstrap_options(
+    n_resamples: int, seed: int, level: float, complex_tol: float, method: str, interval: str
+) -> tuple[int, int, float, float]:
+    """(R, seed, level, complex_tol) of :func:`jacobian_bootstrap`, checked."""
     R = check_int(n_resamples, "n_resamples", 1)
     seed = check_int(seed, "seed", 0)
     if method not in METHODS:
@@ -581,6 +657,13 @@ def jacobian_bootstrap(
     tol = float(complex_tol)
     if not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"complex_tol must be a finite number ≥ 0, got {complex_tol!r}")
+    return R, seed, lvl, tol
+
+
+def _check_per_sample(
+    per_sample: Mapping[tuple[int, str], Any], means: Mapping[tuple[int, str], Any] | None
+) -> tuple[list[tuple[int, str]], np.ndarray]:
+    """(sublayer keys in chain order, the first sublayer's (n, d, d) Jacobians), checked."""
     if not isinstance(per_sample, Mapping) or not per_sample:
         raise ValueError("per_sample must be a non-empty mapping {(layer, kind): (n, d, d) array or loader}")
     keys = _ordered_keys(per_sample)
@@ -588,86 +671,203 @@ def jacobian_bootstrap(
         missing = [key for key in keys if key not in means]
         if missing:
             raise ValueError(f"means lacks sublayers {missing}")
-    S = len(keys)
     first = _load(per_sample[keys[0]])
     if first.ndim != 3 or first.shape[1] != first.shape[2]:
         raise ValueError(f"per_sample[{keys[0]}] must be (n, d, d), got shape {first.shape}")
-    n, d = first.shape[0], first.shape[1]
+    n = first.shape[0]
     if n < 2:
         raise ValueError(f"the bootstrap needs at least 2 stored samples, got n = {n} (raise jacobian.store_first_n)")
-    total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
+    return keys, first
 
+
+def _bootstrap_weights(n: int, R: int, seed: int) -> np.ndarray:
+    """(R + 2, n) row weights: rows 0 (all-N mean, when given) and 1 (mean of the n stored samples)
+    weigh 1/n each; rows 2.. are the replicates, w_ri = (times sample i is drawn) / n."""
     idx = bootstrap_indices(n, R, seed)
     weights = np.stack([np.bincount(row, minlength=n) for row in idx]).astype(np.float64) / n  # (R, n)
-    # rows: 0 = all-N mean (when given), 1 = mean of the n stored samples, 2.. = replicates
-    weights = np.vstack([np.full((1, n), 1.0 / n), np.full((1, n), 1.0 / n), weights])
-    rows_total = R + 2
-    henrici = np.full((rows_total, S), np.nan)
-    cfrac = np.full((rows_total, S), np.nan)
-    erank = np.full(rows_total, np.nan)
-    exact_rows = np.full(S, method == "exact")  # sublayers whose replicates are decomposed one by one
-    how = [method] * S
-    why = [""] * S
-    if memory_budget is None:
-        from resdyn.cluster.cost import bootstrap_memory_budget
+    return np.vstack([np.full((1, n), 1.0 / n), np.full((1, n), 1.0 / n), weights])
 
-        memory_budget = bootstrap_memory_budget(d, rows_total)
-    chunk = max(1, int(memory_budget) // (2 * d * d * 8))
 
-    on_gpu = linalg.on_cuda(device)
-    on_device_means = on_gpu and method == "perturbative"
-    if on_gpu:
-        import torch
-    cache = first
-    for start in range(0, rows_total, chunk):
-        rows = np.arange(start, min(rows_total, start + chunk))
+@dataclass
+class _BootstrapRows:
+    """Per-row results of :func:`jacobian_bootstrap`, filled pass by pass: ``henrici`` and ``cfrac``
+    (rows, S), ``erank`` (rows,), and per sublayer whether its replicates are decomposed one by
+    one (``exact_rows``), the method used (``how``) and its note (``why``)."""
+
+    henrici: np.ndarray
+    cfrac: np.ndarray
+    erank: np.ndarray
+    exact_rows: np.ndarray
+    how: list[str]
+    why: list[str]
+
+    @classmethod
+    def empty(cls, rows_total: int, S: int, method: str) -> _BootstrapRows:
+        """NaN metrics; every sublayer exact when ``method`` is ``exact``, else perturbative until it falls back."""
+        return cls(
+            henrici=np.full((rows_total, S), np.nan),
+            cfrac=np.full((rows_total, S), np.nan),
+            erank=np.full(rows_total, np.nan),
+            exact_rows=np.full(S, method == "exact"),
+            how=[method] * S,
+            why=[""] * S,
+        )
+
+
+@dataclass
+class _BootstrapStream:
+    """One pass of :func:`jacobian_bootstrap` over the sublayers for a block of rows: the resampled
+    means J*_r = Σ_i w_ri J_i of each sublayer, their spectra, and the running normalised products
+    whose effective rank is ``cum_erank_full_depth``."""
+
+    per_sample: Mapping[tuple[int, str], Any]
+    keys: list[tuple[int, str]]
+    means: Mapping[tuple[int, str], Any] | None
+    weights: np.ndarray
+    n: int
+    d: int
+    tol: float
+    lvl: float
+    device: Any
+    method: str
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the running products (and the eigenvalues) are on a CUDA device."""
+        return linalg.on_cuda(self.device)
+
+    @property
+    def on_device_means(self) -> bool:
+        """Whether the resampled means are formed on the device (one GEMM, not streamed on the host)."""
+        return self.on_gpu and self.method == "perturbative"
+
+    def run_pass(self, acc: _BootstrapRows, rows: np.ndarray, cache: np.ndarray | None) -> None:
+        """Fill ``acc`` for ``rows``; ``cache`` is the first sublayer's Jacobians when already loaded."""
+        n, d = self.n, self.d
         products = [linalg.NormalisedProduct() for _ in rows]
-        for s, key in enumerate(keys):
-            X = cache if (s == 0 and cache is not None) else _load(per_sample[key])
+        for s, key in enumerate(self.keys):
+            X = cache if (s == 0 and cache is not None) else _load(self.per_sample[key])
             if X.shape != (n, d, d):
-                raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {keys[0]}")
-            if on_device_means:  # the resampled means as one GEMM on the device, not streamed on the host
-                mats = torch.einsum(
-                    "rn,nij->rij", torch.as_tensor(weights[rows], device=device), torch.as_tensor(X, device=device)
-                )
+                raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {self.keys[0]}")
+            mats = self._resampled_means(acc, s, key, X, rows)
+            self._decompose(acc, s, rows, mats, products)
+        self._eranks(acc, rows, products)
+
+    def _resampled_means(
+        self, acc: _BootstrapRows, s: int, key: tuple[int, str], X: np.ndarray, rows: np.ndarray
+    ) -> Any:
+        """(len(rows), d, d) J*_r = Σ_i w_ri J_i; in the pass holding row 0 that row is the all-N mean
+        (NaN without ``means``) and a perturbative sublayer gets its replicate rows from
+        :func:`perturbative_rows`, or falls back to exact decompositions."""
+        device = self.device
+        if self.on_device_means:
+            import torch
+
+            mats = torch.einsum(
+                "rn,nij->rij", torch.as_tensor(self.weights[rows], device=device), torch.as_tensor(X, device=device)
+            )
+        else:
+            mats = np.einsum("rn,nij->rij", self.weights[rows], X)
+        if rows[0] == 0:
+            if self.means is not None:
+                mean = _load(self.means[key])
+                mats[0] = torch.as_tensor(mean, device=device) if self.on_device_means else mean
             else:
-                mats = np.einsum("rn,nij->rij", weights[rows], X)
-            if rows[0] == 0:
-                mats[0] = (
-                    (torch.as_tensor(_load(means[key]), device=device) if on_device_means else _load(means[key]))
-                    if means is not None
-                    else np.nan
-                )
-                if not exact_rows[s]:
-                    h_p, cf_p, why[s] = perturbative_rows(X, weights[2:], tol, lvl, device)
-                    if h_p is None:
-                        exact_rows[s], how[s] = True, "exact-fallback"
-                    else:
-                        henrici[2:, s], cfrac[2:, s] = h_p, cf_p
-            for j, r in enumerate(rows):
-                J = mats[j]
-                if not (bool(torch.isfinite(J).all()) if on_device_means else np.isfinite(J).all()):
-                    continue
-                if r < 2 or exact_rows[s]:
-                    lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if on_device_means else J, device)
-                    henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
-                    cfrac[r, s] = spectral.complex_fraction(lam, tol)
-                # the running products stay on the device when there is one (2 d³ fp64 GEMMs there)
-                products[j].push(torch.as_tensor(J, device=device) if on_gpu else J)
+                mats[0] = np.nan
+            if not acc.exact_rows[s]:
+                h_p, cf_p, acc.why[s] = perturbative_rows(X, self.weights[2:], self.tol, self.lvl, device)
+                if h_p is None:
+                    acc.exact_rows[s], acc.how[s] = True, "exact-fallback"
+                else:
+                    acc.henrici[2:, s], acc.cfrac[2:, s] = h_p, cf_p
+        return mats
+
+    def _decompose(
+        self, acc: _BootstrapRows, s: int, rows: np.ndarray, mats: Any, products: list[linalg.NormalisedProduct]
+    ) -> None:
+        """Henrici and complex fraction of the finite rows that are estimates or exact replicates, and
+        every finite row pushed onto its running product (on the device when there is one: 2 d³ fp64
+        GEMMs there)."""
+        if self.on_gpu:
+            import torch
+        for j, r in enumerate(rows):
+            J = mats[j]
+            if not (bool(torch.isfinite(J).all()) if self.on_device_means else np.isfinite(J).all()):
+                continue
+            if r < 2 or acc.exact_rows[s]:
+                lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if self.on_device_means else J, self.device)
+                acc.henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
+                acc.cfrac[r, s] = spectral.complex_fraction(lam, self.tol)
+            products[j].push(torch.as_tensor(J, device=self.device) if self.on_gpu else J)
+
+    def _eranks(self, acc: _BootstrapRows, rows: np.ndarray, products: list[linalg.NormalisedProduct]) -> None:
+        """Effective rank of each row's full-depth product (NaN where it is missing or not finite)."""
         for j, r in enumerate(rows):
             P = products[j].P
             if P is None:
                 continue
-            if on_gpu:
-                if bool(torch.isfinite(P).all()):
-                    erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
-            elif np.isfinite(P).all():
-                erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
-        cache = None
+            if self.on_gpu:
+                import torch
 
+                if bool(torch.isfinite(P).all()):
+                    acc.erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+            elif np.isfinite(P).all():
+                acc.erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
+
+
+@dataclass(frozen=True)
+class _RowContext:
+    """What every row of the bootstrap table shares: the interval (``lvl``, ``interval``, d for the
+    metric's range), the ``common`` columns and the table-wide ``note``."""
+
+    lvl: float
+    interval: str
+    d: int
+    common: dict[str, Any]
+    note: str
+
+    def row(
+        self, metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "", used: str = "exact"
+    ) -> dict[str, Any]:
+        """One table row: estimate values[1], all-N estimate values[0], interval of the replicates values[2:]."""
+        low, high = replicate_ci(values[2:], values[1], self.lvl, self.interval, METRIC_RANGE[metric](self.d))
+        return {
+            "metric": metric,
+            "layer": layer,
+            "kind": kind,
+            "s": s,
+            "estimate": float(values[1]),
+            "ci_low": low,
+            "ci_high": high,
+            "estimate_all_samples": float(values[0]),
+            **self.common,
+            "note": "; ".join(x for x in (self.note, extra) if x),
+            "reason": "",
+            "method": used,
+            "interval": self.interval,
+        }
+
+
+def _bootstrap_tables(
+    acc: _BootstrapRows,
+    keys: list[tuple[int, str]],
+    d: int,
+    n: int,
+    total: int,
+    R: int,
+    seed: int,
+    lvl: float,
+    tol: float,
+    method: str,
+    interval: str,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``(table, replicates)`` of :func:`jacobian_bootstrap` from its per-row results; the
+    early-minus-late scalars are means over :func:`early_late` sublayers."""
+    S = len(keys)
+    henrici, cfrac, how, why = acc.henrici, acc.cfrac, acc.how, acc.why
     early, late = early_late(S) if S >= 2 else (np.arange(1), np.arange(1))
     scalars = {
-        "cum_erank_full_depth": erank,
+        "cum_erank_full_depth": acc.erank,
         "complex_fraction_early_minus_late": cfrac[:, early].mean(1) - cfrac[:, late].mean(1),
         "henrici_early_minus_late": henrici[:, early].mean(1) - henrici[:, late].mean(1),
     }
@@ -680,44 +880,15 @@ def jacobian_bootstrap(
         "bootstrapped": True,
     }
     note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
-
-    def row(
-        metric: str, layer: Any, kind: str, s: Any, values: np.ndarray, extra: str = "", used: str = "exact"
-    ) -> dict[str, Any]:
-        low, high = replicate_ci(values[2:], values[1], lvl, interval, METRIC_RANGE[metric](d))
-        return {
-            "metric": metric,
-            "layer": layer,
-            "kind": kind,
-            "s": s,
-            "estimate": float(values[1]),
-            "ci_low": low,
-            "ci_high": high,
-            "estimate_all_samples": float(values[0]),
-            **common,
-            "note": "; ".join(x for x in (note, extra) if x),
-            "reason": "",
-            "method": used,
-            "interval": interval,
-        }
-
+    row = _RowContext(lvl, interval, d, common, note).row
     out = []
     for s, (layer, kind) in enumerate(keys):
         out.append(row("henrici", layer, kind, s, henrici[:, s], why[s], how[s]))
     for s, (layer, kind) in enumerate(keys):
-        out.append(
-            row(
-                "complex_fraction",
-                layer,
-                kind,
-                s,
-                cfrac[:, s],
-                "; ".join(x for x in (f"tol {tol:g}", why[s]) if x),
-                how[s],
-            )
-        )
+        extra = "; ".join(x for x in (f"tol {tol:g}", why[s]) if x)
+        out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], extra, how[s]))
     last_layer, last_kind = keys[-1]
-    out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, erank))
+    out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, acc.erank))
     span = f"sublayers {early[0]}-{early[-1]} minus {late[0]}-{late[-1]}"
     n_fb = sum(h == "exact-fallback" for h in how)
     mixed = (
@@ -725,17 +896,8 @@ def jacobian_bootstrap(
         if method == "exact"
         else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
     )
-    out.append(
-        row(
-            "complex_fraction_early_minus_late",
-            None,
-            "all",
-            None,
-            scalars["complex_fraction_early_minus_late"],
-            f"tol {tol:g}; {span}",
-            mixed,
-        )
-    )
+    cf_span = scalars["complex_fraction_early_minus_late"]
+    out.append(row("complex_fraction_early_minus_late", None, "all", None, cf_span, f"tol {tol:g}; {span}", mixed))
     out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span, mixed))
     table = pd.DataFrame(out, columns=BOOTSTRAP_COLUMNS)
     table["layer"] = table["layer"].astype("Int64")

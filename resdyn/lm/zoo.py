@@ -26,6 +26,7 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -282,71 +283,24 @@ def train_zoo_model(
     """
     from transformers import AutoTokenizer
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"train.precision {precision!r} unknown; allowed: {', '.join(PRECISIONS)}")
-    bad = [s for s in checkpoint_dirs if not 0 <= s <= steps]
-    if bad:
-        raise ValueError(f"checkpoint steps {bad} outside [0, {steps}] (train.steps)")
+    _check_train_options(precision, checkpoint_dirs, steps)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = build_model(arch, len(tok), seed, tok.eos_token_id)
     model.train()
     # The fused (one-kernel) AdamW: fewer passes over the parameters than the per-tensor loop.
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95), fused=True)
 
-    rng_eval = np.random.default_rng(seed + 1)
-    n_win = len(heldout_stream) // seq_len
-    eval_starts = np.sort(rng_eval.choice(n_win, size=min(n_eval_windows, n_win), replace=False)) * seq_len
-    eval_ids = torch.as_tensor(np.stack([heldout_stream[s : s + seq_len] for s in eval_starts]), dtype=torch.long)
+    eval_ids = _eval_windows(heldout_stream, seq_len, n_eval_windows, seed)
     unigram = unigram_cross_entropy(train_stream, eval_ids.numpy()[:, 1:], len(tok))
-
-    # Batch positions are a pure function of (seed, step) so a resumed run draws the same data.
-    max_start = len(train_stream) - seq_len - 1
-
-    def batch_at(step: int) -> torch.Tensor:
-        starts = np.random.default_rng([seed, step]).integers(0, max_start, size=batch_size)
-        return torch.as_tensor(np.stack([train_stream[s : s + seq_len] for s in starts]), dtype=torch.long)
-
-    # A saved state is only resumed when it was made by exactly this training setup.
-    fingerprint = io.sha256_array(train_stream, heldout_stream) + repr(
-        (
-            arch,
-            sorted(checkpoint_dirs),
-            steps,
-            batch_size,
-            seq_len,
-            lr,
-            warmup,
-            weight_decay,
-            eval_every,
-            n_eval_windows,
-            seed,
-            precision,
-        )
-    )
+    hparams = (steps, batch_size, seq_len, lr, warmup, weight_decay, eval_every, n_eval_windows, seed, precision)
+    fingerprint = _training_fingerprint(arch, train_stream, heldout_stream, checkpoint_dirs, hparams)
     state_path = Path(state_path)
-    start, rows, running = 0, [], []
-    if state_path.exists():
-        state = load_training_state(state_path)
-        if state.get("fingerprint") == fingerprint:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            start, rows, running = state["step"], state["rows"], state["running"]
-            log.info("resuming training from step %d (%s)", start, state_path)
-        else:
-            log.warning("ignoring %s: made by a different training setup", state_path)
+    start, rows, running = _resume(state_path, fingerprint, model, opt)
 
     if start == 0 and 0 in checkpoint_dirs:
         _save_checkpoint(model, Path(tokenizer_dir), Path(checkpoint_dirs[0]))
-        rows.append(
-            dict(
-                step=0,
-                lr=0.0,
-                train_loss=float("nan"),
-                heldout_loss=heldout_loss(model, eval_ids, batch_size),
-                unigram_loss=unigram,
-                reason="step 0: no training batch yet",
-            )
-        )
+        row = _loss_row(0, 0.0, float("nan"), heldout_loss(model, eval_ids, batch_size), unigram)
+        rows.append({**row, "reason": "step 0: no training batch yet"})
 
     bar = tqdm(
         range(start, steps),
@@ -358,44 +312,118 @@ def train_zoo_model(
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, lr, warmup, steps)
-        batch = batch_at(step)
-        loss = next_token_loss(model, batch, precision)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss is {float(loss)} at step {step + 1}; lower train.lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        running.append(loss.item())
+        batch = _batch_at(train_stream, seed, step, batch_size, seq_len)
+        running.append(_train_step(model, opt, batch, precision, step))
         done = step + 1
         if done % eval_every == 0 or done == steps or done in checkpoint_dirs:
-            rows.append(
-                dict(
-                    step=done,
-                    lr=lr_at(step, lr, warmup, steps),
-                    train_loss=float(np.mean(running)),
-                    heldout_loss=heldout_loss(model, eval_ids, batch_size),
-                    unigram_loss=unigram,
-                )
-            )
+            held = heldout_loss(model, eval_ids, batch_size)
+            rows.append(_loss_row(done, lr_at(step, lr, warmup, steps), float(np.mean(running)), held, unigram))
             running = []
             bar.set_postfix(heldout=f"{rows[-1]['heldout_loss']:.3f}")
         if done in checkpoint_dirs:
             _save_checkpoint(model, Path(tokenizer_dir), Path(checkpoint_dirs[done]))
         if done % state_every == 0 and done < steps:
-            with io.atomic_path(state_path) as tmp:
-                torch.save(
-                    dict(
-                        model=model.state_dict(),
-                        optimizer=opt.state_dict(),
-                        step=done,
-                        rows=rows,
-                        running=running,
-                        fingerprint=fingerprint,
-                    ),
-                    tmp,
-                )
+            _save_training_state(state_path, model, opt, done, rows, running, fingerprint)
     state_path.unlink(missing_ok=True)
     table = pd.DataFrame(rows)
     table["reason"] = table["reason"].fillna("") if "reason" in table else ""
     return table
+
+
+def _check_train_options(precision: str, checkpoint_dirs: dict[int, str | Path], steps: int) -> None:
+    """A known ``precision`` and every checkpoint step in [0, ``steps``]."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision {precision!r} unknown; allowed: {', '.join(PRECISIONS)}")
+    bad = [s for s in checkpoint_dirs if not 0 <= s <= steps]
+    if bad:
+        raise ValueError(f"checkpoint steps {bad} outside [0, {steps}] (train.steps)")
+
+
+def _loss_row(step: int, lr: float, train_loss: float, heldout: float, unigram: float) -> dict[str, Any]:
+    """One row of the loss curve."""
+    return dict(step=step, lr=lr, train_loss=train_loss, heldout_loss=heldout, unigram_loss=unigram)
+
+
+def _eval_windows(heldout_stream: np.ndarray, seq_len: int, n_eval_windows: int, seed: int) -> torch.Tensor:
+    """(min(n_eval_windows, N), seq_len) held-out windows at sorted distinct offsets k·seq_len, drawn
+    with numpy's default_rng(seed + 1) from the N = len(heldout_stream) // seq_len whole windows."""
+    rng_eval = np.random.default_rng(seed + 1)
+    n_win = len(heldout_stream) // seq_len
+    eval_starts = np.sort(rng_eval.choice(n_win, size=min(n_eval_windows, n_win), replace=False)) * seq_len
+    return torch.as_tensor(np.stack([heldout_stream[s : s + seq_len] for s in eval_starts]), dtype=torch.long)
+
+
+def _batch_at(train_stream: np.ndarray, seed: int, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
+    """(batch_size, seq_len) training windows of ``step``: starts from default_rng([seed, step]) in
+    [0, len − seq_len − 1), a pure function of (seed, step) so a resumed run draws the same data."""
+    max_start = len(train_stream) - seq_len - 1
+    starts = np.random.default_rng([seed, step]).integers(0, max_start, size=batch_size)
+    return torch.as_tensor(np.stack([train_stream[s : s + seq_len] for s in starts]), dtype=torch.long)
+
+
+def _training_fingerprint(
+    arch: Architecture,
+    train_stream: np.ndarray,
+    heldout_stream: np.ndarray,
+    checkpoint_dirs: dict[int, str | Path],
+    hparams: tuple[Any, ...],
+) -> str:
+    """The training setup a saved state belongs to: sha256 of the two token streams + repr of the
+    architecture, checkpoint steps and hyperparameters (a state is only resumed under exactly this setup)."""
+    return io.sha256_array(train_stream, heldout_stream) + repr((arch, sorted(checkpoint_dirs), *hparams))
+
+
+def _resume(
+    state_path: Path, fingerprint: str, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> tuple[int, list[dict[str, Any]], list[float]]:
+    """(start step, loss rows, running train losses): those of the state at ``state_path``, loaded into
+    ``model`` and ``opt``, when it exists and has ``fingerprint``; else (0, [], [])."""
+    start, rows, running = 0, [], []
+    if state_path.exists():
+        state = load_training_state(state_path)
+        if state.get("fingerprint") == fingerprint:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            start, rows, running = state["step"], state["rows"], state["running"]
+            log.info("resuming training from step %d (%s)", start, state_path)
+        else:
+            log.warning("ignoring %s: made by a different training setup", state_path)
+    return start, rows, running
+
+
+def _train_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor, precision: str, step: int
+) -> float:
+    """One optimiser step on ``batch`` (gradient norm clipped to 1); returns the batch loss."""
+    loss = next_token_loss(model, batch, precision)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"training loss is {float(loss)} at step {step + 1}; lower train.lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+def _save_training_state(
+    state_path: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    done: int,
+    rows: list[dict[str, Any]],
+    running: list[float],
+    fingerprint: str,
+) -> None:
+    """Write the resumable state after ``done`` steps atomically to ``state_path``."""
+    with io.atomic_path(state_path) as tmp:
+        torch.save(
+            dict(
+                model=model.state_dict(),
+                optimizer=opt.state_dict(),
+                step=done,
+                rows=rows,
+                running=running,
+                fingerprint=fingerprint,
+            ),
+            tmp,
+        )

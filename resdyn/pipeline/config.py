@@ -191,6 +191,9 @@ def _sort_keys(node: Any) -> None:
 
 
 def _semantic_errors(config: dict, base: Path) -> list[str]:
+    """Every error of a schema-valid ``config`` that needs more than its shape (files under ``base``,
+    the Hub, cross-section consistency), in a fixed order: dataset paths, models, Hub datasets,
+    section values, overrides, lens imports, scaling groups."""
     out: list[str] = []
     datasets = config["datasets"]
     for name, ds in datasets.items():
@@ -198,68 +201,115 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             if not (base / p).is_file():
                 out.append(f"config key 'datasets.{name}.paths': file {p!r} does not exist")
     for name, m in config["models"].items():
-        key = f"models.{name}"
-        if m["dataset"] not in datasets:
-            out.append(f"config key '{key}.dataset': {m['dataset']!r} is not a dataset; allowed: {sorted(datasets)}")
-        if m["source"] == "train":
-            t = m["train"]
-            late = [s for s in t["checkpoints"] if s > t["steps"]]
-            if late:
-                out.append(f"config key '{key}.train.checkpoints': steps {late} exceed train.steps={t['steps']}")
-            if m["d_model"] % m["n_heads"]:
-                out.append(f"config key '{key}.n_heads': {m['n_heads']} does not divide d_model={m['d_model']}")
-            kv = m.get("n_kv_heads", m["n_heads"])
-            if m["n_heads"] % kv:
-                out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
-        if m["source"] == "local":
-            folders = m["paths"].values() if "paths" in m else [m["path"]]
-            missing = [f for f in folders if not (base / f / "config.json").is_file()]
-            for folder in missing:
-                out.append(
-                    f"config key '{key}': local model folder {folder!r} does not exist or has no "
-                    "config.json (expected a Hugging Face model folder)"
-                )
-            if not missing:
-                out += _shape_errors(key, m, [(f, base / f / "config.json") for f in folders])
-        if m["source"] == "hf":
-            try:
-                order = hub.order_revisions(m["revisions"], m.get("steps"))
-            except ValueError as err:
-                out.append(f"config key '{key}.revisions': {err}; add a `steps:` map (revision -> training step)")
-                continue
-            if order != m["revisions"]:
-                out.append(
-                    f"config key '{key}.revisions': {m['revisions']} is not in training order; by their "
-                    f"{'steps map' if m.get('steps') else 'step numbers'} it is {order} (step 0 first, final last)"
-                )
-                continue
-            found, problems = [], []
-            for rev in m["revisions"]:
-                try:
-                    cfg_json, path = hub.hub_config_json(m["repo"], rev)
-                    found.append((f"{m['repo']}@{rev}", cfg_json))
-                    problems += _missing_weights(m["repo"], rev, path.parent)
-                except hub.HubError as err:
-                    problems.append(f"config key '{key}.revisions': {err}")
-            out += problems
-            if not problems:
-                out += _shape_errors(key, m, found)
-        length = model_config(config, name)["samples"]["length"]
-        if "max_position" in m and length > m["max_position"]:
-            out.append(
-                f"config key 'samples.length': {length} exceeds "
-                f"{key}.max_position={m['max_position']} (the positions the model supports)"
-            )
-        ckpts = checkpoints(config, name)
-        clashes = sorted({c for c in ckpts if ckpts.count(c) > 1})
-        if clashes:
-            out.append(f"config key '{key}.revisions': revisions map to the same checkpoint names {clashes}")
-        bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
-        if bad:
-            out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+        out += _model_errors(config, name, m, base)
     for name, ds in datasets.items():
         if ds["source"] == "hf":
             out += _dataset_errors(f"datasets.{name}", ds, base)
+    out += _section_errors(config)
+    out += _override_errors(config)
+    if not any(e.startswith("config key 'models.") and ".overrides." in e for e in out):
+        out += _lens_import_errors(config, base)
+    for group, members in config["scaling"]["groups"].items():
+        unknown = [m for m in members if m not in config["models"]]
+        if unknown:
+            out.append(
+                f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}"
+            )
+    return out
+
+
+def _model_errors(config: dict, name: str, m: dict, base: Path) -> list[str]:
+    """Errors of model ``name``: its dataset, its source's checks, then (unless the Hub revisions
+    are unusable) its sample length and checkpoint names."""
+    key = f"models.{name}"
+    out: list[str] = []
+    datasets = config["datasets"]
+    if m["dataset"] not in datasets:
+        out.append(f"config key '{key}.dataset': {m['dataset']!r} is not a dataset; allowed: {sorted(datasets)}")
+    if m["source"] == "train":
+        out += _train_model_errors(key, m)
+    if m["source"] == "local":
+        out += _local_model_errors(key, m, base)
+    if m["source"] == "hf":
+        errors, usable = _hf_model_errors(key, m)
+        out += errors
+        if not usable:
+            return out
+    length = model_config(config, name)["samples"]["length"]
+    if "max_position" in m and length > m["max_position"]:
+        out.append(
+            f"config key 'samples.length': {length} exceeds "
+            f"{key}.max_position={m['max_position']} (the positions the model supports)"
+        )
+    ckpts = checkpoints(config, name)
+    clashes = sorted({c for c in ckpts if ckpts.count(c) > 1})
+    if clashes:
+        out.append(f"config key '{key}.revisions': revisions map to the same checkpoint names {clashes}")
+    bad = [c for c in ckpts if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c)]
+    if bad:
+        out.append(f"config key '{key}': checkpoint names {bad} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    return out
+
+
+def _train_model_errors(key: str, m: dict) -> list[str]:
+    """A trained model's checkpoints within train.steps and heads that divide (d_model, n_heads)."""
+    out: list[str] = []
+    t = m["train"]
+    late = [s for s in t["checkpoints"] if s > t["steps"]]
+    if late:
+        out.append(f"config key '{key}.train.checkpoints': steps {late} exceed train.steps={t['steps']}")
+    if m["d_model"] % m["n_heads"]:
+        out.append(f"config key '{key}.n_heads': {m['n_heads']} does not divide d_model={m['d_model']}")
+    kv = m.get("n_kv_heads", m["n_heads"])
+    if m["n_heads"] % kv:
+        out.append(f"config key '{key}.n_kv_heads': {kv} does not divide n_heads={m['n_heads']}")
+    return out
+
+
+def _local_model_errors(key: str, m: dict, base: Path) -> list[str]:
+    """A local model's folders (each with a config.json), then their shapes."""
+    out: list[str] = []
+    folders = m["paths"].values() if "paths" in m else [m["path"]]
+    missing = [f for f in folders if not (base / f / "config.json").is_file()]
+    for folder in missing:
+        out.append(
+            f"config key '{key}': local model folder {folder!r} does not exist or has no "
+            "config.json (expected a Hugging Face model folder)"
+        )
+    if not missing:
+        out += _shape_errors(key, m, [(f, base / f / "config.json") for f in folders])
+    return out
+
+
+def _hf_model_errors(key: str, m: dict) -> tuple[list[str], bool]:
+    """(errors, usable) of a Hub model: its revisions in training order (else not usable: the
+    remaining checks of the model are skipped), each revision's config and weights, then shapes."""
+    try:
+        order = hub.order_revisions(m["revisions"], m.get("steps"))
+    except ValueError as err:
+        return [f"config key '{key}.revisions': {err}; add a `steps:` map (revision -> training step)"], False
+    if order != m["revisions"]:
+        return [
+            f"config key '{key}.revisions': {m['revisions']} is not in training order; by their "
+            f"{'steps map' if m.get('steps') else 'step numbers'} it is {order} (step 0 first, final last)"
+        ], False
+    found, problems = [], []
+    for rev in m["revisions"]:
+        try:
+            cfg_json, path = hub.hub_config_json(m["repo"], rev)
+            found.append((f"{m['repo']}@{rev}", cfg_json))
+            problems += _missing_weights(m["repo"], rev, path.parent)
+        except hub.HubError as err:
+            problems.append(f"config key '{key}.revisions': {err}")
+    if problems:
+        return problems, True
+    return _shape_errors(key, m, found), True
+
+
+def _section_errors(config: dict) -> list[str]:
+    """Cross-key checks of the global sections: complex tolerances, bootstrap interval, stored
+    samples, Jacobian positions, causal samples, skipped positions, smoothing window."""
+    out: list[str] = []
     tols = config["spectra"]["complex_tolerances"]
     for section in ("bridge", "bootstrap"):
         tol = config[section]["complex_tol"]
@@ -301,15 +351,6 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
     window = config["phases"]["window"]
     if config["phases"]["smoothing"] != "none" and window % 2 == 0:
         out.append(f"config key 'phases.window': {window} must be odd for centred smoothing")
-    out += _override_errors(config)
-    if not any(e.startswith("config key 'models.") and ".overrides." in e for e in out):
-        out += _lens_import_errors(config, base)
-    for group, members in config["scaling"]["groups"].items():
-        unknown = [m for m in members if m not in config["models"]]
-        if unknown:
-            out.append(
-                f"config key 'scaling.groups.{group}': unknown models {unknown}; allowed: {sorted(config['models'])}"
-            )
     return out
 
 

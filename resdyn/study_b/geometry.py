@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -383,6 +384,51 @@ def layer_geometry(
       updates as a (tokens × d) matrix, with ``hidden_erank``'s definition (Roy–Vetterli on the
       singular values of the token-centered matrix, :func:`hidden_effective_rank`).
     """
+    boundary_states, (N, S, T, d), skip, chunk = _check_boundary_states(
+        boundary_states, skip_positions, eps, erank_method, chunk_samples
+    )
+    n = (S - 1) // 2
+    n_tok = N * (T - skip)
+    use_svd = erank_method == "svd" or (erank_method == "auto" and n_tok * d <= _SVD_MAX_ELEMENTS)
+    pool = _TokenPool(boundary_states, skip, d, n_tok, use_svd)
+    rows = [_layer_row(pool, L, n, N, chunk, eps) for L in range(n + 1)]
+    return pd.DataFrame(rows, columns=LAYER_COLUMNS)
+
+
+def _layer_row(pool: _TokenPool, L: int, n: int, N: int, chunk: int, eps: float) -> dict[str, Any]:
+    """The :func:`layer_geometry` row of layer L (of n; L = n is the output state), streamed over
+    chunks of ``chunk`` of the N samples."""
+    # h_L and the three updates after it: Δ_attn = m_L − h_L, Δ_mlp = h_{L+1} − m_L, Δ_L
+    mats = {"hidden_erank": pool.new()}
+    if L < n:
+        mats.update(attn_update_erank=pool.new(), mlp_update_erank=pool.new(), update_erank=pool.new())
+    sums = _UpdateSums()
+    for a in range(0, N, chunk):
+        b = min(N, a + chunk)
+        h = pool.read(2 * L, a, b)
+        pool.push(mats["hidden_erank"], h)
+        if L < n:
+            m, h_next = pool.read(2 * L + 1, a, b), pool.read(2 * L + 2, a, b)
+            sums.add(h, m, h_next, eps)
+            pool.push(mats["attn_update_erank"], m - h)
+            pool.push(mats["mlp_update_erank"], h_next - m)
+            pool.push(mats["update_erank"], h_next - h)
+    row: dict[str, Any] = {
+        "layer": L,
+        "state": "h_L" if L < n else "output",
+        "n_tokens": pool.n_tok,
+    }
+    if L < n:
+        row.update(sums.row())
+    row.update({name: pool.erank(parts) for name, parts in mats.items()})
+    return row
+
+
+def _check_boundary_states(
+    boundary_states: Any, skip_positions: int, eps: float, erank_method: str, chunk_samples: int | None
+) -> tuple[Any, tuple[int, int, int, int], int, int]:
+    """(states, (N, S, T, d), skip, samples per chunk) of :func:`layer_geometry`'s arguments, checked;
+    states without ``.shape`` become an ndarray."""
     shape = getattr(boundary_states, "shape", None)
     if shape is None:
         boundary_states = np.asarray(boundary_states)
@@ -414,57 +460,45 @@ def layer_geometry(
         raise ValueError(f"chunk_samples must be a positive integer or None, got {chunk_samples!r}")
     else:
         chunk = int(chunk_samples)
-    n = (S - 1) // 2
-    n_tok = N * (T - skip)
-    use_svd = erank_method == "svd" or (erank_method == "auto" and n_tok * d <= _SVD_MAX_ELEMENTS)
+    return boundary_states, (N, S, T, d), skip, chunk
 
-    def read(i: int, a: int, b: int) -> np.ndarray:
-        X = np.asarray(boundary_states[a:b, i, skip:, :])
+
+@dataclass(frozen=True)
+class _TokenPool:
+    """Reads chunks of one boundary state as pooled float64 tokens and accumulates (tokens × d)
+    matrices for an effective rank: the token rows themselves (exact SVD, ``use_svd``) or their
+    streamed centered Gram matrix."""
+
+    states: Any
+    skip: int
+    d: int
+    n_tok: int
+    use_svd: bool
+
+    def read(self, i: int, a: int, b: int) -> np.ndarray:
+        """Samples a..b−1 of state i, positions from ``skip`` on, as (tokens, d)."""
+        X = np.asarray(self.states[a:b, i, self.skip :, :])
         return _as_tokens(X, f"boundary_states[:, {i}]")
 
-    def erank_of(parts: list[np.ndarray] | _CenteredGram) -> float:
-        if n_tok < 2:
-            return float("nan")
-        if isinstance(parts, _CenteredGram):
-            return float(effective_rank(parts.singular_values()))
-        return hidden_effective_rank(np.concatenate(parts, axis=0), "svd")
+    def new(self) -> list[np.ndarray] | _CenteredGram:
+        """An empty accumulator."""
+        return [] if self.use_svd else _CenteredGram(self.d)
 
-    def new() -> list[np.ndarray] | _CenteredGram:
-        return [] if use_svd else _CenteredGram(d)
-
+    @staticmethod
     def push(parts: list[np.ndarray] | _CenteredGram, X: np.ndarray) -> None:
+        """Add the tokens X to an accumulator."""
         if isinstance(parts, list):
             parts.append(X)
         else:
             parts.add(X)
 
-    rows = []
-    for L in range(n + 1):
-        # h_L and the three updates after it: Δ_attn = m_L − h_L, Δ_mlp = h_{L+1} − m_L, Δ_L
-        mats = {"hidden_erank": new()}
-        if L < n:
-            mats.update(attn_update_erank=new(), mlp_update_erank=new(), update_erank=new())
-        sums = _UpdateSums()
-        for a in range(0, N, chunk):
-            b = min(N, a + chunk)
-            h = read(2 * L, a, b)
-            push(mats["hidden_erank"], h)
-            if L < n:
-                m, h_next = read(2 * L + 1, a, b), read(2 * L + 2, a, b)
-                sums.add(h, m, h_next, eps)
-                push(mats["attn_update_erank"], m - h)
-                push(mats["mlp_update_erank"], h_next - m)
-                push(mats["update_erank"], h_next - h)
-        row: dict[str, Any] = {
-            "layer": L,
-            "state": "h_L" if L < n else "output",
-            "n_tokens": n_tok,
-        }
-        if L < n:
-            row.update(sums.row())
-        row.update({name: erank_of(parts) for name, parts in mats.items()})
-        rows.append(row)
-    return pd.DataFrame(rows, columns=LAYER_COLUMNS)
+    def erank(self, parts: list[np.ndarray] | _CenteredGram) -> float:
+        """:func:`hidden_effective_rank` of the accumulated tokens (NaN with fewer than 2 tokens)."""
+        if self.n_tok < 2:
+            return float("nan")
+        if isinstance(parts, _CenteredGram):
+            return float(effective_rank(parts.singular_values()))
+        return hidden_effective_rank(np.concatenate(parts, axis=0), "svd")
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,6 +691,32 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     """
     import statsmodels.api as sm
 
+    _check_widths(widths, alpha, min_depths)
+    rows = [_depth_fit_row(ph, g, alpha, min_depths, sm) for ph, g in widths.groupby("phase", sort=True)]
+    return pd.DataFrame(rows, columns=list(_DEPTH_SCALING_COLUMNS))
+
+
+#: The columns of :func:`depth_scaling`, in order.
+_DEPTH_SCALING_COLUMNS = (
+    "phase",
+    "status",
+    "slope",
+    "intercept",
+    "slope_ci_low",
+    "slope_ci_high",
+    "slope_se",
+    "p_value",
+    "r_squared",
+    "n_models",
+    "n_depths",
+    "n_obs",
+    "reason",
+)
+
+
+def _check_widths(widths: pd.DataFrame, alpha: float, min_depths: int) -> None:
+    """:func:`depth_scaling`'s arguments: a DataFrame with the needed columns and finite numbers,
+    alpha in (0, 1), min_depths ≥ 3."""
     if not isinstance(widths, pd.DataFrame):
         raise ValueError(f"widths must be a pandas DataFrame, got {type(widths).__name__}")
     need = ["model", "n_layers", "phase", "width"]
@@ -675,58 +735,43 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
             bad = widths.loc[vals.isna() | ~np.isfinite(vals.astype(float)), col].tolist()
             raise ValueError(f"widths[{col!r}] must be finite numbers, got bad values {bad[:5]}")
 
-    rows = []
-    for ph, g in widths.groupby("phase", sort=True):
-        x = g["n_layers"].to_numpy(dtype=np.float64)
-        y = g["width"].to_numpy(dtype=np.float64)
-        n_depths = int(np.unique(x).size)
-        row: dict[str, Any] = {
-            "phase": ph,
-            "status": "ok",
-            "slope": math.nan,
-            "intercept": math.nan,
-            "slope_ci_low": math.nan,
-            "slope_ci_high": math.nan,
-            "slope_se": math.nan,
-            "p_value": math.nan,
-            "r_squared": math.nan,
-            "n_models": int(g["model"].nunique()),
-            "n_depths": n_depths,
-            "n_obs": int(len(g)),
-            "reason": "",
-        }
-        if n_depths < min_depths:
-            row["status"] = "too_few_depths"
-            row["reason"] = f"too_few_depths: {n_depths} depth(s) in the group, the fit needs {min_depths}"
-            rows.append(row)
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # exact fits: zero residual variance → divide warnings
-            fit = sm.OLS(y, sm.add_constant(x, has_constant="add")).fit()
-            ci = np.asarray(fit.conf_int(alpha=alpha))
-            row.update(
-                slope=float(fit.params[1]),
-                intercept=float(fit.params[0]),
-                slope_ci_low=float(ci[1, 0]),
-                slope_ci_high=float(ci[1, 1]),
-                slope_se=float(fit.bse[1]),
-                p_value=float(fit.pvalues[1]),
-                r_squared=float(fit.rsquared),
-            )
-        rows.append(row)
-    cols = [
-        "phase",
-        "status",
-        "slope",
-        "intercept",
-        "slope_ci_low",
-        "slope_ci_high",
-        "slope_se",
-        "p_value",
-        "r_squared",
-        "n_models",
-        "n_depths",
-        "n_obs",
-        "reason",
-    ]
-    return pd.DataFrame(rows, columns=cols)
+
+def _depth_fit_row(ph: Any, g: pd.DataFrame, alpha: float, min_depths: int, sm: Any) -> dict[str, Any]:
+    """The :func:`depth_scaling` row of phase ``ph`` from its rows ``g``: OLS width ~ 1 + n_layers
+    (``sm`` = statsmodels.api), or ``too_few_depths`` with fewer than ``min_depths`` distinct depths."""
+    x = g["n_layers"].to_numpy(dtype=np.float64)
+    y = g["width"].to_numpy(dtype=np.float64)
+    n_depths = int(np.unique(x).size)
+    row: dict[str, Any] = {
+        "phase": ph,
+        "status": "ok",
+        "slope": math.nan,
+        "intercept": math.nan,
+        "slope_ci_low": math.nan,
+        "slope_ci_high": math.nan,
+        "slope_se": math.nan,
+        "p_value": math.nan,
+        "r_squared": math.nan,
+        "n_models": int(g["model"].nunique()),
+        "n_depths": n_depths,
+        "n_obs": int(len(g)),
+        "reason": "",
+    }
+    if n_depths < min_depths:
+        row["status"] = "too_few_depths"
+        row["reason"] = f"too_few_depths: {n_depths} depth(s) in the group, the fit needs {min_depths}"
+        return row
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exact fits: zero residual variance → divide warnings
+        fit = sm.OLS(y, sm.add_constant(x, has_constant="add")).fit()
+        ci = np.asarray(fit.conf_int(alpha=alpha))
+        row.update(
+            slope=float(fit.params[1]),
+            intercept=float(fit.params[0]),
+            slope_ci_low=float(ci[1, 0]),
+            slope_ci_high=float(ci[1, 1]),
+            slope_se=float(fit.bse[1]),
+            p_value=float(fit.pvalues[1]),
+            r_squared=float(fit.rsquared),
+        )
+    return row
