@@ -526,3 +526,38 @@ def test_a_lens_step_of_a_trillion_tokens_is_refused(monkeypatch):
     cfg = rc.validate_config({**cfg, "device": "cpu"})
     with pytest.raises(multigpu.FitError, match=r"^job lens .*a job may ask for at most"):
         dag.check_fits(cfg)
+
+
+# --- checkpoints transformers refuses -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", ["pickled", "bad_header"])
+def test_a_refused_checkpoint_is_one_line_naming_it(tmp_path, weights):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from resdyn.lm import models
+
+    folder = tmp_path / "m"
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    if weights == "pickled":  # an old-style .bin whose unpickling would run code
+        torch.save({"x": _Planted(tmp_path / "marker")}, folder / "pytorch_model.bin")
+    else:
+        (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    record = {"model": "m", "checkpoint": "step0", "folder": str(folder), "content_hash": None}
+    with pytest.raises(RuntimeError) as err:
+        models.load_model(record, device="cpu", verify_hash=False)
+    msg = str(err.value)
+    assert msg.startswith(f"cannot load checkpoint m/step0 from {folder}: ") and "\n" not in msg, msg
+    assert not (tmp_path / "marker").exists()
