@@ -9,8 +9,6 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 
 from resdyn.cluster.cost import (
-    GPU_LINALG_RULES,
-    GPU_RULES,
     LIGHT_RULES,
     RULES,
     Cost,
@@ -179,9 +177,7 @@ def check_fits(config: dict, kind: str | None = None) -> None:
     :class:`FitError` names the first job that does not, with its numbers."""
     max_gb, max_hours = job_ceiling()
     for rule, w in unique_jobs(config):
-        if rule in (*GPU_RULES, *GPU_LINALG_RULES) and config.get("device", "auto") != "cpu":
-            job_placement(config, rule, w, kind)
-        res = resources(config, rule, w, device=kind)
+        res = resources(config, rule, w, device=kind)  # places a GPU job: FitError when no node holds it
         gb, hours = res["mem_mb"] * MiB / GB, res["runtime"] / 60.0
         if gb > max_gb or hours > max_hours:
             job = f"{rule} {'/'.join(w.values())}".strip()
