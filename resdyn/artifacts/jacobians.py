@@ -106,6 +106,70 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
     return {"d": d, "count": count, "ids": ids, "per_shape": per_shape}
 
 
+class _JacobianIndex:
+    """The loaders :meth:`JacobianBlocks.read` collects, checked group by group against the first one.
+
+    The first group added is the reference every later one must agree with: the same d, and for
+    operator groups the same N (``count``), n (``per_sample``) and stored sample ids. Branch
+    groups (``branch_kinds``) get a ``mean`` loader only.
+    """
+
+    def __init__(self, branch_kinds: tuple[str, ...]) -> None:
+        self.branch_kinds = branch_kinds
+        self.means: Loaders = {}
+        self.per: Loaders = {}
+        self.branches: Loaders = {}
+        self.attrs: dict[str, Any] = {}
+        self.ref: dict[str, Any] | None = None
+        self.ref_where = ""
+
+    def add(self, path: Path, layer: int, kind: str, g: dict[str, Any]) -> None:
+        """Check group ``kind`` of layer ``layer`` (its index ``g``) and register its loaders."""
+        where = f"{path}: {kind}"
+        if self.ref is None:
+            self.ref, self.ref_where = g, where
+        ref, ref_where = self.ref, self.ref_where
+        if g["d"] != ref["d"]:
+            raise ValueError(
+                f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
+                "all files must come from one model"
+            )
+        if kind in self.branch_kinds:
+            self.branches[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+            return
+        n = g["per_shape"][0] if g["per_shape"] else 0
+        n_ref = ref["per_shape"][0] if ref["per_shape"] else 0
+        if g["count"] != ref["count"] or n != n_ref or not np.array_equal(g["ids"][:n], ref["ids"][:n_ref]):
+            raise ValueError(
+                f"{where} holds {n} whole Jacobians of {g['count']} samples, but {ref_where} holds "
+                f"{n_ref} of {ref['count']} (or other sample ids); all files must come from one run"
+            )
+        if (layer, kind) in self.means:
+            raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
+        self.means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+        if n:
+            self.per[(layer, kind)] = _jacobian_loader(path, kind, "per_sample", g["per_shape"], average_positions=True)
+
+    def finish(self, files: tuple[Path, ...]) -> JacobianFiles:
+        """The :class:`JacobianFiles` of the groups added; ValueError when the layers have a gap."""
+        layers = sorted({layer for layer, _ in self.means})
+        if layers != list(range(len(layers))):
+            raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
+        assert self.ref is not None
+        n_stored = self.ref["per_shape"][0] if self.ref["per_shape"] else 0
+        return JacobianFiles(
+            files=files,
+            attrs=self.attrs,
+            d=self.ref["d"],
+            n_samples_total=self.ref["count"],
+            n_stored=n_stored,
+            sample_ids=self.ref["ids"][:n_stored],
+            means=self.means,
+            per_sample=self.per,
+            branches=self.branches,
+        )
+
+
 class JacobianBlocks(Artifact):
     """``results/{model}/{ckpt}/jacobians/{block}/layer{L:03d}.h5``: per-layer mean and per-sample Jacobians.
 
@@ -264,72 +328,42 @@ class JacobianBlocks(Artifact):
             FileNotFoundError: no ``layer*.h5`` in the folders.
             ValueError: any of the problems above, naming the file (and group).
         """
-        import h5py
-
         files = sorted(p for folder in folders for p in Path(folder).glob("layer*.h5"))
         if not files:
             raise FileNotFoundError(f"no layer*.h5 Jacobian files in {list(map(str, folders))}")
-        means: Loaders = {}
-        per: Loaders = {}
-        branches: Loaders = {}
-        attrs: dict[str, Any] = {}
-        ref: dict[str, Any] | None = None  # the first operator group: what every other must agree with
-        ref_where = ""
+        index = _JacobianIndex(branch_kinds=cls.PARALLEL_KINDS[1:])
         for path in files:
-            try:
-                with h5py.File(path, "r") as f:
-                    layer = int(f.attrs["layer"])
-                    if not attrs:
-                        attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
-                    kinds = ("layer",) if "layer" in f else cls.KINDS
-                    index = {kind: _jacobian_group_index(f, path, kind) for kind in kinds}
-                    branch_index = {
-                        kind: _jacobian_group_index(f, path, kind) for kind in cls.PARALLEL_KINDS[1:] if kind in f
-                    }
-            except (OSError, KeyError) as err:
-                raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
-            for kind, g in {**index, **branch_index}.items():
-                where = f"{path}: {kind}"
-                if ref is None:
-                    ref, ref_where = g, where
-                if g["d"] != ref["d"]:
-                    raise ValueError(
-                        f"{where}/mean is {g['d']}×{g['d']}, but {ref_where}/mean is {ref['d']}×{ref['d']}; "
-                        "all files must come from one model"
-                    )
-                if kind in cls.PARALLEL_KINDS[1:]:
-                    branches[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
-                    continue
-                n = g["per_shape"][0] if g["per_shape"] else 0
-                n_ref = ref["per_shape"][0] if ref["per_shape"] else 0
-                if g["count"] != ref["count"] or n != n_ref or not np.array_equal(g["ids"][:n], ref["ids"][:n_ref]):
-                    raise ValueError(
-                        f"{where} holds {n} whole Jacobians of {g['count']} samples, but {ref_where} holds "
-                        f"{n_ref} of {ref['count']} (or other sample ids); all files must come from one run"
-                    )
-                if (layer, kind) in means:
-                    raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
-                means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
-                if n:
-                    per[(layer, kind)] = _jacobian_loader(
-                        path, kind, "per_sample", g["per_shape"], average_positions=True
-                    )
-        layers = sorted({layer for layer, _ in means})
-        if layers != list(range(len(layers))):
-            raise ValueError(f"Jacobian files cover layers {layers}; expected 0..{len(layers) - 1} without gaps")
-        assert ref is not None
-        n_stored = ref["per_shape"][0] if ref["per_shape"] else 0
-        return JacobianFiles(
-            files=tuple(files),
-            attrs=attrs,
-            d=ref["d"],
-            n_samples_total=ref["count"],
-            n_stored=n_stored,
-            sample_ids=ref["ids"][:n_stored],
-            means=means,
-            per_sample=per,
-            branches=branches,
-        )
+            layer, file_attrs, groups = cls._index_file(path, with_attrs=not index.attrs)
+            if not index.attrs:
+                index.attrs = file_attrs
+            for kind, g in groups.items():
+                index.add(path, layer, kind, g)
+        return index.finish(tuple(files))
+
+    @classmethod
+    def _index_file(cls, path: Path, with_attrs: bool) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
+        """(layer, file attributes, {kind: group index}) of one layer file, operator groups first.
+
+        The attributes (numpy arrays as lists) are read only when ``with_attrs``; branch groups
+        ('attn_branch', 'mlp_branch') follow the operator groups when the file has them. A file
+        that does not open or lacks its ``layer`` attribute or a group is one ValueError naming it.
+        """
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                layer = int(f.attrs["layer"])
+                attrs = {}
+                if with_attrs:
+                    attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+                kinds = ("layer",) if "layer" in f else cls.KINDS
+                index = {kind: _jacobian_group_index(f, path, kind) for kind in kinds}
+                branch_index = {
+                    kind: _jacobian_group_index(f, path, kind) for kind in cls.PARALLEL_KINDS[1:] if kind in f
+                }
+        except (OSError, KeyError) as err:
+            raise ValueError(f"{path}: not a readable Jacobian file ({err})") from err
+        return layer, attrs, {**index, **branch_index}
 
     @classmethod
     def read_means(cls, folders: Sequence[PathLike]) -> tuple[Loaders, dict[str, Any]]:

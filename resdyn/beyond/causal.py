@@ -332,6 +332,66 @@ def _phase_labels(phases: Mapping[str, Any] | None, n_layers: int) -> dict[int, 
     return {L: int(labels[L]) for L in range(m)}
 
 
+def _check_causal_args(
+    model: nn.Module,
+    ids: torch.Tensor,
+    translators: Sequence[Any],
+    k: int,
+    n_random: int,
+    seed: int,
+    layers: Sequence[int] | None,
+    interventions: Sequence[str],
+) -> list[int]:
+    """The layers :func:`causal_table` intervenes on (default 0 … n−1), after checking its arguments.
+
+    Each bad argument is one ValueError naming it and the allowed values: ``ids`` a (B, T)
+    integer tensor with B ≥ 2 for ``patch``; ``interventions`` a non-empty subset of
+    :data:`INTERVENTIONS`; ``n_random`` ≥ 2; ``seed`` ≥ 0; one translator per layer;
+    1 ≤ ``k`` ≤ d; every layer in 0 … n−1.
+    """
+    if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be a (B, T) integer array, got {ids.dtype} {tuple(ids.shape)}")
+    bad = [i for i in interventions if i not in INTERVENTIONS]
+    if bad or not interventions:
+        raise ValueError(f"interventions={list(interventions)!r}; allowed: non-empty subset of {INTERVENTIONS}")
+    if "patch" in interventions and ids.shape[0] < 2:
+        raise ValueError(f"patching needs at least 2 samples (a donor must be a different sample); got {ids.shape[0]}")
+    check_int(n_random, "n_random", 2, why="for a mean and sd")
+    check_int(seed, "seed", 0)
+    n = structure.n_layers(model)
+    if len(translators) != n:
+        raise ValueError(f"got {len(translators)} translators; the model has {n} layers (A_0 … A_{n - 1})")
+    d = structure.hidden_size(model)
+    check_int(k, "k", 1, d, why="d = hidden size")
+    layers = list(range(n)) if layers is None else [int(L) for L in layers]
+    out_of_range = [L for L in layers if not 0 <= L < n]
+    if out_of_range:
+        raise ValueError(f"layers {out_of_range} out of range; allowed 0..{n - 1} (streams with a translator)")
+    return layers
+
+
+def _against_null(kl: float, flip: float, null: np.ndarray) -> dict[str, float]:
+    """The observed effect beside its null: the columns kl … kl_p of one :data:`CAUSAL_COLUMNS` row.
+
+    ``null`` (n_random, 2) holds (KL, flip rate) of each random subspace. ``kl_z`` =
+    (kl − mean)/sd (sd with ddof 1; ±inf or 0 when sd = 0), ``kl_p`` = share of random
+    draws with KL ≥ kl.
+    """
+    mean_kl, sd_kl = float(null[:, 0].mean()), float(null[:, 0].std(ddof=1))
+    return {
+        "kl": kl,
+        "flip_rate": flip,
+        "random_kl_mean": mean_kl,
+        "random_kl_sd": sd_kl,
+        "random_flip_mean": float(null[:, 1].mean()),
+        "random_flip_sd": float(null[:, 1].std(ddof=1)),
+        "kl_z": (kl - mean_kl) / sd_kl
+        if sd_kl > 0
+        else (0.0 if kl == mean_kl else math.copysign(math.inf, kl - mean_kl)),
+        "kl_p": float(np.mean(null[:, 0] >= kl)),
+    }
+
+
 def causal_table(
     model: nn.Module,
     input_ids: torch.Tensor | np.ndarray,
@@ -361,28 +421,11 @@ def causal_table(
         DataFrame with :data:`CAUSAL_COLUMNS`, one row per (layer, intervention).
     """
     ids = torch.as_tensor(np.asarray(input_ids) if not isinstance(input_ids, torch.Tensor) else input_ids)
-    if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"input_ids must be a (B, T) integer array, got {ids.dtype} {tuple(ids.shape)}")
-    bad = [i for i in interventions if i not in INTERVENTIONS]
-    if bad or not interventions:
-        raise ValueError(f"interventions={list(interventions)!r}; allowed: non-empty subset of {INTERVENTIONS}")
-    if "patch" in interventions and ids.shape[0] < 2:
-        raise ValueError(f"patching needs at least 2 samples (a donor must be a different sample); got {ids.shape[0]}")
-    check_int(n_random, "n_random", 2, why="for a mean and sd")
-    check_int(seed, "seed", 0)
-    n = structure.n_layers(model)
-    if len(translators) != n:
-        raise ValueError(f"got {len(translators)} translators; the model has {n} layers (A_0 … A_{n - 1})")
+    layers = _check_causal_args(model, ids, translators, k, n_random, seed, layers, interventions)
     d = structure.hidden_size(model)
-    check_int(k, "k", 1, d, why="d = hidden size")
-    layers = list(range(n)) if layers is None else [int(L) for L in layers]
-    out_of_range = [L for L in layers if not 0 <= L < n]
-    if out_of_range:
-        raise ValueError(f"layers {out_of_range} out of range; allowed 0..{n - 1} (streams with a translator)")
-
     device = structure.input_device(model)
     cont = Continuation(model, ids.to(device=device, dtype=torch.long))
-    labels = _phase_labels(phases, n)
+    labels = _phase_labels(phases, structure.n_layers(model))
     rows = []
     for L in layers:
         V = readout_subspace(np.asarray(translators[L], dtype=np.float64), int(k))
@@ -392,23 +435,13 @@ def causal_table(
         for intervention in interventions:
             kl, flip, n_tok = cont.effect(L, V, intervention, reference=ref)
             null = np.array([cont.effect(L, R, intervention, reference=ref)[:2] for R in randoms])
-            mean_kl, sd_kl = float(null[:, 0].mean()), float(null[:, 0].std(ddof=1))
             rows.append(
                 {
                     "layer": L,
                     "intervention": intervention,
                     "k": int(k),
                     "d": d,
-                    "kl": kl,
-                    "flip_rate": flip,
-                    "random_kl_mean": mean_kl,
-                    "random_kl_sd": sd_kl,
-                    "random_flip_mean": float(null[:, 1].mean()),
-                    "random_flip_sd": float(null[:, 1].std(ddof=1)),
-                    "kl_z": (kl - mean_kl) / sd_kl
-                    if sd_kl > 0
-                    else (0.0 if kl == mean_kl else math.copysign(math.inf, kl - mean_kl)),
-                    "kl_p": float(np.mean(null[:, 0] >= kl)),
+                    **_against_null(kl, flip, null),
                     "n_random": n_random,
                     "n_samples": cont.batch,
                     "n_tokens": n_tok,

@@ -79,9 +79,42 @@ def _is_mlp(name: str, module: nn.Module) -> bool:
 
 
 def detect_template(layer: nn.Module, call: tuple) -> Template:
-    """The layer's :class:`Template` from one HF forward (``call`` = the (args, kwargs) HF's model
-    passed it, as captured by :func:`capture_calls`). ValueError (one line) when no template fits."""
+    """The layer's :class:`Template` from one HF forward of it.
+
+    ``call`` is the (args, kwargs) HF's model passed the layer, as captured by
+    :func:`capture_calls`. The roles come from the children's names and classes, the norms'
+    slots from the data flow of that forward. ValueError (one line) when no template fits.
+    """
     children = dict(layer.named_children())
+    log, h = _record_children(layer, call, children)
+    where = f"decoder layer {type(layer).__name__}"
+    attn_name, mlp_name = _find_roles(where, children, log)
+    _check_hidden_states_only(where, children, [mlp_name, *(n for n, _, _ in log if _is_norm(children[n]))])
+    calls = {n: (x, out[0] if isinstance(out, tuple) else out) for n, x, out in log}
+    norms = [n for n, _, _ in log if _is_norm(children[n])]
+    slot = _norm_slots(where, calls, norms, attn_name, mlp_name)
+    mlp_reads = calls[slot["mlp_pre"]][0] if slot["mlp_pre"] else calls[mlp_name][0]
+    scale = getattr(layer, "residual_multiplier", 1.0)
+    return Template(
+        attn_name,
+        mlp_name,
+        slot["attn_pre"],
+        slot["attn_post"],
+        slot["mlp_pre"],
+        slot["mlp_post"],
+        parallel=mlp_reads is h,
+        branch_scale=float(scale),
+    )
+
+
+def _record_children(
+    layer: nn.Module, call: tuple, children: dict[str, nn.Module]
+) -> tuple[list[tuple[str, object, object]], torch.Tensor]:
+    """(log, h): one no-grad forward of ``layer`` on ``call`` with a hook on every direct child.
+
+    ``log`` holds (child name, its first input, its output) in call order; ``h`` is the layer's
+    input hidden states (the tensor a parallel layer's MLP norm reads itself).
+    """
     log: list[tuple[str, object, object]] = []
 
     def first_input(args: tuple, kwargs: dict):
@@ -103,7 +136,14 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
     finally:
         for handle in handles:
             handle.remove()
-    where = f"decoder layer {type(layer).__name__}"
+    return log, h
+
+
+def _find_roles(where: str, children: dict[str, nn.Module], log: list[tuple[str, object, object]]) -> tuple[str, str]:
+    """(attention, MLP) child names among the children called; ValueError unless there is one of each.
+
+    Every other child called must be a norm or a dropout.
+    """
     attn = [n for n, _, _ in log if _is_attention(n, children[n])]
     mlp = [n for n, _, _ in log if _is_mlp(n, children[n]) and n not in attn]
     unknown = sorted(
@@ -119,8 +159,16 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
             f"{sorted(set(attn))}, MLP {sorted(set(mlp))}, other sublayers {unknown} (one attention and one MLP "
             "module plus norms expected)"
         )
-    attn_name, mlp_name = attn[0], mlp[0]
-    for name in (mlp_name, *(n for n, _, _ in log if _is_norm(children[n]))):
+    return attn[0], mlp[0]
+
+
+def _check_hidden_states_only(where: str, children: dict[str, nn.Module], names: list[str]) -> None:
+    """ValueError when a child in ``names`` needs a positional argument besides the hidden states.
+
+    Such a module (e.g. one that adds the residual inside) cannot be differentiated as one half
+    of the template.
+    """
+    for name in names:
         required = [
             p.name
             for p in list(inspect.signature(children[name].forward).parameters.values())[1:]
@@ -131,10 +179,19 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
                 f"{where} matches no generic template: {name} ({type(children[name]).__name__}) takes "
                 f"more than the hidden states (also {required}), e.g. a residual added inside"
             )
-    calls = {n: (x, out[0] if isinstance(out, tuple) else out) for n, x, out in log}
+
+
+def _norm_slots(
+    where: str, calls: dict[str, tuple[object, object]], norms: list[str], attn_name: str, mlp_name: str
+) -> dict[str, str | None]:
+    """{slot: norm name or None} for attn_pre, attn_post, mlp_pre and mlp_post, from the data flow.
+
+    ``calls`` maps each child to (input, output) of the recorded forward. A norm whose output IS
+    a sublayer's input sits before it; one whose input IS a sublayer's output sits after it. A
+    norm in neither place is one ValueError.
+    """
     attn_in, attn_out = calls[attn_name]
     mlp_in, mlp_out = calls[mlp_name]
-    norms = [n for n, _, _ in log if _is_norm(children[n])]
     slot = {
         "attn_pre": next((n for n in norms if calls[n][1] is attn_in), None),
         "attn_post": next((n for n in norms if calls[n][0] is attn_out), None),
@@ -147,18 +204,7 @@ def detect_template(layer: nn.Module, call: tuple) -> Template:
             f"{where} matches no generic template: norms {extra} are neither before nor after the "
             f"attention ({attn_name}) or the MLP ({mlp_name})"
         )
-    mlp_reads = calls[slot["mlp_pre"]][0] if slot["mlp_pre"] else mlp_in
-    scale = getattr(layer, "residual_multiplier", 1.0)
-    return Template(
-        attn_name,
-        mlp_name,
-        slot["attn_pre"],
-        slot["attn_post"],
-        slot["mlp_pre"],
-        slot["mlp_post"],
-        parallel=mlp_reads is h,
-        branch_scale=float(scale),
-    )
+    return slot
 
 
 def _call_layer(layer: nn.Module, call: tuple, h: torch.Tensor):

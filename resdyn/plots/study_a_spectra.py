@@ -58,6 +58,40 @@ def eigenvalue_grid(
     ``layers_per_row`` layers (default: 1 up to 8 layers, else 4) into each row. One axes
     per sublayer present, equal aspect, title with the spectral radius ρ.
     """
+    items = _eigenvalue_items(spectra)
+    if not items:
+        return empty_figure(title, r"Re $\lambda$", r"Im $\lambda$", "the spectra")
+    layers = sorted({t[0] for t in items})
+    per_row = layers_per_row or (1 if len(layers) <= 8 else 4)
+    per_row = max(1, min(int(per_row), len(layers)))
+    ncols = 2 * per_row
+    nrows = math.ceil(len(layers) / per_row)
+    side = 1.55 if per_row > 1 else 1.75
+    fig = Figure(figsize=(max(4.6, side * ncols + 0.3), side * nrows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(nrows, ncols, squeeze=False)
+    used = set()
+    for layer, kind, lam in items:
+        pos = layers.index(layer) * 2 + (0 if kind == "attn" else 1)
+        r, c = divmod(pos, ncols)
+        used.add((r, c))
+        _eigenvalue_panel(grid[r, c], layer, kind, lam)
+    _label_outer_panels(fig, grid, used, nrows)
+    fig.suptitle(title)
+    fig.supxlabel(
+        r"eigenvalues $\lambda$ of the sublayer Jacobians; dashed: unit circle $|\lambda| = 1$",
+        fontsize=6.5,
+        color="0.3",
+    )
+    return fig
+
+
+def _eigenvalue_items(spectra: Mapping[str, Mapping[str, np.ndarray]]) -> list[tuple[int, str, np.ndarray]]:
+    """(layer, kind, eigenvalues as complex128) per group of ``spectra``, attention before MLP per layer.
+
+    Accepts the ``(arrays, attrs)`` tuple of :meth:`resdyn.artifacts.SpectraArrays.read`; a group
+    name not of the form ``L{layer:03d}_{kind}`` or a group without ``eigenvalues`` is one ValueError.
+    """
     if isinstance(spectra, tuple) and len(spectra) == 2 and isinstance(spectra[0], Mapping):
         spectra = spectra[0]
     if not isinstance(spectra, Mapping):
@@ -72,49 +106,47 @@ def eigenvalue_grid(
             raise ValueError(f"spectra[{name!r}] lacks 'eigenvalues'; it has {have}")
         lam = np.asarray(group["eigenvalues"]).ravel().astype(np.complex128)
         items.append((int(m.group(1)), m.group(2), lam))
-    if not items:
-        return empty_figure(title, r"Re $\lambda$", r"Im $\lambda$", "the spectra")
     items.sort(key=lambda t: (t[0], t[1] != "attn"))
-    layers = sorted({t[0] for t in items})
-    per_row = layers_per_row or (1 if len(layers) <= 8 else 4)
-    per_row = max(1, min(int(per_row), len(layers)))
-    ncols = 2 * per_row
-    nrows = math.ceil(len(layers) / per_row)
-    side = 1.55 if per_row > 1 else 1.75
-    fig = Figure(figsize=(max(4.6, side * ncols + 0.3), side * nrows + 0.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    grid = fig.subplots(nrows, ncols, squeeze=False)
-    used = set()
+    return items
+
+
+def _eigenvalue_panel(ax, layer: int, kind: str, lam: np.ndarray) -> None:
+    """One sublayer's finite eigenvalues on ``ax``: unit circle, axes through 0, title with ρ.
+
+    ρ = max |λ| over the finite eigenvalues (NaN if none); the square limits are
+    ±1.12 · max(1, ρ).
+    """
     theta = np.linspace(0, 2 * np.pi, 241)
-    for layer, kind, lam in items:
-        pos = layers.index(layer) * 2 + (0 if kind == "attn" else 1)
-        r, c = divmod(pos, ncols)
-        ax = grid[r, c]
-        used.add((r, c))
-        ok = np.isfinite(lam.real) & np.isfinite(lam.imag)
-        radius = float(np.max(np.abs(lam[ok]))) if ok.any() else float("nan")
-        lim = 1.12 * max(1.0, radius if np.isfinite(radius) else 1.0)
-        ax.plot(np.cos(theta), np.sin(theta), color="0.45", lw=0.7, ls="--", zorder=1)
-        ax.axhline(0, color="0.8", lw=0.5, zorder=0)
-        ax.axvline(0, color="0.8", lw=0.5, zorder=0)
-        style = KIND_STYLE[kind]
-        ax.scatter(
-            lam.real[ok],
-            lam.imag[ok],
-            s=5,
-            color=style["color"],
-            marker=style["marker"],
-            alpha=0.7,
-            lw=0,
-            zorder=2,
-            rasterized=True,
-        )
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-        ax.set_aspect("equal", adjustable="box")
-        ax.set_title(f"L{layer} {style['label']}  ρ={fmt_num(radius)}", fontsize=6.5)
-        ax.tick_params(labelsize=5.5)
-        ax.locator_params(nbins=4)  # small square panels: a few ticks read better (and lay out faster)
+    ok = np.isfinite(lam.real) & np.isfinite(lam.imag)
+    radius = float(np.max(np.abs(lam[ok]))) if ok.any() else float("nan")
+    lim = 1.12 * max(1.0, radius if np.isfinite(radius) else 1.0)
+    ax.plot(np.cos(theta), np.sin(theta), color="0.45", lw=0.7, ls="--", zorder=1)
+    ax.axhline(0, color="0.8", lw=0.5, zorder=0)
+    ax.axvline(0, color="0.8", lw=0.5, zorder=0)
+    style = KIND_STYLE[kind]
+    ax.scatter(
+        lam.real[ok],
+        lam.imag[ok],
+        s=5,
+        color=style["color"],
+        marker=style["marker"],
+        alpha=0.7,
+        lw=0,
+        zorder=2,
+        rasterized=True,
+    )
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_aspect("equal", adjustable="box")
+    ax.set_title(f"L{layer} {style['label']}  ρ={fmt_num(radius)}", fontsize=6.5)
+    ax.tick_params(labelsize=5.5)
+    ax.locator_params(nbins=4)  # small square panels: a few ticks read better (and lay out faster)
+
+
+def _label_outer_panels(fig: Figure, grid: np.ndarray, used: set[tuple[int, int]], nrows: int) -> None:
+    """Remove the unused axes of ``grid``; label Re λ under the lowest panel of each column and
+    Im λ beside the leftmost panel of each row.
+    """
     for (r, c), ax in np.ndenumerate(grid):
         if (r, c) not in used:
             fig.delaxes(ax)
@@ -126,13 +158,6 @@ def eigenvalue_grid(
             left = any((r, cc) in used for cc in range(c))
             if not left:
                 ax.set_ylabel(r"Im $\lambda$", fontsize=7)
-    fig.suptitle(title)
-    fig.supxlabel(
-        r"eigenvalues $\lambda$ of the sublayer Jacobians; dashed: unit circle $|\lambda| = 1$",
-        fontsize=6.5,
-        color="0.3",
-    )
-    return fig
 
 
 def _tol_columns(df: pd.DataFrame, which: str) -> list[tuple[float, str]]:

@@ -47,7 +47,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -704,29 +704,10 @@ def write_layer_block(
     forward (:meth:`JacobianEngine.compute_batch`; default :func:`default_batch_size`).
     """
     attrs = dict(attrs or {})
-    samples = np.asarray(samples)
-    if samples.ndim != 2 or samples.dtype.kind not in "iu":
-        raise ValueError(f"samples must be an (N, T) integer array, got {samples.dtype}{samples.shape}")
+    samples, ids, layers = _check_block_args(
+        samples, sample_ids, layers, out_paths, store_dtype, store_first_n, checkpoint_every
+    )
     n_samples, length = samples.shape
-    if n_samples == 0:
-        raise ValueError("samples is empty: give at least one sample")
-    ids = np.asarray(sample_ids)
-    if ids.shape != (n_samples,):
-        raise ValueError(f"sample_ids has shape {ids.shape}, expected ({n_samples},) to match samples")
-    if len(set(ids.tolist())) != n_samples:
-        raise ValueError("sample_ids are not unique")
-    layers = [int(x) for x in layers]
-    if not layers:
-        raise ValueError("layers is empty: give at least one layer")
-    missing = [x for x in layers if x not in out_paths]
-    if missing:
-        raise ValueError(f"out_paths has no file for layers {missing}")
-    if store_dtype not in ("float32", "float64"):
-        raise ValueError(f"store_dtype={store_dtype!r}: allowed are 'float32' and 'float64'")
-    if not 0 <= int(store_first_n) <= n_samples:
-        raise ValueError(f"store_first_n={store_first_n}: allowed 0..{n_samples} (the number of samples)")
-    if int(checkpoint_every) < 1:
-        raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
     pos = resolve_positions(positions, length)
     engine = JacobianEngine(model, layers, chunk_size, method)
     device = structure.input_device(model)
@@ -753,16 +734,8 @@ def write_layer_block(
             # batches end at checkpoint multiples, so checkpoints fall where the unbatched run's do
             stop = min(n_samples, start + batch, (start // checkpoint_every + 1) * checkpoint_every)
             batch_ids = torch.as_tensor(samples[start:stop], dtype=torch.long, device=device)
-            for i, jacs in zip(range(start, stop), engine.compute_batch(batch_ids, pos)):
-                for (layer, kind), jac in jacs.items():
-                    _check_finite(jac, attrs, layer, kind, ids[i].item())
-                    acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
-                    for s, values in summaries(jac).items():
-                        acc.per[(layer, kind, s)][i] = values
-                    if i < store_first_n:
-                        acc.first[(layer, kind)][i] = jac.cpu().numpy()
-                acc.next_index = i + 1
-                bar.update(1)
+            jacobians = engine.compute_batch(batch_ids, pos)
+            _accumulate_batch(acc, zip(range(start, stop), jacobians), ids, attrs, store_first_n, bar)
             start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
                 acc.save(ckpt, fingerprint)
@@ -773,6 +746,75 @@ def write_layer_block(
             out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, spectral_norm_method(d)
         )
     JacobianSums.remove(ckpt)
+
+
+def _check_block_args(
+    samples: np.ndarray,
+    sample_ids: Sequence | np.ndarray,
+    layers: Sequence[int],
+    out_paths: dict[int, os.PathLike | str],
+    store_dtype: str,
+    store_first_n: int,
+    checkpoint_every: int,
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(samples, sample ids, layers) of :func:`write_layer_block` as arrays and ints, checked.
+
+    Each bad argument is one ValueError naming it and what is allowed: samples a non-empty
+    (N, T) integer array, N unique ids, a non-empty block of layers each with a file in
+    ``out_paths``, ``store_dtype`` float32 or float64, 0 ≤ ``store_first_n`` ≤ N and
+    ``checkpoint_every`` ≥ 1.
+    """
+    samples = np.asarray(samples)
+    if samples.ndim != 2 or samples.dtype.kind not in "iu":
+        raise ValueError(f"samples must be an (N, T) integer array, got {samples.dtype}{samples.shape}")
+    n_samples = samples.shape[0]
+    if n_samples == 0:
+        raise ValueError("samples is empty: give at least one sample")
+    ids = np.asarray(sample_ids)
+    if ids.shape != (n_samples,):
+        raise ValueError(f"sample_ids has shape {ids.shape}, expected ({n_samples},) to match samples")
+    if len(set(ids.tolist())) != n_samples:
+        raise ValueError("sample_ids are not unique")
+    layers = [int(x) for x in layers]
+    if not layers:
+        raise ValueError("layers is empty: give at least one layer")
+    missing = [x for x in layers if x not in out_paths]
+    if missing:
+        raise ValueError(f"out_paths has no file for layers {missing}")
+    if store_dtype not in ("float32", "float64"):
+        raise ValueError(f"store_dtype={store_dtype!r}: allowed are 'float32' and 'float64'")
+    if not 0 <= int(store_first_n) <= n_samples:
+        raise ValueError(f"store_first_n={store_first_n}: allowed 0..{n_samples} (the number of samples)")
+    if int(checkpoint_every) < 1:
+        raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
+    return samples, ids, layers
+
+
+def _accumulate_batch(
+    acc: JacobianSums,
+    jacobians: Iterable[tuple[int, dict[tuple[int, str], torch.Tensor]]],
+    ids: np.ndarray,
+    attrs: dict[str, Any],
+    store_first_n: int,
+    bar: Any,
+) -> None:
+    """Add each sample's sublayer Jacobians to the running sums ``acc``, in sample order.
+
+    ``jacobians`` yields (sample index i, {(layer, kind): (P, d, d) Jacobian}). Per sublayer:
+    a finite check (FloatingPointError naming the sample id), the float64 sum over positions,
+    the per-position summaries, and the whole Jacobian when i < ``store_first_n``. After each
+    sample ``acc.next_index`` = i + 1 and ``bar`` advances by one.
+    """
+    for i, jacs in jacobians:
+        for (layer, kind), jac in jacs.items():
+            _check_finite(jac, attrs, layer, kind, ids[i].item())
+            acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
+            for s, values in summaries(jac).items():
+                acc.per[(layer, kind, s)][i] = values
+            if i < store_first_n:
+                acc.first[(layer, kind)][i] = jac.cpu().numpy()
+        acc.next_index = i + 1
+        bar.update(1)
 
 
 def _progress(total: int, initial: int, enabled: bool, desc: str):
