@@ -196,7 +196,8 @@ def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
     t = plan.totals(jobs, gpus=1, cores=64, device="h100")
     assert all(np.isfinite([t.gpu_hours, t.cpu_hours, t.disk_gb, t.critical_h, t.wall_low_h]))
     assert t.critical_h <= t.wall_low_h <= t.wall_high_h
-    # the budgets that the calibrated CPU rates and the assumed H100 rates meet
+    # budgets the paper presets stay within (paper-a ≤ 100 CPU-hours, paper-b ≤ 60 GPU-hours on H100s),
+    # at the calibrated CPU rates and the assumed H100 rates
     if which == "a":
         assert t.cpu_hours <= 100, t
     else:

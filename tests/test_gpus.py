@@ -115,7 +115,7 @@ def test_32b_lens_on_h100_spans_two_gpus_and_fits_one_h200(paper_b, monkeypatch)
     c = dag.job_cost(paper_b, "lens", w, "h100")
     s = cost.model_shape(paper_b, "qwen25_32b")
     usable = gpu_kinds.GPU_KINDS["h100"].usable_bytes
-    assert c.device_bytes > usable  # 112.7 GB: the job that OOMed on every attempt
+    assert c.device_bytes > usable  # 112.7 GB: more than one H100 holds, so one GPU would run out of memory
     p = dag.job_placement(paper_b, "lens", w, "h100")
     assert p.devices == 2 and p.embed == 0 and p.head == 1
     assert list(p.layers) == sorted(p.layers) and set(p.layers) == {0, 1}

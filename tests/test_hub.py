@@ -188,7 +188,7 @@ def test_wrong_order_is_refused_naming_the_revisions(offline):
     cfg["models"]["olmo3"].pop("steps", None)
     cfg["models"]["olmo3"]["revisions"] = ["stage1-step1413814", "stage1-step0", "stage1-step471000"]
     _stops(cfg, "models.olmo3.revisions", "not in training order", str(OLMO3))
-    # the example: `main` written first would have made step 0 the "final" checkpoint
+    # `main` written first: taken as listed, step 0 would be the "final" checkpoint
     cfg = _mini()
     cfg["models"]["olmo3"].pop("steps", None)
     cfg["models"]["olmo3"]["revisions"] = ["main", "stage1-step0"]

@@ -568,7 +568,7 @@ def test_significant_counts_bars():
     assert ax.get_ylabel() == "FDR-significant layers (count)"
     assert ax.texts[0].get_text() == "0/8"  # count of layers / layers
     _check(plots.significant_counts(df.head(1).assign(n_significant_layers=np.nan), "t"), 1)
-    # a table without the layer count (e.g. an older coupling_counts.tsv) falls back, and says "tests"
+    # a table without the layer count (only n_significant per boundary) falls back, and says "tests"
     (ax,) = _check(
         plots.significant_counts(
             df.drop(columns=["n_significant_layers", "n_layers"]).rename(

@@ -60,7 +60,8 @@ from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, TANG
 WEIGHT_READ_BPS = 1.0e9
 
 
-#: Resident memory of a Python process with torch, numpy, scipy, h5py imported (measured ≈ 0.5 GB).
+#: Resident memory of a Python process with torch, numpy, scipy, h5py imported (the process baseline
+#: ``benchmarks/plan.py`` prints; docs/cost.md).
 BASE_HOST_BYTES = 0.6 * GB
 
 

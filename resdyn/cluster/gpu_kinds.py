@@ -50,7 +50,7 @@ class Device:
 
 # Calibrated 2026-11-30 13:46 UTC by `benchmarks/plan.py` on the project's 2-core CI-class
 # machine (Debian, Python 3.11, torch 2.13.0+cpu, numpy/scipy wheels' OpenBLAS, one thread,
-# load average 7-10 from other sessions: CPU time was fitted, not wall time): per-thread
+# load average 7-10 from other processes: CPU time is fitted, not wall time): per-thread
 # rates. Confirming run 13:47-13:50 UTC (load 8.4-9.4), with these stored rates: every rule
 # core at d = 384/640/1024 within 0.71-1.21 of measured CPU time (worst 0.71: rss at d = 384,
 # where LAPACK's small-size inefficiency still shows) and peak memory within 0.72-1.28
@@ -214,7 +214,8 @@ THREADS_ABOVE_S = 600.0
 GPU_HOST_THREADS = 8
 
 
-#: Fixed seconds per job: interpreter + imports (≈ 4-6 s on the 2-core CI-class machine), and reading weights.
+#: Fixed seconds per job: interpreter start and imports, the model class and its setup (docs/speed.md,
+#: "Fixed cost of a model job", has the measured parts); reading weights is priced on its own.
 STARTUP_S = 15.0
 
 

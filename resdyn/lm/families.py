@@ -172,7 +172,8 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
-#: family -> (HF config model types, HF decoder-layer class name) (derived; older callers use it)
+#: family -> (HF config model types, HF decoder-layer class name), derived from :data:`FAMILIES`: the
+#: supported list that error messages and tests iterate.
 SUPPORTED_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     name: (fam.model_types, fam.layer_class) for name, fam in FAMILIES.items()
 }

@@ -3,7 +3,8 @@
 The builders (:func:`make_model`, :func:`sample_ids`, the config tables) and the oracles (HF's own
 decoder-layer calls, read out by hooks) used by tests/test_arch.py, tests/test_jacobian.py,
 tests/test_generic.py, tests/test_parallel.py and others. ``NEW_FAMILY_CONFIGS`` holds the tiny
-configs of the families added after the first seven (docs/architectures.md, "Adding a family").
+configs of Qwen3, Gemma 2/3, Phi-3, Granite and SmolLM3, each with the feature its adapter exists
+for switched on (docs/architectures.md, "Adding a family").
 """
 
 from __future__ import annotations
