@@ -1,7 +1,9 @@
-"""The Jacobian layer files: the validated reader (:class:`JacobianBlocks`, indexing into
-:class:`JacobianFiles` with lazy loaders), the writer of a layer's file, and the resumable
-partial sums of a running block job (:class:`JacobianSums`). h5py is imported inside the
-functions that read or write.
+"""The Jacobian layer files: their reader, their writer and a block job's resumable sums.
+
+The validated reader (:class:`JacobianBlocks`) indexes the files into :class:`JacobianFiles`
+with lazy loaders; :meth:`JacobianBlocks.write_layer` writes a layer's file; :class:`JacobianSums`
+holds the partial sums of a running block job. h5py is imported inside the functions that read
+or write.
 """
 
 from __future__ import annotations
@@ -378,8 +380,10 @@ class JacobianBlocks(Artifact):
 
     @classmethod
     def read_branches(cls, folders: Sequence[PathLike]) -> Loaders:
-        """Lazy loaders of the branch Jacobians of parallel-residual layers, {(layer, 'attn_branch'
-        | 'mlp_branch'): callable → (d, d) float64}; empty for sequential models."""
+        """Lazy loaders of the branch Jacobians of parallel-residual layers.
+
+        {(layer, 'attn_branch' | 'mlp_branch'): callable → (d, d) float64}; empty for sequential models.
+        """
         return cls.read(folders).branches
 
     @classmethod
@@ -479,8 +483,11 @@ class JacobianSums:
 
     @classmethod
     def resume(cls, path: PathLike, fresh: Any, fingerprint: str, n_samples: int) -> JacobianSums:
-        """``fresh()`` filled from the file at ``path`` if it exists and fits (class docstring),
-        else ``fresh()`` as is (with a warning naming the file and the fault when one existed)."""
+        """``fresh()`` filled from the checkpoint at ``path`` when it exists and fits.
+
+        What fits is in the class docstring; otherwise ``fresh()`` as is, with a warning naming the
+        file and the fault when one existed.
+        """
         import logging
         import warnings
 

@@ -138,8 +138,10 @@ def kl_and_flips(logits_ref: torch.Tensor, logits_mod: torch.Tensor) -> tuple[fl
 
 
 class _ReferenceChunk:
-    """The reference side of :func:`kl_and_flips` for one chunk of tokens: log p (float64), p
-    and the top-1 ids."""
+    """The reference side of :func:`kl_and_flips` for one chunk of tokens.
+
+    Holds log p (float64), p and the top-1 ids.
+    """
 
     __slots__ = ("log_p", "p", "top1")
 
@@ -278,8 +280,10 @@ class Continuation:
 
     @torch.no_grad()
     def compare(self, final_ref: torch.Tensor | Reference, final_mod: torch.Tensor) -> tuple[float, float, int]:
-        """(summed KL, summed flips, tokens) between the readouts of two final raw states
-        (``final_ref`` may be given as its :meth:`reference`); per-token values summed once."""
+        """(summed KL, summed flips, tokens) between the readouts of two final raw states.
+
+        ``final_ref`` may be given as its :meth:`reference`; per-token values are summed once.
+        """
         ref = final_ref if isinstance(final_ref, Reference) else self.reference(final_ref)
         mod = final_mod.reshape(-1, self.d)
         if mod.shape != ref.final.shape:

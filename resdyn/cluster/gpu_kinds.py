@@ -1,6 +1,9 @@
-"""Device kinds and their rates: the GPU table (``resdyn/data/gpus.yaml``: memory, bf16/fp32/fp64
-rates, bandwidth, GPUs per node), the CPU rates measured by ``benchmarks/plan.py``, and the
-GPU kind a run prices (``RESDYN_GPU_KIND``)."""
+"""Device kinds and their rates.
+
+The GPU table (``resdyn/data/gpus.yaml``: memory, bf16/fp32/fp64 rates, bandwidth, GPUs per
+node), the CPU rates measured by ``benchmarks/plan.py``, and the GPU kind a run prices
+(``RESDYN_GPU_KIND``).
+"""
 
 from __future__ import annotations
 
@@ -39,8 +42,11 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class Device:
-    """Throughputs of one device kind: FLOP/s (or byte/s for ``stream``/``gunzip``) per op class,
-    per thread for a CPU, per device for a GPU."""
+    """Throughputs of one device kind.
+
+    FLOP/s (or byte/s for ``stream``/``gunzip``) per op class, per thread for a CPU, per device
+    for a GPU.
+    """
 
     name: str
     kind: str  # "cpu" | "gpu"
@@ -94,8 +100,11 @@ class GPUKind:
 
     @property
     def usable_bytes(self) -> float:
-        """Device memory a job may plan for: total · :data:`GPU_USABLE_FRACTION` (the CUDA context,
-        cuBLAS/cuSOLVER workspaces and the caching allocator's fragmentation take the rest)."""
+        """Device memory a job may plan for: total · :data:`GPU_USABLE_FRACTION`.
+
+        The CUDA context, cuBLAS/cuSOLVER workspaces and the caching allocator's fragmentation
+        take the rest.
+        """
         return self.memory_mib * MiB * GPU_USABLE_FRACTION
 
 
@@ -133,8 +142,10 @@ KL64_BYTES = 170.0
 
 
 def gpu_rates(g: GPUKind) -> dict[str, float]:
-    """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`; the
-    host-side classes (zlib, Python steps, Leiden) at the calibrated CPU rates."""
+    """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`.
+
+    The host-side classes (zlib, Python steps, Leiden) run at the calibrated CPU rates.
+    """
     peaks = {
         "fp32_tflops": g.fp32_tflops,
         "bf16_tflops": g.bf16_tflops,
@@ -149,8 +160,11 @@ def gpu_rates(g: GPUKind) -> dict[str, float]:
 
 
 def load_gpu_kinds(path: Path = GPU_TABLE) -> dict[str, GPUKind]:
-    """The GPU table (:data:`GPU_TABLE`) as {kind: :class:`GPUKind`}; a row missing a column or
-    with one the table does not define is an error naming the file, kind and column."""
+    """The GPU table (:data:`GPU_TABLE`) as {kind: :class:`GPUKind`}.
+
+    A row missing a column, or with one the table does not define, is an error naming the file,
+    kind and column.
+    """
     import yaml
 
     table = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -232,8 +246,11 @@ def check_gpu_kind(kind: str, key: str) -> str:
 
 
 def host_linalg(kind: str) -> bool:
-    """Whether a GPU kind's FP64 is too weak for the decompositions: its eigvals rate is below
-    the host's with the :data:`GPU_HOST_THREADS` cores a GPU job gets (the L40S: FP64 = FP32/64).
-    Then spectra and bootstrap run as CPU jobs (:func:`uses_gpu`, :func:`linalg_device`)."""
+    """Whether a GPU kind's FP64 is too weak for the decompositions.
+
+    True when its eigvals rate is below the host's with the :data:`GPU_HOST_THREADS` cores a GPU
+    job gets (the L40S: FP64 = FP32/64). Then spectra and bootstrap run as CPU jobs
+    (:func:`uses_gpu`, :func:`linalg_device`).
+    """
     host = CPU_CALIBRATION["eig"] * (1.0 + (GPU_HOST_THREADS - 1) * THREAD_EFFICIENCY["eig"])
     return DEVICES[kind].rates["eig"] < host

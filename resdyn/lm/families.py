@@ -267,8 +267,10 @@ def refusal(
 
 
 def docs_table() -> str:
-    """The family table of docs/architectures.md (markdown), rendered from :data:`FAMILIES`
-    (tests/test_arch.py checks the docs hold exactly this)."""
+    """The family table of docs/architectures.md (markdown), rendered from :data:`FAMILIES`.
+
+    tests/test_arch.py checks that the docs hold exactly this.
+    """
     lines = [
         "| family key (`models.*.family`) | HF `model_type` | residual | norms | attention | MLP |",
         "|---|---|---|---|---|---|",

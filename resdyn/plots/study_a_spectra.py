@@ -1,5 +1,6 @@
-"""Study A figures from the Jacobian spectra: eigenvalues, operator type, cumulative bottleneck,
-Schur surgery and the comparison of checkpoints.
+"""Study A figures from the Jacobian spectra.
+
+Eigenvalues, operator type, cumulative bottleneck, Schur surgery and the comparison of checkpoints.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def _eigenvalue_panel(ax, layer: int, kind: str, lam: np.ndarray) -> None:
 
 
 def _label_outer_panels(fig: Figure, grid: np.ndarray, used: set[tuple[int, int]], nrows: int) -> None:
-    """Remove the unused axes of ``grid``; label Re λ under the lowest panel of each column and
-    Im λ beside the leftmost panel of each row.
+    """Remove the unused axes of ``grid`` and label the outer panels.
+
+    Re λ goes under the lowest panel of each column, Im λ beside the leftmost panel of each row.
     """
     for (r, c), ax in np.ndenumerate(grid):
         if (r, c) not in used:

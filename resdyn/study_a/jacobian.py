@@ -199,8 +199,10 @@ def layer_norm_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch
 
 
 def layer_norm_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """``J_N(z) @ a`` for a LayerNorm at z (d,) and a (d, k):
-    ``(w/σ) ⊙ (a − 1 (1ᵀa)/d − x̂ (x̂ᵀ a)/d)``."""
+    """``J_N(z) @ a`` for a LayerNorm at z (d,) and a (d, k).
+
+    ``J_N(z) @ a = (w/σ) ⊙ (a − 1 (1ᵀa)/d − x̂ (x̂ᵀ a)/d)``.
+    """
     scale, xhat = _layer_norm_stats(z, norm)
     d = z.shape[-1]
     out = a - a.mean(0, keepdim=True)
@@ -248,8 +250,10 @@ def gated_mlp_jacobian(mlp: nn.Module | sublayers.LayerSublayers, u: torch.Tenso
 def plain_mlp_jacobian(
     w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, act: nn.Module, u: torch.Tensor
 ) -> torch.Tensor:
-    """∂F/∂u (d_out, d_in) of a non-gated MLP ``F(u) = W_2 act(W_1 u + b_1) + b_2`` at u (d,):
-    ``W_2 diag(act'(g)) W_1``, g = W_1 u + b_1 (one GEMM)."""
+    """∂F/∂u (d_out, d_in) of a non-gated MLP ``F(u) = W_2 act(W_1 u + b_1) + b_2`` at u (d,).
+
+    ∂F/∂u = ``W_2 diag(act'(g)) W_1`` with g = W_1 u + b_1 (one GEMM).
+    """
     g = nn.functional.linear(u, w1, b1)
     _, dact = _elementwise_derivative(act, g)
     return w2 @ (w1 * dact[:, None])
@@ -362,16 +366,20 @@ def mlp_jacobian(
 
 
 def _attn_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
-    """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`: per tangent
-    ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations."""
+    """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`.
+
+    Per tangent ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations.
+    """
     heads = adapter.n_heads
     per_tangent = 4 * (8 * heads * (length + 1) + 8 * heads * adapter.head_dim)
     return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
 
 
 def _jvp_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
-    """Tangent chunk for the reference forward-mode path: per tangent ≈ 4 bytes ×
-    (8·d_ff + 8·d + 8·H·(T+1))."""
+    """Tangent chunk for the reference forward-mode path within :data:`TANGENT_BUDGET_BYTES`.
+
+    Per tangent ≈ 4 bytes × (8·d_ff + 8·d + 8·H·(T+1)).
+    """
     d_ff = max(max(p.shape) for p in adapter.layer.parameters() if p.dim() == 2)
     heads = adapter.n_heads
     per_tangent = 4 * (8 * d_ff + 8 * d + 8 * heads * (length + 1))
@@ -408,9 +416,11 @@ def _sample_context(ctx: sublayers.SequenceContext, b: int) -> sublayers.Sequenc
 
 
 def default_batch_size(device: torch.device | str, d: int) -> int:
-    """Samples per batched forward: 1 on a CPU (no gain there; results bit-equal to the
-    unbatched engine), on a GPU :data:`JACOBIAN_GPU_BATCH` (≤ 16·(2L+3)·T·d·4 bytes of states,
-    ~1 GiB at d = 4096)."""
+    """Samples per batched forward of the Jacobian engine on ``device``.
+
+    1 on a CPU (no gain there; results bit-equal to the unbatched engine), on a GPU
+    :data:`JACOBIAN_GPU_BATCH` (≤ 16·(2L+3)·T·d·4 bytes of states, ~1 GiB at d = 4096).
+    """
     return 1 if torch.device(device).type != "cuda" else JACOBIAN_GPU_BATCH
 
 
@@ -455,8 +465,11 @@ class JacobianEngine:
         self.self_check_errors: dict[int, dict[str, float]] | None = None
 
     def compute(self, input_ids: torch.Tensor, positions: PositionsArg = None) -> dict[tuple[int, str], torch.Tensor]:
-        """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,); kinds per layer
-        as :meth:`kinds` (attn, mlp; or layer, attn_branch, mlp_branch for parallel layers)."""
+        """{(layer, kind): (P, d, d) fp32} for one sample ``input_ids`` (T,).
+
+        Kinds per layer as :meth:`kinds` (attn, mlp; or layer, attn_branch, mlp_branch for
+        parallel layers).
+        """
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must be one sample (T,), got shape {tuple(input_ids.shape)}")
         return self.compute_batch(input_ids[None], positions)[0]
@@ -464,8 +477,9 @@ class JacobianEngine:
     def compute_batch(
         self, input_ids: torch.Tensor, positions: PositionsArg = None
     ) -> list[dict[tuple[int, str], torch.Tensor]]:
-        """:meth:`compute` for a batch (B, T) of samples: one batched forward for the boundary
-        states of all B samples, then each sample's Jacobians.
+        """:meth:`compute` for a batch (B, T) of samples.
+
+        One batched forward for the boundary states of all B samples, then each sample's Jacobians.
 
         Cost: the context forward 2·T·P_layer·(max(layers)+1) per sample runs as (B·T)-row GEMMs
         instead of T-row ones (on a GPU T = 128 rows leave most of it idle; B·T = 2048 do not);
@@ -492,8 +506,10 @@ class JacobianEngine:
         return results
 
     def _self_check(self, states: torch.Tensor, ctx: sublayers.SequenceContext, t: int, jacs: dict) -> None:
-        """Generic path: check every layer's Jacobians at position t against reverse-mode
-        autograd through HF's decoder layer (:func:`resdyn.lm.generic.self_check`)."""
+        """Generic path: check every layer's Jacobians at position t against reverse mode.
+
+        Reverse-mode autograd runs through HF's decoder layer (:func:`resdyn.lm.generic.self_check`).
+        """
         from resdyn.lm import generic
 
         errors = {}
@@ -642,8 +658,11 @@ def _fingerprint(
     attrs: dict[str, Any],
     engine: dict[str, Any],
 ) -> str:
-    """What a checkpoint must agree on to be resumed: inputs, options (the engine's too: its
-    method and chunking decide the rounding) and the caller's attrs."""
+    """The hash a checkpoint must match to be resumed.
+
+    It covers the inputs, the options (the engine's too: its method and chunking decide the
+    rounding) and the caller's attrs.
+    """
     meta = json.dumps(
         {
             "layers": layers,

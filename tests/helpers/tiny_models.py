@@ -65,7 +65,8 @@ def _configs() -> dict[str, tuple[type, object]]:
 
 
 def NEW_FAMILY_CONFIGS() -> dict[str, tuple[type, object]]:  # noqa: N802  (a table, like _configs)
-    """Qwen3, Gemma 2/3, Phi-3, Granite and SmolLM3, each with its specific features switched on at tiny sizes:
+    """Tiny configs of Qwen3, Gemma 2/3, Phi-3, Granite and SmolLM3, each family's own features switched on.
+
     Qwen3 sliding layers; Gemma 2 soft-capping (scores of the random model reach ~±3, so a cap
     of 1 is far from linear) and sliding layers; Gemma 3 per-type RoPE and sliding layers;
     Phi-3 partial rotary and a window; Granite multipliers ≠ 1; SmolLM3 NoPE layers and a window."""
@@ -147,8 +148,11 @@ FAMILY_OF = {**{name: name for name in FAMILIES}, PARALLEL: "gpt_neox"}
 
 
 def make_model(name: str, seed: int = 0, attn_implementation: str = "eager") -> torch.nn.Module:
-    """A tiny random fp32 model of a family, eval mode. Norm scales are randomised around 1 and
-    Gemma 4's layer_scalar set ≠ 1, so that a misplaced norm or scalar cannot go unnoticed."""
+    """A tiny random fp32 model of a family, in eval mode.
+
+    Norm scales are randomised around 1 and Gemma 4's layer_scalar set ≠ 1, so that a misplaced
+    norm or scalar cannot go unnoticed.
+    """
     cls, config = _configs()[name]
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
@@ -253,9 +257,12 @@ def attn_half_oracle(name: str, layer: torch.nn.Module, call: tuple):
 
 
 def mlp_half_oracle(name: str, layer: torch.nn.Module, call: tuple, h: torch.Tensor):
-    """m (T, d) -> h_{L+1} (T, d) through HF's layer: a forward hook replaces the attention
-    branch output by (m − h) / r, so HF's own residual add ``h + r · branch`` yields m and the
-    rest of the layer runs (r = Granite's residual_multiplier, 1 elsewhere)."""
+    """m (T, d) -> h_{L+1} (T, d) through HF's layer.
+
+    A forward hook replaces the attention branch output by (m − h) / r, so HF's own residual add
+    ``h + r · branch`` yields m and the rest of the layer runs (r = Granite's
+    residual_multiplier, 1 elsewhere).
+    """
     scale = getattr(layer, "residual_multiplier", 1.0)
 
     def fn(m: torch.Tensor) -> torch.Tensor:
