@@ -658,11 +658,8 @@ def _fingerprint(
     attrs: dict[str, Any],
     engine: dict[str, Any],
 ) -> str:
-    """The hash a checkpoint must match to be resumed.
-
-    It covers the inputs, the options (the engine's too: its method and chunking decide the
-    rounding) and the caller's attrs.
-    """
+    """What a checkpoint must agree on to be resumed: inputs, options (the engine's too: its
+    method and chunking decide the rounding) and the caller's attrs."""
     meta = json.dumps(
         {
             "layers": layers,
