@@ -66,8 +66,10 @@ BASE_HOST_BYTES = 0.6 * GB
 
 
 def linalg_device(config: dict, kind: str | None = None) -> str:
-    """The ``device`` the spectra and bootstrap jobs get: ``cpu`` on a GPU kind whose FP64 is weak
-    (:func:`host_linalg`), else the config's ``device``."""
+    """The ``device`` the spectra and bootstrap jobs get.
+
+    ``cpu`` on a GPU kind whose FP64 is weak (:func:`host_linalg`), else the config's ``device``.
+    """
     return "cpu" if host_linalg(kind or config.get("gpu_kind") or gpu_kind()) else config.get("device", "auto")
 
 
@@ -110,8 +112,10 @@ class Shape:
 
     @property
     def layer_params(self) -> int:
-        """Weights of one layer: q, o (d·H·hd each), k, v (d·KV·hd each), MLP (3·d·d_ff gated,
-        2·d·d_ff plain)."""
+        """Weights of one layer.
+
+        q, o (d·H·hd each), k, v (d·KV·hd each), MLP (3·d·d_ff gated, 2·d·d_ff plain).
+        """
         return 2 * self.d * self.d_q + 2 * self.d * self.d_kv + self.mlp_mats * self.d * self.d_ff
 
     @property
@@ -133,8 +137,10 @@ class ShapeError(ValueError):
 
 
 def model_shape(config: dict, model: str) -> Shape:
-    """Shape of ``config["models"][model]`` from its keys: ``n_layers``, ``d_model``, ``n_heads``,
-    ``n_kv_heads``, ``d_ff``, ``vocab_size`` — for hub/local models filled from the model's
+    """Shape of ``config["models"][model]`` from its keys.
+
+    The keys are ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_ff``, ``vocab_size``:
+    for hub/local models filled from the model's
     ``config.json`` by config validation (:mod:`resdyn.lm.hub`), for the zoo the tokenizer's
     vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
     GPT-NeoX is parallel residual when ``parallel_residual`` (config.json's
@@ -202,8 +208,10 @@ class Cost:
 
 
 def decomposition_flops(kind: str, d: int) -> float:
-    """Nominal FLOPs of one d×d decomposition (module docstring): eig 10 d³, schur 10 d³,
-    schurv 25 d³, svd 22 d³, svdvals 8/3 d³."""
+    """Nominal FLOPs of one d×d decomposition (module docstring).
+
+    eig 10 d³, schur 10 d³, schurv 25 d³, svd 22 d³, svdvals 8/3 d³.
+    """
     return {"eig": 10.0, "schur": 10.0, "schurv": 25.0, "svd": 22.0, "svdvals": 8.0 / 3.0}[kind] * float(d) ** 3
 
 
@@ -217,8 +225,10 @@ def _n_positions(config: dict) -> int:
 
 
 def _forward_flops(s: Shape, tokens: float, layers: float, T: int) -> float:
-    """Forward pass of ``layers`` decoder layers on ``tokens`` tokens of length-T sequences:
-    2·tokens·P_layer for the weights plus 4·tokens·T·H·hd/2 for causal attention scores/values."""
+    """FLOPs of a forward pass of ``layers`` decoder layers on ``tokens`` tokens of length-T sequences.
+
+    2·tokens·P_layer for the weights plus 4·tokens·T·H·hd/2 for causal attention scores/values.
+    """
     return tokens * layers * (2.0 * s.layer_params + 2.0 * T * s.d_q)
 
 
@@ -278,8 +288,10 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
 
 
 def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
-    """Boundary states of every layer: N forwards of T tokens, streamed sample by sample into the
-    layer files (:func:`resdyn.study_a.activations.stream_activation_files`: the host holds one sample's
+    """``activations``: the boundary states of every layer.
+
+    N forwards of T tokens, streamed sample by sample into the layer files
+    (:func:`resdyn.study_a.activations.stream_activation_files`: the host holds one sample's
     (2n+1)·(T−skip)·d float32 states, not all N); disk: N·(2n+1)·(T−skip)·d in
     ``activations.dtype``."""
     N, T = config["samples"]["n"], config["samples"]["length"]
@@ -341,9 +353,11 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_lens_metrics(config: dict, s: Shape, gpu: bool) -> Cost:
-    """KL/CE/Hit@k of tuned and logit lens on N held-out samples: one forward of N·T tokens,
-    then every layer read out twice (tuned, logit) through the head: 2·2·N·T·(n+1)·d·V, plus
-    the translators 2·N·T·n·d²; the softmax streams the logits (12 bytes per logit)."""
+    """``lens_metrics``: KL/CE/Hit@k of tuned and logit lens on N held-out samples.
+
+    One forward of N·T tokens, then every layer read out twice (tuned, logit) through the head:
+    2·2·N·T·(n+1)·d·V, plus the translators 2·N·T·n·d²; the softmax streams the logits (12 bytes
+    per logit)."""
     N, T, n, d, V = config["samples"]["n"], config["samples"]["length"], s.n_layers, s.d, s.vocab
     head = "gemm16" if (gpu and s.dtype_bytes == 2) else "gemm32"
     c = Cost(gpu=gpu, fixed_s=STARTUP_S + s.weight_bytes / WEIGHT_READ_BPS)
@@ -439,10 +453,11 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
 
 
 def cost_schur(config: dict, s: Shape) -> Cost:
-    """``schur`` (:func:`resdyn.study_a.schur.schur_bottleneck`), per sublayer: one real Schur with its
-    basis Z (25 d³ nominal); per α: J(α) = Z (D(α) + αU) Zᵀ (two fp64 GEMMs, 4 d³), the running
-    product (2 d³) and its singular values. Host only (no torch Schur). Memory: J, T, Z, a
-    temporary and one product per α."""
+    """``schur`` (:func:`resdyn.study_a.schur.schur_bottleneck`).
+
+    Per sublayer: one real Schur with its basis Z (25 d³ nominal); per α: J(α) = Z (D(α) + αU) Zᵀ
+    (two fp64 GEMMs, 4 d³), the running product (2 d³) and its singular values. Host only (no torch
+    Schur). Memory: J, T, Z, a temporary and one product per α."""
     S, d, A = _n_sublayers(s), s.d, len(config["schur"]["alphas"])
     c = Cost()
     c.add("schurv", S * decomposition_flops("schurv", d))
@@ -525,13 +540,15 @@ def bootstrap_memory_budget(d: int, rows: int) -> int:
 
 
 def cost_communities(config: dict, s: Shape) -> Cost:
-    """``communities``: per boundary (2n), the N·(T−skip) × d states as float32, a float64
-    copy chunk by chunk and the correlation by ``dsyrk`` (M·d² FLOPs, fp64), top-k
-    sparsification of the d×d matrix (streamed ~3 times) and signed Leiden on ≈ 2·d·k edges
-    per resolution (``graph``). Memory: the larger of the read (fp16 states and their float32
-    upcast, 6·M·d, :meth:`resdyn.artifacts.Activations.read_boundary`) and the analysis (the float32 states,
-    two float64 token chunks of ``resdyn.study_a.topology.graph._CHUNK_BYTES`` = 32 MiB: the chunk and its
-    shifted copy), plus R and its sparsified copy (2·8·d²)."""
+    """``communities``: correlation graphs of every boundary's states and their Leiden communities.
+
+    Per boundary (2n), the N·(T−skip) × d states as float32, a float64 copy chunk by chunk and the
+    correlation by ``dsyrk`` (M·d² FLOPs, fp64), top-k sparsification of the d×d matrix (streamed ~3
+    times) and signed Leiden on ≈ 2·d·k edges per resolution (``graph``). Memory: the larger of the
+    read (fp16 states and their float32 upcast, 6·M·d,
+    :meth:`resdyn.artifacts.Activations.read_boundary`) and the analysis (the float32 states, two
+    float64 token chunks of ``resdyn.study_a.topology.graph._CHUNK_BYTES`` = 32 MiB: the chunk and
+    its shifted copy), plus R and its sparsified copy (2·8·d²)."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, S = N * Tk, s.d, _n_sublayers(s)
     c = Cost()
@@ -545,8 +562,10 @@ def cost_communities(config: dict, s: Shape) -> Cost:
 
 
 def cost_coupling(config: dict, s: Shape) -> Cost:
-    """``coupling``: column norms of every sublayer's mean Jacobian (read, 4 d² bytes each,
-    4 d² FLOPs) and rank tests per boundary: streaming only."""
+    """``coupling``: column norms of every sublayer's mean Jacobian and rank tests per boundary.
+
+    Reading is 4 d² bytes and 4 d² FLOPs per Jacobian; streaming only.
+    """
     S, d = _n_sublayers(s), s.d
     c = Cost()
     c.add("gunzip", S * 4.0 * d * d)
@@ -556,9 +575,11 @@ def cost_coupling(config: dict, s: Shape) -> Cost:
 
 
 def cost_bridge(config: dict, s: Shape) -> Cost:
-    """``bridge``: per layer the layer Jacobian J_mlp·J_attn (2 d³ fp64), the readout subspace of
-    two translators (SVD with vectors, each once: n SVDs), and for the observed and ``n_random``
-    Haar subspaces J·V (2 d²k) and Vᵀ(JV) (2 d k²) plus a QR per draw (4 d k²)."""
+    """``bridge``: the layer Jacobian against the readout subspaces, per layer.
+
+    Per layer the layer Jacobian J_mlp·J_attn (2 d³ fp64), the readout subspace of two translators
+    (SVD with vectors, each once: n SVDs), and for the observed and ``n_random`` Haar subspaces J·V
+    (2 d²k) and Vᵀ(JV) (2 d k²) plus a QR per draw (4 d k²)."""
     n, d, R = s.n_layers, s.d, config["bridge"]["n_random"]
     k = k_from_fraction(d, config["bridge"]["k_fraction"])
     c = Cost()
@@ -570,10 +591,12 @@ def cost_bridge(config: dict, s: Shape) -> Cost:
 
 
 def cost_readout(config: dict, s: Shape) -> Cost:
-    """``rss`` and ``resolution`` (:mod:`resdyn.study_b.readout`): one SVD with vectors per translator
-    (n), then per k and consecutive pair the k×k overlap V_Lᵀ V_{L+1} (2 d k²) and its singular
-    values (8/3 k³ ≪). Memory: the n float64 translators and their V (2n·8·d²) at once, plus
-    one SVD in flight (gesdd: the copy it overwrites, U, Vᵀ and a ≈ 4 d² workspace, 6·8·d²)."""
+    """``rss`` and ``resolution`` (:mod:`resdyn.study_b.readout`).
+
+    One SVD with vectors per translator (n), then per k and consecutive pair the k×k overlap V_Lᵀ
+    V_{L+1} (2 d k²) and its singular values (8/3 k³ ≪). Memory: the n float64 translators and their
+    V (2n·8·d²) at once, plus one SVD in flight (gesdd: the copy it overwrites, U, Vᵀ and a ≈ 4 d²
+    workspace, 6·8·d²)."""
     n, d = s.n_layers, s.d
     ks = [k_from_fraction(d, f) for f in config["readout"]["k_fractions"]]
     c = Cost()
@@ -585,9 +608,11 @@ def cost_readout(config: dict, s: Shape) -> Cost:
 
 
 def cost_phase_metrics(config: dict, s: Shape) -> Cost:
-    """``phase_metrics``: every boundary's states are streamed from the layer files one state and
-    one chunk of samples at a time (:class:`resdyn.artifacts.BoundaryView`), per layer a
-    centred token × d effective rank (Gram 2·M·d² + singular values 8/3 d³) and token cosines."""
+    """``phase_metrics``: effective rank and token cosines of every boundary's states.
+
+    The states are streamed from the layer files one state and one chunk of samples at a time
+    (:class:`resdyn.artifacts.BoundaryView`), per layer a centred token × d effective rank (Gram
+    2·M·d² + singular values 8/3 d³) and token cosines."""
     N, Tk = config["samples"]["n"], config["samples"]["length"] - config["activations"]["skip_positions"]
     M, d, n = N * Tk, s.d, s.n_layers
     c = Cost()
@@ -612,8 +637,11 @@ def cost_zoo_train(config: dict, model: str, s: Shape) -> Cost:
 
 
 def cost_light(config: dict) -> Cost:
-    """Rules that only read, tokenize, sample or resolve (corpus, tokenizer, samples,
-    lens_tokens, resolve_checkpoint, resolve_tokenizer): a minute and a gigabyte cover them at every scale here."""
+    """Rules that only read, tokenize, sample or resolve: a minute and a gigabyte.
+
+    They are corpus, tokenizer, samples, lens_tokens, resolve_checkpoint and resolve_tokenizer;
+    that budget covers them at every scale the presets reach.
+    """
     c = Cost(fixed_s=60.0)
     c.host_bytes = BASE_HOST_BYTES + 1.0 * GB
     return c
@@ -675,10 +703,11 @@ LOCALRULES = (*LOCAL_PRICED_RULES, *LOCAL_UNPRICED_RULES)
 
 
 def uses_gpu(config: dict, rule: str, kind: str | None = None) -> bool:
-    """Whether a rule's job runs on a GPU: GPU rules and GPU-linalg rules when ``device`` asks
-    for CUDA (``auto`` counts as CUDA for planning: the cluster profile gives these rules a GPU),
-    the GPU-linalg rules only on a GPU kind with FP64 to use (:func:`host_linalg`; default kind
-    :func:`gpu_kind`)."""
+    """Whether a rule's job runs on a GPU.
+
+    GPU rules and GPU-linalg rules do when ``device`` asks for CUDA (``auto`` counts as CUDA for
+    planning: the cluster profile gives these rules a GPU), the GPU-linalg rules only on a GPU kind
+    with FP64 to use (:func:`host_linalg`; default kind :func:`gpu_kind`)."""
     if config.get("device", "auto") not in ("cuda", "auto"):
         return False
     return rule in GPU_RULES or (rule in GPU_LINALG_RULES and not host_linalg(kind or gpu_kind()))
