@@ -140,12 +140,12 @@ def model_shape(config: dict, model: str) -> Shape:
     """Shape of ``config["models"][model]`` from its keys.
 
     The keys are ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_ff``, ``vocab_size``:
-    for hub/local models filled from the model's
-    ``config.json`` by config validation (:mod:`resdyn.lm.hub`), for the zoo the tokenizer's
-    vocabulary. Nothing is guessed: a missing key raises :class:`ShapeError` naming it.
-    GPT-NeoX is parallel residual when ``parallel_residual`` (config.json's
-    ``use_parallel_residual``) is true or absent — transformers' default, as
-    :func:`resdyn.lm.structure.residual_kind` decides — and sequential (two sublayers) otherwise.
+    for hub/local models config validation fills them from the model's ``config.json``
+    (:mod:`resdyn.lm.hub`), for the zoo ``vocab_size`` is the tokenizer's vocabulary. Nothing is
+    guessed: a missing key raises :class:`ShapeError` naming it. GPT-NeoX is parallel residual
+    when ``parallel_residual`` (config.json's ``use_parallel_residual``) is true or absent —
+    transformers' default, as :func:`resdyn.lm.structure.residual_kind` decides — and sequential
+    (two sublayers) otherwise.
     """
     m = config["models"][model]
     vocab = config["tokenizer"]["vocab_size"] if m["source"] == "train" else m.get("vocab_size")
