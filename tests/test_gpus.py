@@ -1,5 +1,8 @@
-"""GPU kinds as data (resdyn/data/gpus.yaml), jobs that fit one GPU or span several of one node
-(the cost model's placement and the loader that follows it), and what `resdyn plan` says."""
+"""GPU kinds as data, jobs placed on one GPU or several, and what `resdyn plan` says.
+
+The kinds come from resdyn/data/gpus.yaml; a job fits one GPU or spans several of one node (the
+cost model's placement and the loader that follows it).
+"""
 
 from __future__ import annotations
 
@@ -68,8 +71,11 @@ def test_a_table_row_with_a_missing_or_unknown_column_is_refused(tmp_path):
 
 
 def test_weak_fp64_moves_the_decompositions_to_the_host_cpu():
-    """L40S: FP64 = FP32/64, its eigvals rate (0.68 % of 1.43 TFLOP/s) is below 8 host cores'
-    (1.19e10 · (1 + 7 · 0.35)); every other kind keeps them on the GPU."""
+    """L40S runs the decompositions on the host; every other kind keeps them on the GPU.
+
+    Its FP64 = FP32/64: the eigvals rate (0.68 % of 1.43 TFLOP/s) is below 8 host cores'
+    (1.19e10 · (1 + 7 · 0.35)).
+    """
     host = gpu_kinds.CPU_CALIBRATION["eig"] * (1 + 7 * gpu_kinds.THREAD_EFFICIENCY["eig"])
     for kind in KINDS:
         gpu = gpu_kinds.GPU_KINDS[kind].fp64_tflops * 1e12 * gpu_kinds.GPU_EFFICIENCY["eig"][1]
@@ -82,8 +88,10 @@ def test_weak_fp64_moves_the_decompositions_to_the_host_cpu():
 
 
 def _brute_force_min_max(sizes, capacities):
-    """Smallest largest load over every contiguous split of ``sizes`` onto the devices in order
-    (devices may stay empty), each within its capacity; None when none fits."""
+    """Smallest largest load over every contiguous split of ``sizes`` onto the devices in order.
+
+    Devices may stay empty, and each holds at most its capacity; None when no split fits.
+    """
     best, n, k = None, len(sizes), len(capacities)
     for cuts in itertools.combinations_with_replacement(range(n + 1), k - 1):
         bounds = (0, *cuts, n)

@@ -1,5 +1,7 @@
-"""Hub models and datasets: checkpoint order, shapes from config.json, the offline cache, and every
-bad hub input stopping at validation with one line (before any job)."""
+"""Hub models and datasets: checkpoint order, shapes, the offline cache and bad hub input.
+
+Shapes come from config.json; every bad hub input stops at validation with one line, before any job.
+"""
 
 from __future__ import annotations
 
@@ -398,8 +400,11 @@ def test_load_kwargs_map_weights_onto_the_accelerator(tmp_path):
 
 
 def test_load_model_passes_the_device_arguments(offline, monkeypatch):
-    """load_model hands from_pretrained the device map (patched: no GPU here) and loads a hub
-    snapshot bit-exactly on the CPU."""
+    """load_model hands from_pretrained the device map and loads a hub snapshot bit-exactly on the CPU.
+
+    from_pretrained is wrapped by a spy that records its arguments and drops ``device_map`` (the
+    test machine may have no GPU).
+    """
     import torch
     from safetensors.torch import load_file
 
@@ -431,8 +436,10 @@ def test_load_model_passes_the_device_arguments(offline, monkeypatch):
 
 
 def test_gpt2_and_gpt_neox_shapes_from_their_config_json():
-    """GPT-2's config.json keeps its own field names (n_layer, n_embd, n_head, n_inner: null =
-    4·n_embd, n_positions); GPT-NeoX's are the standard ones."""
+    """GPT-2's config.json keeps its own field names; GPT-NeoX's are the standard ones.
+
+    GPT-2's: n_layer, n_embd, n_head, n_inner (null = 4·n_embd), n_positions.
+    """
     gpt2 = transformers.GPT2Config(n_layer=5, n_embd=48, n_head=6, n_positions=96, vocab_size=300).to_dict()
     arch = hub.architecture(json.loads(json.dumps(gpt2)))
     assert (
@@ -460,8 +467,10 @@ def test_plan_prints_the_derived_checkpoint_order(offline, capsys):
 
 
 def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
-    """Online with an empty cache, validation downloads config.json alone (hf_hub_download);
-    when that fails too, the error names the `hf download` command."""
+    """Online with an empty cache, validation downloads config.json alone (hf_hub_download).
+
+    When that fails too, the error names the `hf download` command.
+    """
     import huggingface_hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -492,8 +501,7 @@ def test_online_validation_fetches_only_config_json(tmp_path, monkeypatch):
 
 
 def test_online_dataset_load_falls_back_to_the_cache(offline, monkeypatch):
-    """Online, load_dataset(name) is tried first; when the hub is unreachable the cached
-    snapshot is used."""
+    """Online, load_dataset(name) is tried first; when the hub is unreachable the cached snapshot is used."""
     import datasets
 
     monkeypatch.delenv("HF_HUB_OFFLINE")

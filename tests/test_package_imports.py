@@ -166,8 +166,11 @@ def _layer(module: str) -> str:
 
 
 def module_edges(package_dir: Path) -> dict[str, set[str]]:
-    """module -> the resdyn modules it imports (at any depth, function bodies included) or names
-    in a "module:Name" string; packages count only through the modules they hold."""
+    """module -> the resdyn modules it imports or names in a "module:Name" string.
+
+    Imports count at any depth, function bodies included; packages count only through the
+    modules they hold.
+    """
     from resdyn.provenance.codeversion import imported_modules, module_file
 
     edges: dict[str, set[str]] = {}
@@ -277,8 +280,10 @@ LONG_REASON = "Long because"
 
 
 def long_functions(source: str, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
-    """(qualified name, lines) of every function or method in ``source`` longer than ``max_lines``
-    whose docstring lacks :data:`LONG_REASON`."""
+    """(qualified name, lines) of every function or method in ``source`` that is too long.
+
+    Too long: over ``max_lines`` lines with a docstring that lacks :data:`LONG_REASON`.
+    """
     found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST, prefix: str) -> None:

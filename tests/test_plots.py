@@ -1085,8 +1085,11 @@ def _append_to_function(path: Path, function: str, line: str) -> None:
 
 
 def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_path):
-    """The render cache's code key: an edit of funnel() re-renders the funnel only; an edit of a
-    helper of a figure module re-renders that module's figures; one of the shared helpers, all."""
+    """The render cache's code key re-renders exactly the figures whose code an edit reaches.
+
+    An edit of funnel() re-renders the funnel only; an edit of a helper of a figure module
+    re-renders that module's figures; one of the shared helpers, all.
+    """
     pkg = _copy_package(tmp_path)
     before = _versions(pkg)
     assert len(set(before.values())) == len(before)  # one version per figure
@@ -1116,8 +1119,10 @@ def test_editing_one_plot_function_changes_only_that_figures_code_version(tmp_pa
 
 
 def _figure_job(work: Path, cache: Path, code: dict[str, str] | None = None) -> dict[str, bool]:
-    """What a figure job does (workflow/scripts/figure.py): render funnel and schur; outputs
-    deleted first, as Snakemake does. Returns figure -> drawn (False: restored)."""
+    """What a figure job does (workflow/scripts/figure.py): render funnel and schur.
+
+    The outputs are deleted first, as Snakemake does. Returns figure -> drawn (False: restored).
+    """
     drawn = {}
     for name in ("funnel", "schur"):
         spec = catalogue.by_name(name)
