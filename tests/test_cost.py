@@ -120,8 +120,11 @@ def test_resources_grow_with_attempt(paper_a, rule):
 
 
 def test_closed_form_flops_of_a_matmul_dominated_job():
-    """Jacobians of one Llama-3.1-8B layer, one sample, last token, no forward context: the
-    fp32 GEMMs are W_o·(∂o/∂x) = 2·d·(H·hd)·d and W_down·M = 2·d·d_ff·d."""
+    """The FLOPs of the Jacobians of one Llama-3.1-8B layer are its two closed-form GEMMs.
+
+    One sample, last token, no forward context: the fp32 GEMMs are W_o·(∂o/∂x) = 2·d·(H·hd)·d
+    and W_down·M = 2·d·d_ff·d.
+    """
     s = cost.Shape(n_layers=32, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
     cfg = {
         "samples": {"n": 1, "length": 128},
@@ -136,8 +139,11 @@ def test_closed_form_flops_of_a_matmul_dominated_job():
 
 
 def test_mlp_jacobian_flops_match_torch_flop_counter():
-    """Independent oracle: torch's FlopCounterMode on the MLP Jacobian of a small layer counts
-    the same 2·d·d_ff·d GEMM the cost model prices (plus the two projections of the input)."""
+    """torch's FlopCounterMode counts the MLP Jacobian GEMM the cost model prices.
+
+    Independent oracle: on a small layer it counts the same 2·d·d_ff·d GEMM (plus the two
+    projections of the input).
+    """
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
@@ -242,8 +248,10 @@ def test_eigen_henrici_reuses_one_schur_factor():
 
 
 def _force_device_path(monkeypatch) -> list:
-    """Make the CUDA switch (resdyn.numerics.linalg.on_cuda, which bootstrap.py reads too)
-    treat any device as CUDA, so the torch code paths run on the CPU; returns the call log."""
+    """Make the CUDA switch treat any device as CUDA, so the torch code paths run on the CPU.
+
+    The switch is resdyn.numerics.linalg.on_cuda, which bootstrap.py reads too; returns the call log.
+    """
     from resdyn.numerics import linalg
 
     calls: list = []
@@ -308,8 +316,11 @@ def _dry_run_resources(configfile: Path, env: dict) -> list[tuple[str, dict, dic
 
 @pytest.mark.slow
 def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hub_env):
-    """`snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and
-    (CPU rules) threads are exactly resdyn.pipeline.dag.resources(...) — the numbers `resdyn plan` sums."""
+    """A dry run of paper-a takes every priced job's resources from the cost model.
+
+    `snakemake -n --configfile configs/paper-a.yaml`: each priced job's mem_mb, runtime and (CPU
+    rules) threads are exactly resdyn.pipeline.dag.resources(...), the numbers `resdyn plan` sums.
+    """
     jobs = _dry_run_resources(PAPER_A, hub_env)
     priced = [(r, w, res) for r, w, res in jobs if r in cost.RULES]
     assert {r for r, _, _ in priced} >= set(HEAVY), {r for r, _, _ in priced}
@@ -323,8 +334,11 @@ def test_dry_run_of_paper_a_takes_every_resource_from_the_cost_model(paper_a, hu
 
 
 def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
-    """The cuda code path of the bootstrap (torch eigvals, Henrici by subtraction, products on
-    the device), run on the CPU's torch, equals the host path (one Schur factor per matrix)."""
+    """The bootstrap's CUDA code path, run on the CPU's torch, equals the host path.
+
+    The CUDA path uses torch eigvals, Henrici by subtraction and products on the device; the host
+    path one Schur factor per matrix.
+    """
     from resdyn.beyond import bootstrap as bs
 
     rng = np.random.default_rng(3)
@@ -341,9 +355,12 @@ def test_bootstrap_device_path_agrees_on_cpu_torch(monkeypatch):
 
 @pytest.mark.parametrize("parallel", [True, False, None])
 def test_gpt_neox_is_priced_by_its_use_parallel_residual(parallel):
-    """config.json's use_parallel_residual (absent = transformers' default, true) reaches the
-    shape through config validation: parallel NeoX layers are one operator (3 Jacobian groups,
-    n sublayers), sequential ones two (2 groups, 2n sublayers) — as resdyn.lm.sublayers decides."""
+    """config.json's use_parallel_residual reaches the priced shape through config validation.
+
+    Absent means transformers' default, true. Parallel NeoX layers are one operator (3 Jacobian
+    groups, n sublayers), sequential ones two (2 groups, 2n sublayers), as resdyn.lm.sublayers
+    decides.
+    """
     import transformers
 
     from resdyn.lm import hub, structure
@@ -377,8 +394,10 @@ def _rule_blocks() -> dict[str, str]:
 
 
 def _localrules() -> set[str]:
-    """The workflow's localrules: common.smk hands resdyn.cluster.cost.LOCALRULES to Snakemake,
-    and no .smk file lists any of its own."""
+    """The workflow's localrules.
+
+    common.smk hands resdyn.cluster.cost.LOCALRULES to Snakemake, and no .smk file lists any of its own.
+    """
     rules = REPO / "workflow" / "rules"
     assert "workflow.localrules(*rcost.LOCALRULES)" in (rules / "common.smk").read_text()
     for path in rules.glob("*.smk"):
@@ -387,18 +406,23 @@ def _localrules() -> set[str]:
 
 
 def test_unpriced_rules_are_exactly_the_localrules_without_a_cost_function():
-    """`resdyn plan` names the rules it does not price; that list must be the workflow's
-    localrules minus the priced ones (the figure rules are generated, so a scan of `rule x:`
-    lines would miss them)."""
+    """`resdyn plan` names the rules it does not price: the workflow's localrules minus the priced ones.
+
+    The localrules are the list common.smk hands to Snakemake: the figure rules are generated, so
+    a scan of `rule x:` lines would miss them.
+    """
     local = _localrules()
     assert local - set(cost.RULES) == set(cost.LOCAL_UNPRICED_RULES)
     assert set(cost.LOCAL_PRICED_RULES) <= set(cost.RULES)
 
 
 def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_other():
-    """Static check of workflow/rules: a rule's mem_mb/runtime are cost("<that rule>", ...), no
-    hand-written number; every priced rule has them; every rule without a cost function is a
-    localrule (it runs on the submit host: nothing is requested for it)."""
+    """Static check of workflow/rules: resources come from the cost model, for every submitted rule.
+
+    A rule's mem_mb/runtime are cost("<that rule>", ...), no hand-written number; every priced
+    rule has them; every rule without a cost function is a localrule (it runs on the submit host:
+    nothing is requested for it).
+    """
     blocks = _rule_blocks()
     local = _localrules()
     priced = set(cost.RULES)
@@ -431,8 +455,11 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_prints_its_table_and_the_rates_for_cost_py(hub_env):
-    """benchmarks/gpu_check.sh --dry (the CPU fallback at d = 256, seconds): the Jacobians of both
-    engines agree, the eigen-analyses agree with the host, and it ends with MEASURED_RATES."""
+    """benchmarks/gpu_check.sh --dry checks its results and ends with MEASURED_RATES.
+
+    The dry run is the CPU fallback at d = 256 (seconds): the Jacobians of both engines agree and
+    the eigen-analyses agree with the host.
+    """
     res = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--dry"],
         capture_output=True,
