@@ -165,11 +165,11 @@ def default_chunk_elements(device: torch.device | str) -> int:
     """Logits elements per readout chunk: 2^18 on a CPU, 2^24 on an accelerator.
 
     On a CPU the float64 softmax/KL passes over a chunk (2 MB per array at 2^18) stay in the
-    caches; at 2^21 (V = 2048, 1024 tokens) they ran at memory speed, 2× slower (measured). On a
+    caches; at 2^21 (V = 2048, 1024 tokens) they run at memory speed, 2× slower (measured). On a
     GPU larger chunks mean fewer, fuller kernels. KL and flips are kept per token and summed once
     over all tokens, so the chunk size changes at most the float32 rounding of the head's logits
     (a gemm may pick another kernel for another row count; on the default zoo, 128-token and
-    1024-token chunks gave the same bits).
+    1024-token chunks give the same bits).
     """
     return 1 << 18 if torch.device(device).type == "cpu" else 1 << 24
 

@@ -197,8 +197,8 @@ DEVICES: dict[str, Device] = {
 HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
 
 
-#: Parallel efficiency of t CPU threads per op class (assumed; the 2 shared cores here cannot
-#: measure it): level-3 BLAS scales well, LAPACK's QR sweeps and zlib hardly.
+#: Parallel efficiency of t CPU threads per op class (assumed, not measured: the calibration machine
+#: has 2 shared cores): level-3 BLAS scales well, LAPACK's QR sweeps and zlib hardly.
 THREAD_EFFICIENCY = {
     "gemm32": 0.85,
     "gemm16": 0.85,
