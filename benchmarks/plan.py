@@ -526,8 +526,8 @@ def predicted_bytes(c: cost.Cost) -> float:
 
 
 #: The forward-mode attention core is not separable from the W_o GEMM in any core, so its CPU
-#: rate is tied to the fp32 GEMM rate (README: the attention half ran at 64 % of the matmul
-#: rate, the MLP half at 96 %, i.e. the core at about half of it) instead of fitted.
+#: rate is tied to the fp32 GEMM rate instead of fitted: the attention half runs at about 64 % of
+#: the matmul rate and the MLP half at 96 %, i.e. the core at about half of it.
 JVP_PER_GEMM32 = 0.5
 
 

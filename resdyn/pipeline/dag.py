@@ -105,7 +105,7 @@ def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = N
 
     A job that short gains nothing from more threads wherever it runs, and a GPU-capable job
     (``device: auto``) that lands on a CPU would otherwise hold every core of a small machine
-    (the zoo's spectra and bootstrap jobs ran one at a time on 2 cores)."""
+    (on 2 cores the zoo's spectra and bootstrap jobs would then run one at a time)."""
     cost = job_cost(config, rule, wildcards, kind)
     if seconds(cost, "cpu", 1) <= THREADS_ABOVE_S:
         return 1
