@@ -78,8 +78,9 @@ def _reset_hwm() -> None:
 
 
 class Setup:
-    """A core's lazy inputs: ``make()`` builds them (model, matrices, files) and returns the timed
-    callable. Every core function runs in the measuring child (:func:`measure`), so its inputs
+    """A core's lazy inputs: ``make()`` builds them (model, matrices, files) and returns the timed callable.
+
+    Every core function runs in the measuring child (:func:`measure`), so its inputs
     count in the peak either way, as the cost model's ``host_bytes`` counts what the job holds."""
 
     def __init__(self, make: Callable[[], Callable[[], None]]):
@@ -112,8 +113,9 @@ def _child(core, q) -> None:
 
 
 def measure(core: Callable[[], tuple]) -> tuple[float, float, float, cost.Cost]:
-    """(CPU seconds, wall seconds, peak data bytes added over the forked process's, price) of one
-    core. ``core()`` runs in the child and returns (a :class:`Setup` or the timed callable, its
+    """(CPU seconds, wall seconds, peak data bytes added over the forked process's, price) of one core.
+
+    ``core()`` runs in the child and returns (a :class:`Setup` or the timed callable, its
     :class:`resdyn.cluster.cost.Cost`): either way the inputs are built in the measured process."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -211,8 +213,11 @@ def base_config(N: int, T: int) -> dict:
 
 
 def core_jacobians(s, cfg):
-    """As :func:`resdyn.study_a.jacobian.write_layer_block` holds them: the float64 sums and the first
-    ``store_first_n`` samples' Jacobians (float32) per kind, next to the weights."""
+    """The block job's accumulators, as :func:`resdyn.study_a.jacobian.write_layer_block` holds them.
+
+    The float64 sums and the first ``store_first_n`` samples' Jacobians (float32) per kind, next
+    to the weights.
+    """
     from resdyn.study_a import jacobian
 
     N, T, n_first = cfg["samples"]["n"], cfg["samples"]["length"], cfg["jacobian"]["store_first_n"]
@@ -239,8 +244,10 @@ def core_jacobians(s, cfg):
 
 
 def core_activations(s, cfg):
-    """The job's streaming writer (:func:`resdyn.study_a.activations.stream_activation_files`) into a
-    temporary folder."""
+    """The activations job's streaming writer into a temporary folder.
+
+    The writer is :func:`resdyn.study_a.activations.stream_activation_files`, as the job runs it.
+    """
     import tempfile
 
     from resdyn.study_a import activations
@@ -362,8 +369,11 @@ def _core_bootstrap(s, cfg, method):
 
 
 def core_bootstrap(s, cfg):
-    """``method: perturbative`` on samples where it applies (on the zoo's Jacobians it falls
-    back, docs/bootstrap.md, so the default is exact: :func:`core_bootstrap_exact`)."""
+    """``method: perturbative`` on samples where it applies.
+
+    On the zoo's Jacobians it falls back (docs/bootstrap.md), so the default is exact:
+    :func:`core_bootstrap_exact`.
+    """
     return _core_bootstrap(s, cfg, "perturbative")
 
 
@@ -372,8 +382,12 @@ def core_bootstrap_exact(s, cfg):
 
 
 def core_communities(s, cfg):
-    """One boundary as the job reads it: float16 states from an HDF5 file, upcast to float32
-    (:meth:`resdyn.artifacts.Activations.read_boundary`), then :func:`resdyn.study_a.topology.analyse_boundary`."""
+    """One boundary as the job reads and analyses it.
+
+    float16 states from an HDF5 file, upcast to float32
+    (:meth:`resdyn.artifacts.Activations.read_boundary`), then
+    :func:`resdyn.study_a.topology.analyse_boundary`.
+    """
     import tempfile
 
     import h5py

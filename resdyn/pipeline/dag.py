@@ -1,6 +1,9 @@
-"""The DAG's jobs and what each one asks for: every priced job of a config as (rule, wildcards),
-its price on the GPU kind it runs on (:mod:`resdyn.cluster.cost`), its threads, its Snakemake
-resources and its placement, and the check that every GPU job fits before any job runs."""
+"""The DAG's jobs and what each one asks for.
+
+Every priced job of a config as (rule, wildcards), its price on the GPU kind it runs on
+(:mod:`resdyn.cluster.cost`), its threads, its Snakemake resources and its placement, and the
+check that every GPU job fits before any job runs.
+"""
 
 from __future__ import annotations
 
@@ -58,8 +61,11 @@ TIME_SAFETY, TIME_PAD_MIN = 2.0, 5
 
 
 def model_config_kind(config: dict, wildcards: Mapping[str, str], kind: str | None) -> tuple[dict, str | None]:
-    """The config as the job's model sees it (its overrides, :func:`resdyn.pipeline.config.model_config`)
-    and the GPU kind its GPU jobs run on: the model's ``gpu_kind`` before ``kind``."""
+    """The config as the job's model sees it, and the GPU kind its GPU jobs run on.
+
+    The config carries the model's overrides (:func:`resdyn.pipeline.config.model_config`); the
+    kind is the model's ``gpu_kind`` before ``kind``.
+    """
     if "model" not in wildcards:
         return config, kind
     mc = rc.model_config(config, wildcards["model"])
@@ -67,8 +73,10 @@ def model_config_kind(config: dict, wildcards: Mapping[str, str], kind: str | No
 
 
 def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, kind: str | None = None) -> Cost:
-    """Price of one job of ``rule`` with ``wildcards`` (``model``, ``ckpt``, ``block``) on GPU kind
-    ``kind`` (default :func:`gpu_kind`; it decides only whether spectra/bootstrap are GPU jobs)."""
+    """Price of one job of ``rule`` with ``wildcards`` (``model``, ``ckpt``, ``block``) on GPU kind ``kind``.
+
+    ``kind`` defaults to :func:`gpu_kind`; it decides only whether spectra/bootstrap are GPU jobs.
+    """
     w = dict(wildcards or {})
     if rule in LIGHT_RULES:
         return cost_light(config)
@@ -100,12 +108,12 @@ def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None
 
 
 def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = None, kind: str | None = None) -> int:
-    """Threads of a job: 1 when the whole job would take at most :data:`THREADS_ABOVE_S` on one
-    CPU thread, else :data:`GPU_HOST_THREADS` (GPU jobs) or :data:`CPU_THREADS`.
+    """Threads of a job: 1 for a short job, else :data:`GPU_HOST_THREADS` (GPU jobs) or :data:`CPU_THREADS`.
 
-    A job that short gains nothing from more threads wherever it runs, and a GPU-capable job
-    (``device: auto``) that lands on a CPU would otherwise hold every core of a small machine
-    (on 2 cores the zoo's spectra and bootstrap jobs would then run one at a time)."""
+    Short: the whole job takes at most :data:`THREADS_ABOVE_S` on one CPU thread. A job that short
+    gains nothing from more threads wherever it runs, and a GPU-capable job (``device: auto``) that
+    lands on a CPU would otherwise hold every core of a small machine (on 2 cores the zoo's spectra
+    and bootstrap jobs would then run one at a time)."""
     cost = job_cost(config, rule, wildcards, kind)
     if seconds(cost, "cpu", 1) <= THREADS_ABOVE_S:
         return 1
@@ -115,9 +123,10 @@ def threads_for(config: dict, rule: str, wildcards: Mapping[str, str] | None = N
 def resources(
     config: dict, rule: str, wildcards: Mapping[str, str] | None = None, attempt: int = 1, device: str | None = None
 ) -> dict[str, int]:
-    """Snakemake resources of one job: ``mem_mb`` (host), ``runtime`` (minutes), ``threads``,
-    ``disk_mb``, ``gpu`` (GPUs of one node: 0, 1, or more for a model that does not fit one,
-    :func:`job_placement`), all from :func:`job_cost`; memory and runtime × ``attempt``.
+    """Snakemake resources of one job, all from :func:`job_cost`; memory and runtime × ``attempt``.
+
+    ``mem_mb`` (host), ``runtime`` (minutes), ``threads``, ``disk_mb``, ``gpu`` (GPUs of one
+    node: 0, 1, or more for a model that does not fit one, :func:`job_placement`).
 
     ``device``: the GPU kind to price GPU jobs for (default :func:`gpu_kind`); CPU jobs always use
     the calibrated CPU rates.
@@ -137,8 +146,10 @@ def resources(
 
 
 def placement_param(config: dict, rule: str, wildcards: Mapping[str, str]) -> dict[str, int] | None:
-    """The rule param ``placement``: the block -> GPU map of a job that spans several GPUs of
-    :func:`gpu_kind`, None when it runs on one GPU or on the CPU (``device: cpu``)."""
+    """The rule param ``placement``: the block -> GPU map of a job that spans several GPUs.
+
+    The GPUs are of :func:`gpu_kind`; None when the job runs on one GPU or on the CPU (``device: cpu``).
+    """
     if config.get("device", "auto") == "cpu":
         return None
     found = job_placement(config, rule, dict(wildcards.items()))
@@ -153,8 +164,11 @@ DEFAULT_MAX_JOB_HOURS = 168.0
 
 
 def job_ceiling() -> tuple[float, float]:
-    """(host memory in GB, hours) one job may request: :data:`DEFAULT_MAX_JOB_MEMORY_GB` and
-    :data:`DEFAULT_MAX_JOB_HOURS`, or the site's ``RESDYN_MAX_JOB_MEMORY_GB`` / ``RESDYN_MAX_JOB_HOURS``."""
+    """(host memory in GB, hours) one job may request.
+
+    :data:`DEFAULT_MAX_JOB_MEMORY_GB` and :data:`DEFAULT_MAX_JOB_HOURS`, or the site's
+    ``RESDYN_MAX_JOB_MEMORY_GB`` / ``RESDYN_MAX_JOB_HOURS``.
+    """
     out = []
     for var, default in (
         ("RESDYN_MAX_JOB_MEMORY_GB", DEFAULT_MAX_JOB_MEMORY_GB),
@@ -172,9 +186,12 @@ def job_ceiling() -> tuple[float, float]:
 
 
 def check_fits(config: dict, kind: str | None = None) -> None:
-    """Before any job: every GPU job of the config fits the GPUs of one node of ``kind`` (default
-    :func:`gpu_kind`), and every job, CPU or GPU, asks for at most :func:`job_ceiling`; else
-    :class:`FitError` names the first job that does not, with its numbers."""
+    """Check, before any job, that every job of the config fits where it runs.
+
+    Every GPU job fits the GPUs of one node of ``kind`` (default :func:`gpu_kind`), and every job,
+    CPU or GPU, asks for at most :func:`job_ceiling`; else :class:`FitError` names the first job
+    that does not, with its numbers.
+    """
     max_gb, max_hours = job_ceiling()
     for rule, w in unique_jobs(config):
         res = resources(config, rule, w, device=kind)  # places a GPU job: FitError when no node holds it
@@ -189,9 +206,11 @@ def check_fits(config: dict, kind: str | None = None) -> None:
 
 
 def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: str | None = None) -> Placement | None:
-    """Placement of a GPU job's model on GPU kind ``kind``: on the fewest GPUs of one node that hold
-    it (1 for most jobs); None for a CPU job. Raises :class:`FitError` (one line: the job, its
-    device memory, the kind and what to do) when even ``max_per_node`` GPUs do not hold it."""
+    """Placement of a GPU job's model on GPU kind ``kind``; None for a CPU job.
+
+    The model goes on the fewest GPUs of one node that hold it (1 for most jobs). Raises
+    :class:`FitError` (one line: the job, its device memory, the kind and what to do) when even
+    ``max_per_node`` GPUs do not hold it."""
     kind = model_config_kind(config, wildcards, kind)[1] or gpu_kind()
     cost = job_cost(config, rule, wildcards, kind)
     if not cost.gpu:
