@@ -423,15 +423,25 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
     part), one SVD with vectors (singular values, self-alignment), the singular values of J − I,
     and for the bottleneck one fp64 product (2 d³) and its singular values (the single-sublayer
     reference reuses the SVD). On a GPU the eigenvalues (torch eigvals) and the SVDs run there,
-    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. Memory: ~10 d×d float64."""
+    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. With n = ``store_first_n`` ≥ 2
+    stored samples, the noise bound of the complex share (:func:`resdyn.study_a.rotation.imag_noise_bound`):
+    the n per-sample Jacobians read and held in float64 with their deviations (2·n·8·d²), per draw
+    one signed sum (2·n·d²) and a Lanczos norm (~40 mat-vecs, 2·d² each), on the host.
+    Memory: ~10 d×d float64 beside those."""
     S, d = _n_sublayers(s), s.d
-    c = Cost(gpu=gpu, host_ops=("gemm64",))  # the bottleneck product runs in numpy on the host
+    c = Cost(gpu=gpu, host_ops=("gemm64", "stream"))  # the bottleneck product and the noise draws: numpy
     c.add("eig" if gpu else "schur", S * decomposition_flops("eig", d))
     c.add("svd", S * decomposition_flops("svd", d))
     c.add("svdvals", 2 * S * decomposition_flops("svdvals", d))
     c.add("gemm64", S * 2.0 * d**3)
     c.add("gunzip", S * 4.0 * d * d)  # the mean Jacobians (uncompressed: read rate)
     c.host_bytes = BASE_HOST_BYTES + 10 * 8.0 * d * d
+    n = config["jacobian"]["store_first_n"]
+    if n >= 2:
+        draws = config["spectra"]["noise_draws"]
+        c.add("stream", S * draws * (2.0 * n + 80.0) * d * d)
+        c.add("gunzip", S * 4.0 * n * d * d)
+        c.host_bytes += 2 * n * 8.0 * d * d
     c.device_bytes = 10 * 8.0 * d * d if gpu else 0.0
     c.disk_bytes = S * 3 * 16.0 * d
     return c
