@@ -40,6 +40,17 @@ is the statistic of the mean of those n samples (the plug-in value the interval 
 ``bottleneck.tsv`` report). With n < N the interval describes an n-sample estimate and is wider
 than the all-N estimate's uncertainty.
 
+Intervals from every sample: the group jackknife
+------------------------------------------------
+With ``jacobian.n_groups`` = B > 0 the Jacobian pass also stores the mean Jacobian G_g of each of B
+equal groups of consecutive samples (J̄ = (1/B) Σ_g G_g). Then every statistic θ is evaluated on the
+B delete-one-group means J̄_(g) = (B J̄ − G_g)/(B − 1) of every sublayer (the same group deleted in
+each sublayer, and in each checkpoint: replicates pair across checkpoints), and its interval is
+θ ± t_{B−1} · se_jack (:func:`resdyn.numerics.resampling.jackknife_interval`), centred on the
+all-N estimate. This replaces the first-n bootstrap in ``bootstrap.tsv`` (``interval`` column
+``jackknife``, ``n_bootstrap_samples`` = N): the interval then describes the quantity the table
+reports, not an n-sample estimate of it.
+
 What is not bootstrapped
 ------------------------
 The RSS profile and its cut points b1, b2 (Study B). RSS is a deterministic function of the
@@ -63,6 +74,7 @@ import pandas as pd
 from resdyn import artifacts
 from resdyn.numerics import linalg
 from resdyn.numerics.checks import check_int
+from resdyn.numerics.resampling import jackknife_interval, jackknife_weights
 from resdyn.study_a import spectral
 
 __all__ = [
@@ -142,8 +154,10 @@ def percentile_ci(values: Any, level: float = 0.95) -> tuple[float, float] | tup
     return q[0], q[1]
 
 
-#: Interval kinds of :func:`replicate_ci`.
+#: Interval kinds of :func:`replicate_ci` over bootstrap resamples (``bootstrap.interval``).
 INTERVALS = ("percentile", "studentized")
+#: The interval kind of delete-one-group jackknife replicates (the Jacobian files' group means).
+JACKKNIFE = "jackknife"
 
 
 def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[float, float]:
@@ -179,7 +193,8 @@ def replicate_ci(
     bounds: tuple[float, float] = (-math.inf, math.inf),
 ) -> tuple[float, float]:
     """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
-    :func:`studentized_ci` around ``estimate``, intersected with ``bounds``, the range the
+    :func:`studentized_ci` around ``estimate`` (or, for delete-one-group replicates, ``jackknife``:
+    :func:`resdyn.numerics.resampling.jackknife_interval`), intersected with ``bounds``, the range the
     statistic can take (a fraction lies in [0, 1]). Clipping never lowers coverage: the true
     value lies inside ``bounds``. Percentile endpoints are replicate values, so already inside.
 
@@ -191,6 +206,8 @@ def replicate_ci(
         low, high = percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
     elif interval == "studentized":
         low, high = studentized_ci(values, estimate, level)
+    elif interval == JACKKNIFE:
+        _, low, high = jackknife_interval(values, estimate, _check_level(level))
     else:
         raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
     lo_b, hi_b = bounds
@@ -609,7 +626,10 @@ def jacobian_bootstrap(
             exactly, and its rows' ``method`` and ``note`` say why). The estimates (rows of the
             two means) and ``cum_erank_full_depth`` are exact in both.
         interval: ``percentile`` or ``studentized`` (:func:`replicate_ci`; the latter keeps its
-            level with few resamples, e.g. 6, at the price of a wider interval).
+            level with few resamples, e.g. 6, at the price of a wider interval); or ``jackknife``:
+            ``per_sample`` are then the B equal groups' mean Jacobians over all N samples
+            (``n_samples_total``), the replicates the B delete-one-group means, the interval
+            :func:`resdyn.numerics.resampling.jackknife_interval` (``n_resamples``, ``seed`` unused).
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
         ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
@@ -625,7 +645,11 @@ def jacobian_bootstrap(
     keys, first = _check_per_sample(per_sample, means)
     n, d = first.shape[0], first.shape[1]
     total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
-    weights = _bootstrap_weights(n, R, seed)
+    if interval == JACKKNIFE:  # per_sample are the B group means; rows 2.. delete one group each
+        R, seed = n, 0
+        weights = np.vstack([np.full((2, n), 1.0 / n), jackknife_weights(n)])
+    else:
+        weights = _bootstrap_weights(n, R, seed)
     rows_total = R + 2
     if memory_budget is None:
         from resdyn.cluster.cost import bootstrap_memory_budget
@@ -649,7 +673,7 @@ def _check_bootstrap_options(
     seed = check_int(seed, "seed", 0)
     if method not in METHODS:
         raise ValueError(f"bootstrap.method must be one of {list(METHODS)}, got {method!r}")
-    if interval not in INTERVALS:
+    if interval not in (*INTERVALS, JACKKNIFE):
         raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
     if interval == "studentized" and R < 2:
         raise ValueError(f"bootstrap.interval studentized needs n_resamples ≥ 2, got {R}")
@@ -874,12 +898,15 @@ def _bootstrap_tables(
     common = {
         "level": lvl,
         "n_resamples": R,
-        "n_bootstrap_samples": n,
+        "n_bootstrap_samples": total if interval == JACKKNIFE else n,
         "n_samples_total": total,
         "seed": seed,
         "bootstrapped": True,
     }
-    note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
+    if interval == JACKKNIFE:
+        note = f"delete-one-group jackknife over {n} groups of {total // n} samples (all {total} samples)"
+    else:
+        note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
     row = _RowContext(lvl, interval, d, common, note).row
     out = []
     for s, (layer, kind) in enumerate(keys):
@@ -952,18 +979,24 @@ def jacobian_bootstrap_files(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` +
+    With group means in the files (``jacobian.n_groups``), the delete-one-group jackknife over all
+    N samples (``interval`` ``jackknife``); else the bootstrap of the stored first n samples
+    (:meth:`resdyn.artifacts.JacobianBlocks.read_per_sample`). Then :func:`jacobian_bootstrap` +
     :func:`not_bootstrapped_rows`.
     """
-    per, means, info = artifacts.JacobianBlocks.read_per_sample(folders)
+    files = artifacts.JacobianBlocks.read(folders)
+    if files.n_groups >= 2:
+        per, interval = files.group_means, JACKKNIFE
+    else:
+        per = artifacts.JacobianBlocks.read_per_sample(folders)[0]
     table, reps = jacobian_bootstrap(
         per,
         n_resamples,
         seed,
         level,
         complex_tol,
-        means=means,
-        n_samples_total=info["n_samples_total"],
+        means=files.means,
+        n_samples_total=files.n_samples_total,
         device=device,
         method=method,
         interval=interval,

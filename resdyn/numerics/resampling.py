@@ -17,7 +17,14 @@ import scipy.stats
 
 from resdyn.numerics.checks import check_int
 
-__all__ = ["JackknifeResult", "group_jackknife", "mean_error_draws", "check_groups"]
+__all__ = [
+    "JackknifeResult",
+    "group_jackknife",
+    "jackknife_interval",
+    "jackknife_weights",
+    "mean_error_draws",
+    "check_groups",
+]
 
 
 def check_groups(groups: Any, name: str = "groups") -> np.ndarray:
@@ -64,15 +71,39 @@ def group_jackknife(stat: Callable[[np.ndarray], float], groups: Any, level: flo
         (2.0, 0.57735)
     """
     g = check_groups(groups)
-    if not 0.0 < float(level) < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
     B = g.shape[0]
     total = g.sum(axis=0)
     estimate = float(stat(total / B))
     reps = np.array([float(stat((total - g[i]) / (B - 1))) for i in range(B)])
+    se, low, high = jackknife_interval(reps, estimate, level)
+    return JackknifeResult(estimate, se, low, high, reps)
+
+
+def jackknife_interval(replicates: Any, estimate: float, level: float = 0.95) -> tuple[float, float, float]:
+    """(se, low, high) from B delete-one-group replicates θ_(g) of ``estimate`` θ (see :func:`group_jackknife`).
+
+    se = sqrt((B − 1)/B · Σ_g (θ_(g) − θ̄_(·))²); interval θ ± t_{B−1, (1+level)/2} · se. A NaN
+    replicate or estimate gives NaN.
+
+    Example:
+        >>> [round(v, 4) for v in jackknife_interval([2.5, 1.75, 2.0], 2.0, 0.95)]
+        [0.3819, 0.3567, 3.6433]
+    """
+    reps = np.asarray(replicates, dtype=np.float64)
+    if reps.ndim != 1 or reps.size < 2:
+        raise ValueError(f"a jackknife interval needs ≥ 2 replicates (1-D), got shape {reps.shape}")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    B = reps.size
     se = float(np.sqrt((B - 1) / B * np.sum((reps - reps.mean()) ** 2)))
     half = float(scipy.stats.t.ppf((1.0 + float(level)) / 2.0, B - 1)) * se
-    return JackknifeResult(estimate, se, estimate - half, estimate + half, reps)
+    return se, float(estimate) - half, float(estimate) + half
+
+
+def jackknife_weights(n_groups: int) -> np.ndarray:
+    """(B, B) weights of the delete-one-group means: row g is 1/(B − 1) on every group but g, 0 on g."""
+    B = check_int(n_groups, "n_groups", 2)
+    return (np.ones((B, B)) - np.eye(B)) / (B - 1)
 
 
 def mean_error_draws(samples: Any, variance_ratio: float, n_draws: int, seed: int) -> Iterator[np.ndarray]:

@@ -687,6 +687,7 @@ def write_layer_block(
     chunk_size: int | None = None,
     method: str = "structured",
     batch_size: int | None = None,
+    n_groups: int = 0,
 ) -> None:
     """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
 
@@ -702,6 +703,8 @@ def write_layer_block(
     checkpoint fingerprint. The model is used as given (already on its device, eval mode).
     ``chunk_size``/``method``: see :class:`JacobianEngine`. ``batch_size``: samples per batched
     forward (:meth:`JacobianEngine.compute_batch`; default :func:`default_batch_size`).
+    ``n_groups`` B > 0 also keeps the mean of each of B equal groups of consecutive samples
+    (:class:`resdyn.artifacts.JacobianSums`; B must divide N), for intervals from all samples.
     """
     attrs = dict(attrs or {})
     samples = np.asarray(samples)
@@ -727,6 +730,8 @@ def write_layer_block(
         raise ValueError(f"store_first_n={store_first_n}: allowed 0..{n_samples} (the number of samples)")
     if int(checkpoint_every) < 1:
         raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
+    if int(n_groups) < 0 or (n_groups and n_samples % int(n_groups)):
+        raise ValueError(f"n_groups={n_groups}: must be 0 or divide the {n_samples} samples into equal groups")
     pos = resolve_positions(positions, length)
     engine = JacobianEngine(model, layers, chunk_size, method)
     device = structure.input_device(model)
@@ -739,11 +744,16 @@ def write_layer_block(
     options = {"method": method, "chunk_size": chunk_size, "device": str(device)}
     if batch != 1:  # the batched forward rounds differently: a checkpoint must match it
         options["batch_size"] = batch
+    if n_groups:
+        options["n_groups"] = int(n_groups)
     fingerprint = _fingerprint(samples, ids, layers, pos, store_dtype, int(store_first_n), attrs, options)
     ckpt = JacobianSums.path(out_paths, layers)
     kinds = {layer: engine.kinds(layer) for layer in layers}
     acc = JacobianSums.resume(
-        ckpt, lambda: JacobianSums(layers, n_samples, len(pos), d, int(store_first_n), kinds), fingerprint, n_samples
+        ckpt,
+        lambda: JacobianSums(layers, n_samples, len(pos), d, int(store_first_n), kinds, int(n_groups)),
+        fingerprint,
+        n_samples,
     )
 
     bar = _progress(n_samples, acc.next_index, progress, f"jacobians L{layers[0]}-{layers[-1]}")
@@ -762,6 +772,7 @@ def write_layer_block(
                     if i < store_first_n:
                         acc.first[(layer, kind)][i] = jac.cpu().numpy()
                 acc.next_index = i + 1
+                acc.close_group()
                 bar.update(1)
             start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:

@@ -683,8 +683,11 @@ class NoiseSamples:
 
 def noise_samples(files: Any, n_draws: int = 20, level: float = 0.95) -> NoiseSamples | None:
     """The :class:`NoiseSamples` of a run's Jacobian files (:class:`resdyn.artifacts.jacobians.JacobianFiles`):
-    the stored first n of N per-sample Jacobians when n ≥ 2, else None (no noise bound: fewer than
-    two samples carry no estimate of the sampling error)."""
+    the B group means over all samples when stored (B ≥ 2), else the stored first n of N per-sample
+    Jacobians when n ≥ 2, else None (no noise bound: fewer than two samples carry no estimate of the
+    sampling error)."""
+    if files.n_groups >= 2:
+        return NoiseSamples(files.group_means, None, n_draws, level)
     if files.n_stored < 2:
         return None
     return NoiseSamples(files.per_sample, files.n_samples_total, n_draws, level)
