@@ -427,10 +427,11 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
     part), one SVD with vectors (singular values, self-alignment), the singular values of J − I,
     and for the bottleneck one fp64 product (2 d³) and its singular values (the single-sublayer
     reference reuses the SVD). On a GPU the eigenvalues (torch eigvals) and the SVDs run there,
-    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. With n = ``n_groups`` group means
-    (else the ``store_first_n`` per-sample Jacobians), n ≥ 2, the noise bound of the complex share
-    (:func:`resdyn.study_a.rotation.imag_noise_bound`): the n matrices read and held in float64 with their deviations (2·n·8·d²), per draw
-    one signed sum (2·n·d²) and a Lanczos norm (~40 mat-vecs, 2·d² each), on the host.
+    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. With n = ``n_groups`` group
+    means (else the ``store_first_n`` per-sample Jacobians), n ≥ 2, the noise bound of the complex
+    share (:func:`resdyn.study_a.rotation.imag_noise_bound`): the n matrices read and held in float64
+    with their deviations (2·n·8·d²), per draw one signed sum (2·n·d²) and a Lanczos norm (~40
+    mat-vecs, 2·d² each), on the host.
     Memory: ~10 d×d float64 beside those."""
     S, d = _n_sublayers(s), s.d
     c = Cost(gpu=gpu, host_ops=("gemm64", "stream"))  # the bottleneck product and the noise draws: numpy
