@@ -77,8 +77,9 @@ def test_a_resumed_run_keeps_its_group_means(tmp_path):
 
 def test_the_bootstrap_table_is_the_group_jackknife(tmp_path):
     run(tmp_path / "a")
-    table, reps = bootstrap.jacobian_bootstrap_files([tmp_path / "a"])
     files = artifacts.JacobianBlocks.read([tmp_path / "a"])
+    spectra, _ = spectral.spectra_table(files.means, noise=spectral.noise_samples(files))
+    table, reps = bootstrap.jacobian_bootstrap_files([tmp_path / "a"], spectra=spectra)
     g = files.group_means[(1, "mlp")]()
     oracle = group_jackknife(spectral.henrici_departure, g)
     row = table[(table["metric"] == "henrici") & (table["layer"] == 1) & (table["kind"] == "mlp")].iloc[0]
@@ -93,7 +94,13 @@ def test_the_bootstrap_table_is_the_group_jackknife(tmp_path):
     _, low, high = jackknife_interval(values, erank["estimate"], 0.95)
     assert (erank["ci_low"], erank["ci_high"]) == pytest.approx((max(1.0, low), min(32.0, high)))
     chain = [files.means[k]() for k in sorted(files.means, key=lambda k: spectral.sublayer_index(*k))]
-    assert erank["estimate"] == pytest.approx(spectral.cumulative_effective_rank(chain)[-1], rel=1e-9)
+    assert erank["estimate_all_samples"] == pytest.approx(spectral.cumulative_effective_rank(chain)[-1], rel=1e-12)
+    # the beyond-noise share uses the spectra table's τ: the two tables agree on the estimate
+    share = table[table["metric"] == "complex_fraction_beyond_noise"].sort_values("s")
+    np.testing.assert_array_equal(share["estimate"].to_numpy(), spectra["complex_frac_beyond_noise"].to_numpy())
+    # estimate_all_samples: of the stored all-N means (estimate: of the stored group means' average)
+    cum = table[table["metric"] == "cum_erank"].sort_values("s")["estimate_all_samples"].to_numpy()
+    np.testing.assert_allclose(cum, spectral.cumulative_effective_rank(chain), rtol=1e-12)
 
 
 def test_without_groups_the_bootstrap_resamples_the_first_n(tmp_path):

@@ -76,6 +76,7 @@ from resdyn.numerics import linalg
 from resdyn.numerics.checks import check_int
 from resdyn.numerics.resampling import jackknife_interval, jackknife_weights
 from resdyn.study_a import spectral
+from resdyn.study_a.rotation import complex_fraction_beyond_noise
 
 __all__ = [
     "percentile_ci",
@@ -100,7 +101,13 @@ __all__ = [
 BOOTSTRAP_COLUMNS = artifacts.BOOTSTRAP_COLUMNS  # defined by resdyn.artifacts.BootstrapTable
 REPLICATE_COLUMNS = artifacts.REPLICATE_COLUMNS
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
-SCALAR_METRICS = ("cum_erank_full_depth", "complex_fraction_early_minus_late", "henrici_early_minus_late")
+SCALAR_METRICS = (
+    "cum_erank_full_depth",
+    "complex_fraction_early_minus_late",
+    "henrici_early_minus_late",
+    "symmetry_minus_identity_early_minus_late",
+    "complex_fraction_beyond_noise_early_minus_late",
+)
 #: Range each metric can take, given d: where a studentized interval is clipped.
 METRIC_RANGE: dict[str, Callable[[int], tuple[float, float]]] = {
     "henrici": lambda d: (0.0, 1.0),
@@ -108,6 +115,11 @@ METRIC_RANGE: dict[str, Callable[[int], tuple[float, float]]] = {
     "cum_erank_full_depth": lambda d: (1.0, float(d)),
     "complex_fraction_early_minus_late": lambda d: (-1.0, 1.0),
     "henrici_early_minus_late": lambda d: (-1.0, 1.0),
+    "symmetry_minus_identity": lambda d: (0.0, 2.0),
+    "complex_fraction_beyond_noise": lambda d: (0.0, 1.0),
+    "cum_erank": lambda d: (1.0, float(d)),
+    "symmetry_minus_identity_early_minus_late": lambda d: (-2.0, 2.0),
+    "complex_fraction_beyond_noise_early_minus_late": lambda d: (-1.0, 1.0),
 }
 NOT_BOOTSTRAPPED_NOTE = (
     "not bootstrapped: RSS is a deterministic function of the tuned-lens translators; its sampling "
@@ -605,6 +617,8 @@ def jacobian_bootstrap(
     device: Any = None,
     method: str = "exact",
     interval: str = "percentile",
+    noise_bounds: Sequence[float] | None = None,
+    per_depth_erank: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bootstrap over samples of Henrici departure, complex fraction and the full-depth rank.
 
@@ -630,11 +644,17 @@ def jacobian_bootstrap(
             ``per_sample`` are then the B equal groups' mean Jacobians over all N samples
             (``n_samples_total``), the replicates the B delete-one-group means, the interval
             :func:`resdyn.numerics.resampling.jackknife_interval` (``n_resamples``, ``seed`` unused).
+        noise_bounds: τ per sublayer (chain order; :func:`resdyn.study_a.rotation.imag_noise_bound`):
+            adds ``complex_fraction_beyond_noise`` rows (exact decompositions only).
+        per_depth_erank: ``cum_erank`` rows for every s (one svdvals per row and sublayer), else
+            only ``cum_erank_full_depth``.
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
-        ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
-        of the last sublayer), ``complex_fraction_early_minus_late`` and
-        ``henrici_early_minus_late`` (kind ``all``); replicates: long table
+        ``henrici``, ``complex_fraction``, ``symmetry_minus_identity`` (of J − I), with
+        ``noise_bounds`` ``complex_fraction_beyond_noise``, and ``cum_erank`` (of P_s) rows, then
+        ``cum_erank_full_depth`` (layer and kind of the last sublayer), and the early-minus-late
+        differences of complex fraction, Henrici, symmetry index (and beyond-noise share) (kind
+        ``all``); replicates: long table
         (``replicate``, ``metric``, ``value``) of the :data:`SCALAR_METRICS`.
     Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
     (eigenvalues and Henrici from the same factor, half the cost of a Schur factor plus eigvals),
@@ -657,7 +677,12 @@ def jacobian_bootstrap(
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
     acc = _BootstrapRows.empty(rows_total, len(keys), method)
-    stream = _BootstrapStream(per_sample, keys, means, weights, n, d, tol, lvl, device, method)
+    bounds = None if noise_bounds is None else np.asarray(noise_bounds, dtype=np.float64)
+    if bounds is not None and bounds.shape != (len(keys),):
+        raise ValueError(f"noise_bounds has shape {bounds.shape}; expected one per sublayer ({len(keys)},)")
+    stream = _BootstrapStream(
+        per_sample, keys, means, weights, n, d, tol, lvl, device, method, bounds, bool(per_depth_erank)
+    )
     cache: np.ndarray | None = first
     for start in range(0, rows_total, chunk):
         stream.run_pass(acc, np.arange(start, min(rows_total, start + chunk)), cache)
@@ -714,14 +739,19 @@ def _bootstrap_weights(n: int, R: int, seed: int) -> np.ndarray:
 
 @dataclass
 class _BootstrapRows:
-    """Per-row results of :func:`jacobian_bootstrap`, filled pass by pass: ``henrici`` and ``cfrac``
-    (rows, S), ``erank`` (rows,), and per sublayer whether its replicates are decomposed one by
+    """Per-row results of :func:`jacobian_bootstrap`, filled pass by pass: ``henrici``, ``cfrac``,
+    ``sym`` (symmetry index of J − I), ``cf_noise`` (complex fraction beyond the noise bound, NaN
+    without bounds or for perturbative rows) and ``cum_erank`` (erank of P_s) (rows, S), ``erank``
+    (rows,), and per sublayer whether its replicates are decomposed one by
     one (``exact_rows``), the method used (``how``) and its note (``why``)."""
 
     henrici: np.ndarray
     cfrac: np.ndarray
     erank: np.ndarray
     exact_rows: np.ndarray
+    sym: np.ndarray
+    cf_noise: np.ndarray
+    cum_erank: np.ndarray
     how: list[str]
     why: list[str]
 
@@ -733,6 +763,9 @@ class _BootstrapRows:
             cfrac=np.full((rows_total, S), np.nan),
             erank=np.full(rows_total, np.nan),
             exact_rows=np.full(S, method == "exact"),
+            sym=np.full((rows_total, S), np.nan),
+            cf_noise=np.full((rows_total, S), np.nan),
+            cum_erank=np.full((rows_total, S), np.nan),
             how=[method] * S,
             why=[""] * S,
         )
@@ -754,6 +787,8 @@ class _BootstrapStream:
     lvl: float
     device: Any
     method: str
+    noise_bounds: np.ndarray | None = None
+    per_depth: bool = True
 
     @property
     def on_gpu(self) -> bool:
@@ -775,7 +810,7 @@ class _BootstrapStream:
                 raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {self.keys[0]}")
             mats = self._resampled_means(acc, s, key, X, rows)
             self._decompose(acc, s, rows, mats, products)
-        self._eranks(acc, rows, products)
+        acc.erank[rows] = acc.cum_erank[rows, -1]
 
     def _resampled_means(
         self, acc: _BootstrapRows, s: int, key: tuple[int, str], X: np.ndarray, rows: np.ndarray
@@ -818,25 +853,29 @@ class _BootstrapStream:
             J = mats[j]
             if not (bool(torch.isfinite(J).all()) if self.on_device_means else np.isfinite(J).all()):
                 continue
+            host = J.cpu().numpy() if self.on_device_means else J
+            acc.sym[r, s] = spectral.symmetry_index(host, shift=1.0)
             if r < 2 or acc.exact_rows[s]:
-                lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if self.on_device_means else J, self.device)
+                lam, nn, fro = linalg.eigen_henrici(host, self.device)
                 acc.henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
                 acc.cfrac[r, s] = spectral.complex_fraction(lam, self.tol)
+                if self.noise_bounds is not None:
+                    acc.cf_noise[r, s] = complex_fraction_beyond_noise(lam, self.noise_bounds[s])
             products[j].push(torch.as_tensor(J, device=self.device) if self.on_gpu else J)
+            if self.per_depth or s == len(self.keys) - 1:
+                acc.cum_erank[r, s] = self._product_erank(products[j].P)
 
-    def _eranks(self, acc: _BootstrapRows, rows: np.ndarray, products: list[linalg.NormalisedProduct]) -> None:
-        """Effective rank of each row's full-depth product (NaN where it is missing or not finite)."""
-        for j, r in enumerate(rows):
-            P = products[j].P
-            if P is None:
-                continue
-            if self.on_gpu:
-                import torch
+    def _product_erank(self, P: Any) -> float:
+        """Effective rank of a running product (NaN when not finite)."""
+        if self.on_gpu:
+            import torch
 
-                if bool(torch.isfinite(P).all()):
-                    acc.erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
-            elif np.isfinite(P).all():
-                acc.erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
+            return (
+                linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+                if bool(torch.isfinite(P).all())
+                else np.nan
+            )
+        return linalg.effective_rank(np.linalg.svd(P, compute_uv=False)) if np.isfinite(P).all() else np.nan
 
 
 @dataclass(frozen=True)
@@ -894,7 +933,12 @@ def _bootstrap_tables(
         "cum_erank_full_depth": acc.erank,
         "complex_fraction_early_minus_late": cfrac[:, early].mean(1) - cfrac[:, late].mean(1),
         "henrici_early_minus_late": henrici[:, early].mean(1) - henrici[:, late].mean(1),
+        "symmetry_minus_identity_early_minus_late": acc.sym[:, early].mean(1) - acc.sym[:, late].mean(1),
     }
+    with_noise = bool(np.isfinite(acc.cf_noise[1]).all())  # bounds given and every sublayer decomposed
+    if with_noise:
+        cfn = acc.cf_noise
+        scalars["complex_fraction_beyond_noise_early_minus_late"] = cfn[:, early].mean(1) - cfn[:, late].mean(1)
     common = {
         "level": lvl,
         "n_resamples": R,
@@ -914,6 +958,14 @@ def _bootstrap_tables(
     for s, (layer, kind) in enumerate(keys):
         extra = "; ".join(x for x in (f"tol {tol:g}", why[s]) if x)
         out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], extra, how[s]))
+    for s, (layer, kind) in enumerate(keys):
+        out.append(row("symmetry_minus_identity", layer, kind, s, acc.sym[:, s]))
+    if with_noise:
+        for s, (layer, kind) in enumerate(keys):
+            out.append(row("complex_fraction_beyond_noise", layer, kind, s, acc.cf_noise[:, s], "τ: spectra.tsv"))
+    if np.isfinite(acc.cum_erank[1, 0]):  # per_depth_erank
+        for s, (layer, kind) in enumerate(keys):
+            out.append(row("cum_erank", layer, kind, s, acc.cum_erank[:, s]))
     last_layer, last_kind = keys[-1]
     out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, acc.erank))
     span = f"sublayers {early[0]}-{early[-1]} minus {late[0]}-{late[-1]}"
@@ -923,6 +975,11 @@ def _bootstrap_tables(
         if method == "exact"
         else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
     )
+    sym_span = scalars["symmetry_minus_identity_early_minus_late"]
+    out.append(row("symmetry_minus_identity_early_minus_late", None, "all", None, sym_span, span))
+    if with_noise:
+        cfn_span = scalars["complex_fraction_beyond_noise_early_minus_late"]
+        out.append(row("complex_fraction_beyond_noise_early_minus_late", None, "all", None, cfn_span, span))
     cf_span = scalars["complex_fraction_early_minus_late"]
     out.append(row("complex_fraction_early_minus_late", None, "all", None, cf_span, f"tol {tol:g}; {span}", mixed))
     out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span, mixed))
@@ -976,19 +1033,25 @@ def jacobian_bootstrap_files(
     device: Any = None,
     method: str = "exact",
     interval: str = "percentile",
+    spectra: pd.DataFrame | None = None,
+    per_depth_erank: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
     With group means in the files (``jacobian.n_groups``), the delete-one-group jackknife over all
     N samples (``interval`` ``jackknife``); else the bootstrap of the stored first n samples
-    (:meth:`resdyn.artifacts.JacobianBlocks.read_per_sample`). Then :func:`jacobian_bootstrap` +
-    :func:`not_bootstrapped_rows`.
+    (:meth:`resdyn.artifacts.JacobianBlocks.read_per_sample`). The noise bounds τ of the complex
+    share are the ``imag_noise_bound`` column of the checkpoint's ``spectra`` table, when it has
+    one. Then :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
     files = artifacts.JacobianBlocks.read(folders)
     if files.n_groups >= 2:
         per, interval = files.group_means, JACKKNIFE
     else:
         per = artifacts.JacobianBlocks.read_per_sample(folders)[0]
+    bounds = None
+    if spectra is not None and "imag_noise_bound" in spectra.columns:
+        bounds = spectra.sort_values("s")["imag_noise_bound"].to_numpy(dtype=np.float64)
     table, reps = jacobian_bootstrap(
         per,
         n_resamples,
@@ -1000,6 +1063,8 @@ def jacobian_bootstrap_files(
         device=device,
         method=method,
         interval=interval,
+        noise_bounds=bounds,
+        per_depth_erank=per_depth_erank,
     )
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):

@@ -497,7 +497,8 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
 
     Both: per row and sublayer the resampled mean (2·n·d² FLOPs, streamed on the host; for
     ``perturbative`` on a GPU one device GEMM, gemm64) and the running
-    product (2 d³ fp64), per row one svdvals at the end (``cum_erank_full_depth`` stays exact).
+    product (2 d³ fp64) and its singular values (``cum_erank`` of P_s; the last is
+    ``cum_erank_full_depth``).
     The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the files;
     a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
     n = config["jacobian"]["store_first_n"]
@@ -520,7 +521,8 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
         c.add("gemm64", R * S * n * 2.0 * d * d)
     else:
         c.add("stream", R * S * n * 8.0 * d * d)
-    c.add("svdvals", R * decomposition_flops("svdvals", d))
+    depths = S if config["bootstrap"].get("per_depth_erank", True) else 1  # erank of P_s per row: every s or the last
+    c.add("svdvals", R * depths * decomposition_flops("svdvals", d))
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)

@@ -673,11 +673,14 @@ class NoiseSamples:
     n_draws: int = 20
     level: float = 0.95
 
+    def bound(self, layer: int, kind: str, s: int) -> float:
+        """τ of sublayer (layer, kind) at depth s (its seed)."""
+        x = self.samples[(layer, kind)]
+        return imag_noise_bound(x() if callable(x) else x, self.n_total, self.n_draws, self.level, seed=s)
+
     def columns(self, layer: int, kind: str, s: int, eigvals: np.ndarray) -> dict[str, float]:
         """``imag_noise_bound`` and ``complex_frac_beyond_noise`` of one sublayer."""
-        x = self.samples[(layer, kind)]
-        x = x() if callable(x) else x
-        tau = imag_noise_bound(x, self.n_total, self.n_draws, self.level, seed=s)
+        tau = self.bound(layer, kind, s)
         return {"imag_noise_bound": tau, "complex_frac_beyond_noise": complex_fraction_beyond_noise(eigvals, tau)}
 
 
