@@ -665,11 +665,7 @@ def jacobian_bootstrap(
     keys, first = _check_per_sample(per_sample, means)
     n, d = first.shape[0], first.shape[1]
     total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
-    if interval == JACKKNIFE:  # per_sample are the B group means; rows 2.. delete one group each
-        R, seed = n, 0
-        weights = np.vstack([np.full((2, n), 1.0 / n), jackknife_weights(n)])
-    else:
-        weights = _bootstrap_weights(n, R, seed)
+    weights, R, seed = _row_weights(interval, n, R, seed)
     rows_total = R + 2
     if memory_budget is None:
         from resdyn.cluster.cost import bootstrap_memory_budget
@@ -727,6 +723,14 @@ def _check_per_sample(
     if n < 2:
         raise ValueError(f"the bootstrap needs at least 2 stored samples, got n = {n} (raise jacobian.store_first_n)")
     return keys, first
+
+
+def _row_weights(interval: str, n: int, R: int, seed: int) -> tuple[np.ndarray, int, int]:
+    """(weights, R, seed) of the rows: the jackknife's B = n delete-one-group rows (seed 0) or the
+    bootstrap's R resamples (:func:`_bootstrap_weights`)."""
+    if interval == JACKKNIFE:  # per_sample are the B group means; rows 2.. delete one group each
+        return np.vstack([np.full((2, n), 1.0 / n), jackknife_weights(n)]), n, 0
+    return _bootstrap_weights(n, R, seed), R, seed
 
 
 def _bootstrap_weights(n: int, R: int, seed: int) -> np.ndarray:
