@@ -136,8 +136,22 @@ def test_identical_samples_give_zero_width_intervals_and_known_values():
     cf_mlp1 = spectral.complex_fraction(np.linalg.eigvals(mats[(1, "mlp")]), 1e-6)
     row = table[table["metric"] == "complex_fraction_early_minus_late"].iloc[0]
     assert row["estimate"] == pytest.approx(1.0 - cf_mlp1) and row["kind"] == "all"
-    assert set(reps["metric"]) == set(bs.SCALAR_METRICS) and len(reps) == 3 * 50
+    without_bounds = set(bs.SCALAR_METRICS) - {"complex_fraction_beyond_noise_early_minus_late"}
+    assert set(reps["metric"]) == without_bounds and len(reps) == 4 * 50
     assert (boot["n_bootstrap_samples"] == n).all() and (boot["n_samples_total"] == n).all()
+    cum = spectral.cumulative_effective_rank(order)
+    for s, key in enumerate(sorted(mats, key=lambda k: spectral.sublayer_index(*k))):
+        sym = spectral.symmetry_index(mats[key], shift=1.0)
+        assert by.loc[("symmetry_minus_identity", *key), "estimate"] == pytest.approx(sym, rel=1e-12)
+        assert by.loc[("cum_erank", *key), "estimate"] == pytest.approx(cum[s], rel=1e-10)
+    assert "complex_fraction_beyond_noise" not in set(table["metric"])
+    # with a noise bound per sublayer: #{|Im λ| > τ}/d of each sublayer, τ = 0.05 (the 0.5-rotation of (0, attn) stays)
+    table, reps = bs.jacobian_bootstrap(per, n_resamples=5, seed=1, means=mats, noise_bounds=[0.05] * 4)
+    by = table.set_index(["metric", "layer", "kind"])
+    for key, J in mats.items():
+        expected = float(np.mean(np.abs(np.linalg.eigvals(J).imag) > 0.05))
+        assert by.loc[("complex_fraction_beyond_noise", *key), "estimate"] == expected
+    assert set(reps["metric"]) == set(bs.SCALAR_METRICS)
 
 
 def test_two_samples_replicates_are_the_three_possible_means():
@@ -447,7 +461,10 @@ def test_cost_of_the_perturbative_method():
     from resdyn.cluster import cost
 
     s = cost.Shape(n_layers=4, d=4096, n_heads=32, n_kv_heads=8, d_ff=14336, vocab=128256)
-    cfg = {"jacobian": {"store_first_n": 16}, "bootstrap": {"n_resamples": 50, "method": "exact"}}
+    cfg = {  # the methods' own cost: the full-depth rank only, as without per-depth intervals
+        "jacobian": {"store_first_n": 16},
+        "bootstrap": {"n_resamples": 50, "method": "exact", "per_depth_erank": False},
+    }
     exact = cost.cost_bootstrap(cfg, s, gpu=True)
     cfg["bootstrap"]["method"] = "perturbative"
     pert = cost.cost_bootstrap(cfg, s, gpu=True)
@@ -497,7 +514,8 @@ def test_studentized_interval_is_clipped_to_the_statistics_range():
     h = rows[rows["metric"] == "henrici"]
     assert (h["ci_low"] >= 0).all() and (h["ci_high"] <= 1).all()
     assert bs.METRIC_RANGE["cum_erank_full_depth"](7) == (1.0, 7.0)
-    assert set(bs.METRIC_RANGE) == set(rows["metric"])
+    beyond_noise = {"complex_fraction_beyond_noise", "complex_fraction_beyond_noise_early_minus_late"}
+    assert set(bs.METRIC_RANGE) - beyond_noise == set(rows["metric"])  # those need noise bounds
 
 
 def test_studentized_with_6_resamples_covers_at_nominal_rate():

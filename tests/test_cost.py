@@ -99,13 +99,33 @@ def test_cost_grows_with_samples(paper_a, rule):
 
 
 def test_bootstrap_cost_is_linear_in_resamples(paper_a):
-    """(R + 2) rows × S sublayers eigen-analyses: doubling R + 2 doubles the eigen work."""
+    """(R + 2) rows × S sublayers eigen-analyses: doubling R + 2 doubles the eigen work (the bootstrap
+    of the first n samples, without group means)."""
     cfg = copy.deepcopy(paper_a)
+    cfg["jacobian"]["n_groups"] = 0
     cfg["bootstrap"]["n_resamples"] = 48
     a = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     cfg["bootstrap"]["n_resamples"] = 98
     b = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     assert b == pytest.approx(2 * a)
+
+
+def test_group_jackknife_cost_has_one_row_per_group(paper_a):
+    """With B group means: B + 2 rows, whatever n_resamples; the Jacobian job holds and writes the B means."""
+    cfg = copy.deepcopy(paper_a)
+    cfg["jacobian"]["n_groups"] = 20
+    a = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
+    cfg["bootstrap"]["n_resamples"] = 98
+    assert dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"] == pytest.approx(a)
+    cfg["jacobian"]["n_groups"] = 40
+    assert dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"] == pytest.approx(a * 42 / 22)
+    with_groups = dag.job_cost(cfg, "jacobians", _w(cfg, "jacobians"))
+    cfg["jacobian"]["n_groups"] = 0
+    without = dag.job_cost(cfg, "jacobians", _w(cfg, "jacobians"))
+    # per sublayer of the block: 40 float32 means on disk; 40 float32 means and one float64 start in memory
+    disk, host = with_groups.disk_bytes - without.disk_bytes, with_groups.host_bytes - without.host_bytes
+    sublayer_d2 = disk / (40 * 4.0)  # Σ over the block's sublayers of d²
+    assert sublayer_d2 > 0 and host == pytest.approx((40 * 4.0 + 8.0) * sublayer_d2)
 
 
 @pytest.mark.parametrize("rule", HEAVY)

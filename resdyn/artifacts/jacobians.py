@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,6 +44,8 @@ class JacobianFiles:
             averaged over its P positions, same keys as ``means``; empty when n = 0.
         branches: {(layer, 'attn_branch' | 'mlp_branch'): loader → (d, d) float64} of
             parallel-residual layers; empty for sequential models.
+        n_groups: B, the equal groups of consecutive samples whose means are stored (0 if none).
+        group_means: {(layer, kind): loader → (B, d, d) float64}, same keys as ``means``; empty when B = 0.
 
     Loaders read one dataset when called (a model's matrices are never all in memory) and
     raise FloatingPointError naming the file and dataset if it holds NaN/Inf, ValueError if its
@@ -59,6 +61,8 @@ class JacobianFiles:
     means: Loaders
     per_sample: Loaders
     branches: Loaders
+    n_groups: int = 0
+    group_means: Loaders = field(default_factory=dict)
 
 
 def _jacobian_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], average_positions: bool = False):
@@ -105,7 +109,15 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
         raise ValueError(
             f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) with 1 <= n <= count = {count}"
         )
-    return {"d": d, "count": count, "ids": ids, "per_shape": per_shape}
+    group_shape = tuple(g["group_means"].shape) if "group_means" in g else None
+    if group_shape is not None and (
+        len(group_shape) != 3 or group_shape[1:] != (d, d) or not 2 <= group_shape[0] <= count or count % group_shape[0]
+    ):
+        raise ValueError(
+            f"{path}: {kind}/group_means has shape {group_shape}; expected (B, {d}, {d}) with B ≥ 2 dividing "
+            f"count = {count}"
+        )
+    return {"d": d, "count": count, "ids": ids, "per_shape": per_shape, "group_shape": group_shape}
 
 
 class _JacobianIndex:
@@ -121,6 +133,7 @@ class _JacobianIndex:
         self.means: Loaders = {}
         self.per: Loaders = {}
         self.branches: Loaders = {}
+        self.groups: Loaders = {}
         self.attrs: dict[str, Any] = {}
         self.ref: dict[str, Any] | None = None
         self.ref_where = ""
@@ -146,6 +159,13 @@ class _JacobianIndex:
                 f"{where} holds {n} whole Jacobians of {g['count']} samples, but {ref_where} holds "
                 f"{n_ref} of {ref['count']} (or other sample ids); all files must come from one run"
             )
+        if g["group_shape"] != ref["group_shape"]:
+            raise ValueError(
+                f"{where} has group_means {g['group_shape']}, but {ref_where} has {ref['group_shape']}; "
+                "all files must come from one run"
+            )
+        if g["group_shape"]:
+            self.groups[(layer, kind)] = _jacobian_loader(path, kind, "group_means", g["group_shape"])
         if (layer, kind) in self.means:
             raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
         self.means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
@@ -169,6 +189,8 @@ class _JacobianIndex:
             means=self.means,
             per_sample=self.per,
             branches=self.branches,
+            n_groups=self.ref["group_shape"][0] if self.ref["group_shape"] else 0,
+            group_means=self.groups,
         )
 
 
@@ -195,6 +217,9 @@ class JacobianBlocks(Artifact):
       spectral_norm       (N, P) float64   σ_max(J) (method in the file attr)
       per_sample          (n, P, d, d) float32, optional: the first n = ``store_first_n`` samples'
                           Jacobians, chunked (1, 1, d, d) and gzip-compressed
+      group_means         (B, d, d) float32|float64, optional: the mean Jacobian of each of B equal
+                          groups of consecutive samples (``jacobian.n_groups``; attr ``group_size``
+                          N/B), so that ``mean`` = their average; chunked (1, d, d), gzip
 
     A parallel-residual layer's file holds the groups ``/layer/`` (the operator I + J_A + J_F),
     ``/attn_branch/`` and ``/mlp_branch/`` (J_A, J_F) with the same datasets.
@@ -266,7 +291,8 @@ class JacobianBlocks(Artifact):
         """Write layer ``layer``'s file from the finished ``sums`` atomically (schema above).
 
         ``mean`` = sum / (N·P) cast to ``store_dtype``; ``per_sample`` only when ``sums`` keeps
-        whole Jacobians (n > 0).
+        whole Jacobians (n > 0); ``group_means`` (B, d, d) in ``store_dtype``, with attribute
+        ``group_size`` N/B, only when ``sums`` has B > 0 groups.
         """
         import h5py
 
@@ -313,6 +339,10 @@ class JacobianBlocks(Artifact):
                 first = sums.first[(layer, kind)]
                 if first.shape[0]:
                     g.create_dataset("per_sample", data=first, chunks=(1, 1, d, d), compression="gzip")
+                if sums.n_groups:
+                    groups = sums.groups[(layer, kind)].astype(store_dtype)
+                    g.create_dataset("group_means", data=groups, chunks=(1, d, d), compression="gzip")
+                    g["group_means"].attrs["group_size"] = sums.group_size
 
     @classmethod
     def read(cls, folders: Sequence[PathLike]) -> JacobianFiles:
@@ -413,11 +443,15 @@ class JacobianSums:
     Σ J over the samples done so far (and their positions); ``per[(L, kind, s)]`` (N, P) float64
     the summaries :attr:`JacobianBlocks.SUMMARIES` (NaN where not yet computed);
     ``first[(L, kind)]`` (n, P, d, d) float32 the first n samples' whole Jacobians;
+    ``groups[(L, kind)]`` (B, d, d) float32 the mean Jacobian of each of B equal groups of
+    consecutive samples (group g: samples g·N/B … (g+1)·N/B − 1; rows of unfinished groups are 0)
+    and ``group_start[(L, kind)]`` (d, d) float64 the sum when the current group began;
     ``next_index`` the next sample to process.
 
     File (``.npz``, uncompressed, written atomically): ``next_index`` () int, ``fingerprint`` ()
     str (what the run must agree on to resume: inputs, options, attrs), ``sum_{L}_{kind}``,
-    ``{summary}_{L}_{kind}``, ``per_sample_{L}_{kind}`` with the shapes and dtypes above.
+    ``{summary}_{L}_{kind}``, ``per_sample_{L}_{kind}``, ``group_means_{L}_{kind}``,
+    ``group_start_{L}_{kind}`` with the shapes and dtypes above.
     :meth:`resume` loads it only when the fingerprint, every name, shape and dtype fit and
     1 ≤ next_index ≤ N; otherwise it warns, naming the file and the fault, and starts afresh.
     """
@@ -430,9 +464,15 @@ class JacobianSums:
         d: int,
         first_n: int,
         kinds: Mapping[int, Sequence[str]] | None = None,
+        n_groups: int = 0,
     ):
+        if n_groups and n_samples % n_groups:
+            raise ValueError(f"n_groups = {n_groups} does not divide the {n_samples} samples into equal groups")
         self.layers = list(layers)
         self.d = d
+        self.n_positions = n_positions
+        self.n_groups = n_groups
+        self.group_size = n_samples // n_groups if n_groups else 0
         self.kinds = {L: tuple((kinds or {}).get(L, JacobianBlocks.KINDS)) for L in self.layers}
         self.next_index = 0
         keys = [(L, k) for L in self.layers for k in self.kinds[L]]
@@ -441,6 +481,18 @@ class JacobianSums:
             (*key, s): np.full((n_samples, n_positions), np.nan) for key in keys for s in JacobianBlocks.SUMMARIES
         }
         self.first = {key: np.zeros((first_n, n_positions, d, d), np.float32) for key in keys}
+        self.groups = {key: np.zeros((n_groups, d, d), np.float32) for key in keys}
+        self.group_start = {key: np.zeros((d, d), np.float64) for key in keys}
+
+    def close_group(self) -> None:
+        """After sample ``next_index`` − 1: if it ends a group, store that group's mean Jacobian
+        G_g = (Σ_{i in g} Σ_p J_ip) / (N/B · P) and start the next group's sum."""
+        if not self.n_groups or self.next_index % self.group_size:
+            return
+        g = self.next_index // self.group_size - 1
+        for key, total in self.sums.items():
+            self.groups[key][g] = (total - self.group_start[key]) / (self.group_size * self.n_positions)
+            self.group_start[key] = total.copy()
 
     @staticmethod
     def path(out_paths: Mapping[int, PathLike], layers: Sequence[int]) -> Path:
@@ -457,6 +509,9 @@ class JacobianSums:
             out[f"{s}_{L}_{k}"] = a
         for (L, k), a in self.first.items():
             out[f"per_sample_{L}_{k}"] = a
+        for (L, k), a in self.groups.items():
+            out[f"group_means_{L}_{k}"] = a
+            out[f"group_start_{L}_{k}"] = self.group_start[(L, k)]
         return out
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -470,6 +525,8 @@ class JacobianSums:
         for L, k in self.sums:
             self.sums[(L, k)] = arrays[f"sum_{L}_{k}"].copy()
             self.first[(L, k)] = arrays[f"per_sample_{L}_{k}"].copy()
+            self.groups[(L, k)] = arrays[f"group_means_{L}_{k}"].copy()
+            self.group_start[(L, k)] = arrays[f"group_start_{L}_{k}"].copy()
             for s in JacobianBlocks.SUMMARIES:
                 self.per[(L, k, s)] = arrays[f"{s}_{L}_{k}"].copy()
         self.next_index = int(arrays["next_index"])

@@ -40,6 +40,17 @@ is the statistic of the mean of those n samples (the plug-in value the interval 
 ``bottleneck.tsv`` report). With n < N the interval describes an n-sample estimate and is wider
 than the all-N estimate's uncertainty.
 
+Intervals from every sample: the group jackknife
+------------------------------------------------
+With ``jacobian.n_groups`` = B > 0 the Jacobian pass also stores the mean Jacobian G_g of each of B
+equal groups of consecutive samples (J̄ = (1/B) Σ_g G_g). Then every statistic θ is evaluated on the
+B delete-one-group means J̄_(g) = (B J̄ − G_g)/(B − 1) of every sublayer (the same group deleted in
+each sublayer, and in each checkpoint: replicates pair across checkpoints), and its interval is
+θ ± t_{B−1} · se_jack (:func:`resdyn.numerics.resampling.jackknife_interval`), centred on the
+all-N estimate. This replaces the first-n bootstrap in ``bootstrap.tsv`` (``interval`` column
+``jackknife``, ``n_bootstrap_samples`` = N): the interval then describes the quantity the table
+reports, not an n-sample estimate of it.
+
 What is not bootstrapped
 ------------------------
 The RSS profile and its cut points b1, b2 (Study B). RSS is a deterministic function of the
@@ -63,7 +74,9 @@ import pandas as pd
 from resdyn import artifacts
 from resdyn.numerics import linalg
 from resdyn.numerics.checks import check_int
+from resdyn.numerics.resampling import jackknife_interval, jackknife_weights
 from resdyn.study_a import spectral
+from resdyn.study_a.rotation import complex_fraction_beyond_noise
 
 __all__ = [
     "percentile_ci",
@@ -88,7 +101,13 @@ __all__ = [
 BOOTSTRAP_COLUMNS = artifacts.BOOTSTRAP_COLUMNS  # defined by resdyn.artifacts.BootstrapTable
 REPLICATE_COLUMNS = artifacts.REPLICATE_COLUMNS
 #: whole-model statistics whose replicates are kept (for paired comparisons across checkpoints)
-SCALAR_METRICS = ("cum_erank_full_depth", "complex_fraction_early_minus_late", "henrici_early_minus_late")
+SCALAR_METRICS = (
+    "cum_erank_full_depth",
+    "complex_fraction_early_minus_late",
+    "henrici_early_minus_late",
+    "symmetry_minus_identity_early_minus_late",
+    "complex_fraction_beyond_noise_early_minus_late",
+)
 #: Range each metric can take, given d: where a studentized interval is clipped.
 METRIC_RANGE: dict[str, Callable[[int], tuple[float, float]]] = {
     "henrici": lambda d: (0.0, 1.0),
@@ -96,6 +115,11 @@ METRIC_RANGE: dict[str, Callable[[int], tuple[float, float]]] = {
     "cum_erank_full_depth": lambda d: (1.0, float(d)),
     "complex_fraction_early_minus_late": lambda d: (-1.0, 1.0),
     "henrici_early_minus_late": lambda d: (-1.0, 1.0),
+    "symmetry_minus_identity": lambda d: (0.0, 2.0),
+    "complex_fraction_beyond_noise": lambda d: (0.0, 1.0),
+    "cum_erank": lambda d: (1.0, float(d)),
+    "symmetry_minus_identity_early_minus_late": lambda d: (-2.0, 2.0),
+    "complex_fraction_beyond_noise_early_minus_late": lambda d: (-1.0, 1.0),
 }
 NOT_BOOTSTRAPPED_NOTE = (
     "not bootstrapped: RSS is a deterministic function of the tuned-lens translators; its sampling "
@@ -142,8 +166,10 @@ def percentile_ci(values: Any, level: float = 0.95) -> tuple[float, float] | tup
     return q[0], q[1]
 
 
-#: Interval kinds of :func:`replicate_ci`.
+#: Interval kinds of :func:`replicate_ci` over bootstrap resamples (``bootstrap.interval``).
 INTERVALS = ("percentile", "studentized")
+#: The interval kind of delete-one-group jackknife replicates (the Jacobian files' group means).
+JACKKNIFE = "jackknife"
 
 
 def studentized_ci(values: Any, estimate: Any, level: float = 0.95) -> tuple[float, float]:
@@ -179,7 +205,8 @@ def replicate_ci(
     bounds: tuple[float, float] = (-math.inf, math.inf),
 ) -> tuple[float, float]:
     """The interval of ``bootstrap.interval``: :func:`percentile_ci` of the replicates or
-    :func:`studentized_ci` around ``estimate``, intersected with ``bounds``, the range the
+    :func:`studentized_ci` around ``estimate`` (or, for delete-one-group replicates, ``jackknife``:
+    :func:`resdyn.numerics.resampling.jackknife_interval`), intersected with ``bounds``, the range the
     statistic can take (a fraction lies in [0, 1]). Clipping never lowers coverage: the true
     value lies inside ``bounds``. Percentile endpoints are replicate values, so already inside.
 
@@ -191,6 +218,8 @@ def replicate_ci(
         low, high = percentile_ci(np.asarray(values, dtype=np.float64).ravel(), level)
     elif interval == "studentized":
         low, high = studentized_ci(values, estimate, level)
+    elif interval == JACKKNIFE:
+        _, low, high = jackknife_interval(values, estimate, _check_level(level))
     else:
         raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
     lo_b, hi_b = bounds
@@ -588,6 +617,8 @@ def jacobian_bootstrap(
     device: Any = None,
     method: str = "exact",
     interval: str = "percentile",
+    noise_bounds: Sequence[float] | None = None,
+    per_depth_erank: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bootstrap over samples of Henrici departure, complex fraction and the full-depth rank.
 
@@ -609,12 +640,21 @@ def jacobian_bootstrap(
             exactly, and its rows' ``method`` and ``note`` say why). The estimates (rows of the
             two means) and ``cum_erank_full_depth`` are exact in both.
         interval: ``percentile`` or ``studentized`` (:func:`replicate_ci`; the latter keeps its
-            level with few resamples, e.g. 6, at the price of a wider interval).
+            level with few resamples, e.g. 6, at the price of a wider interval); or ``jackknife``:
+            ``per_sample`` are then the B equal groups' mean Jacobians over all N samples
+            (``n_samples_total``), the replicates the B delete-one-group means, the interval
+            :func:`resdyn.numerics.resampling.jackknife_interval` (``n_resamples``, ``seed`` unused).
+        noise_bounds: τ per sublayer (chain order; :func:`resdyn.study_a.rotation.imag_noise_bound`):
+            adds ``complex_fraction_beyond_noise`` rows (exact decompositions only).
+        per_depth_erank: ``cum_erank`` rows for every s (one svdvals per row and sublayer), else
+            only ``cum_erank_full_depth``.
     Returns:
         ``(table, replicates)``: table with :data:`BOOTSTRAP_COLUMNS` — per sublayer
-        ``henrici`` and ``complex_fraction`` rows, then ``cum_erank_full_depth`` (layer and kind
-        of the last sublayer), ``complex_fraction_early_minus_late`` and
-        ``henrici_early_minus_late`` (kind ``all``); replicates: long table
+        ``henrici``, ``complex_fraction``, ``symmetry_minus_identity`` (of J − I), with
+        ``noise_bounds`` ``complex_fraction_beyond_noise``, and ``cum_erank`` (of P_s) rows, then
+        ``cum_erank_full_depth`` (layer and kind of the last sublayer), and the early-minus-late
+        differences of complex fraction, Henrici, symmetry index (and beyond-noise share) (kind
+        ``all``); replicates: long table
         (``replicate``, ``metric``, ``value``) of the :data:`SCALAR_METRICS`.
     Cost: (R + 2) × S eigen-analyses of d × d matrices — one Schur factor each on the host
     (eigenvalues and Henrici from the same factor, half the cost of a Schur factor plus eigvals),
@@ -625,7 +665,7 @@ def jacobian_bootstrap(
     keys, first = _check_per_sample(per_sample, means)
     n, d = first.shape[0], first.shape[1]
     total = n if n_samples_total is None else check_int(n_samples_total, "n_samples_total", n)
-    weights = _bootstrap_weights(n, R, seed)
+    weights, R, seed = _row_weights(interval, n, R, seed)
     rows_total = R + 2
     if memory_budget is None:
         from resdyn.cluster.cost import bootstrap_memory_budget
@@ -633,7 +673,12 @@ def jacobian_bootstrap(
         memory_budget = bootstrap_memory_budget(d, rows_total)
     chunk = max(1, int(memory_budget) // (2 * d * d * 8))
     acc = _BootstrapRows.empty(rows_total, len(keys), method)
-    stream = _BootstrapStream(per_sample, keys, means, weights, n, d, tol, lvl, device, method)
+    bounds = None if noise_bounds is None else np.asarray(noise_bounds, dtype=np.float64)
+    if bounds is not None and bounds.shape != (len(keys),):
+        raise ValueError(f"noise_bounds has shape {bounds.shape}; expected one per sublayer ({len(keys)},)")
+    stream = _BootstrapStream(
+        per_sample, keys, means, weights, n, d, tol, lvl, device, method, bounds, bool(per_depth_erank)
+    )
     cache: np.ndarray | None = first
     for start in range(0, rows_total, chunk):
         stream.run_pass(acc, np.arange(start, min(rows_total, start + chunk)), cache)
@@ -649,7 +694,7 @@ def _check_bootstrap_options(
     seed = check_int(seed, "seed", 0)
     if method not in METHODS:
         raise ValueError(f"bootstrap.method must be one of {list(METHODS)}, got {method!r}")
-    if interval not in INTERVALS:
+    if interval not in (*INTERVALS, JACKKNIFE):
         raise ValueError(f"bootstrap.interval must be one of {list(INTERVALS)}, got {interval!r}")
     if interval == "studentized" and R < 2:
         raise ValueError(f"bootstrap.interval studentized needs n_resamples ≥ 2, got {R}")
@@ -680,6 +725,14 @@ def _check_per_sample(
     return keys, first
 
 
+def _row_weights(interval: str, n: int, R: int, seed: int) -> tuple[np.ndarray, int, int]:
+    """(weights, R, seed) of the rows: the jackknife's B = n delete-one-group rows (seed 0) or the
+    bootstrap's R resamples (:func:`_bootstrap_weights`)."""
+    if interval == JACKKNIFE:  # per_sample are the B group means; rows 2.. delete one group each
+        return np.vstack([np.full((2, n), 1.0 / n), jackknife_weights(n)]), n, 0
+    return _bootstrap_weights(n, R, seed), R, seed
+
+
 def _bootstrap_weights(n: int, R: int, seed: int) -> np.ndarray:
     """(R + 2, n) row weights: rows 0 (all-N mean, when given) and 1 (mean of the n stored samples)
     weigh 1/n each; rows 2.. are the replicates, w_ri = (times sample i is drawn) / n."""
@@ -690,14 +743,19 @@ def _bootstrap_weights(n: int, R: int, seed: int) -> np.ndarray:
 
 @dataclass
 class _BootstrapRows:
-    """Per-row results of :func:`jacobian_bootstrap`, filled pass by pass: ``henrici`` and ``cfrac``
-    (rows, S), ``erank`` (rows,), and per sublayer whether its replicates are decomposed one by
+    """Per-row results of :func:`jacobian_bootstrap`, filled pass by pass: ``henrici``, ``cfrac``,
+    ``sym`` (symmetry index of J − I), ``cf_noise`` (complex fraction beyond the noise bound, NaN
+    without bounds or for perturbative rows) and ``cum_erank`` (erank of P_s) (rows, S), ``erank``
+    (rows,), and per sublayer whether its replicates are decomposed one by
     one (``exact_rows``), the method used (``how``) and its note (``why``)."""
 
     henrici: np.ndarray
     cfrac: np.ndarray
     erank: np.ndarray
     exact_rows: np.ndarray
+    sym: np.ndarray
+    cf_noise: np.ndarray
+    cum_erank: np.ndarray
     how: list[str]
     why: list[str]
 
@@ -709,6 +767,9 @@ class _BootstrapRows:
             cfrac=np.full((rows_total, S), np.nan),
             erank=np.full(rows_total, np.nan),
             exact_rows=np.full(S, method == "exact"),
+            sym=np.full((rows_total, S), np.nan),
+            cf_noise=np.full((rows_total, S), np.nan),
+            cum_erank=np.full((rows_total, S), np.nan),
             how=[method] * S,
             why=[""] * S,
         )
@@ -730,6 +791,8 @@ class _BootstrapStream:
     lvl: float
     device: Any
     method: str
+    noise_bounds: np.ndarray | None = None
+    per_depth: bool = True
 
     @property
     def on_gpu(self) -> bool:
@@ -751,7 +814,7 @@ class _BootstrapStream:
                 raise ValueError(f"per_sample[{key}] has shape {X.shape}; expected {(n, d, d)} like {self.keys[0]}")
             mats = self._resampled_means(acc, s, key, X, rows)
             self._decompose(acc, s, rows, mats, products)
-        self._eranks(acc, rows, products)
+        acc.erank[rows] = acc.cum_erank[rows, -1]
 
     def _resampled_means(
         self, acc: _BootstrapRows, s: int, key: tuple[int, str], X: np.ndarray, rows: np.ndarray
@@ -794,25 +857,29 @@ class _BootstrapStream:
             J = mats[j]
             if not (bool(torch.isfinite(J).all()) if self.on_device_means else np.isfinite(J).all()):
                 continue
+            host = J.cpu().numpy() if self.on_device_means else J
+            acc.sym[r, s] = spectral.symmetry_index(host, shift=1.0)
             if r < 2 or acc.exact_rows[s]:
-                lam, nn, fro = linalg.eigen_henrici(J.cpu().numpy() if self.on_device_means else J, self.device)
+                lam, nn, fro = linalg.eigen_henrici(host, self.device)
                 acc.henrici[r, s] = min(1.0, nn / fro) if fro > 0 else 0.0
                 acc.cfrac[r, s] = spectral.complex_fraction(lam, self.tol)
+                if self.noise_bounds is not None:
+                    acc.cf_noise[r, s] = complex_fraction_beyond_noise(lam, self.noise_bounds[s])
             products[j].push(torch.as_tensor(J, device=self.device) if self.on_gpu else J)
+            if self.per_depth or s == len(self.keys) - 1:
+                acc.cum_erank[r, s] = self._product_erank(products[j].P)
 
-    def _eranks(self, acc: _BootstrapRows, rows: np.ndarray, products: list[linalg.NormalisedProduct]) -> None:
-        """Effective rank of each row's full-depth product (NaN where it is missing or not finite)."""
-        for j, r in enumerate(rows):
-            P = products[j].P
-            if P is None:
-                continue
-            if self.on_gpu:
-                import torch
+    def _product_erank(self, P: Any) -> float:
+        """Effective rank of a running product (NaN when not finite)."""
+        if self.on_gpu:
+            import torch
 
-                if bool(torch.isfinite(P).all()):
-                    acc.erank[r] = linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
-            elif np.isfinite(P).all():
-                acc.erank[r] = linalg.effective_rank(np.linalg.svd(P, compute_uv=False))
+            return (
+                linalg.effective_rank(torch.linalg.svdvals(P).cpu().numpy())
+                if bool(torch.isfinite(P).all())
+                else np.nan
+            )
+        return linalg.effective_rank(np.linalg.svd(P, compute_uv=False)) if np.isfinite(P).all() else np.nan
 
 
 @dataclass(frozen=True)
@@ -870,16 +937,24 @@ def _bootstrap_tables(
         "cum_erank_full_depth": acc.erank,
         "complex_fraction_early_minus_late": cfrac[:, early].mean(1) - cfrac[:, late].mean(1),
         "henrici_early_minus_late": henrici[:, early].mean(1) - henrici[:, late].mean(1),
+        "symmetry_minus_identity_early_minus_late": acc.sym[:, early].mean(1) - acc.sym[:, late].mean(1),
     }
+    with_noise = bool(np.isfinite(acc.cf_noise[1]).all())  # bounds given and every sublayer decomposed
+    if with_noise:
+        cfn = acc.cf_noise
+        scalars["complex_fraction_beyond_noise_early_minus_late"] = cfn[:, early].mean(1) - cfn[:, late].mean(1)
     common = {
         "level": lvl,
         "n_resamples": R,
-        "n_bootstrap_samples": n,
+        "n_bootstrap_samples": total if interval == JACKKNIFE else n,
         "n_samples_total": total,
         "seed": seed,
         "bootstrapped": True,
     }
-    note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
+    if interval == JACKKNIFE:
+        note = f"delete-one-group jackknife over {n} groups of {total // n} samples (all {total} samples)"
+    else:
+        note = "" if n == total else f"bootstrap over the first {n} of {total} samples (jacobian.store_first_n)"
     row = _RowContext(lvl, interval, d, common, note).row
     out = []
     for s, (layer, kind) in enumerate(keys):
@@ -887,6 +962,14 @@ def _bootstrap_tables(
     for s, (layer, kind) in enumerate(keys):
         extra = "; ".join(x for x in (f"tol {tol:g}", why[s]) if x)
         out.append(row("complex_fraction", layer, kind, s, cfrac[:, s], extra, how[s]))
+    for s, (layer, kind) in enumerate(keys):
+        out.append(row("symmetry_minus_identity", layer, kind, s, acc.sym[:, s]))
+    if with_noise:
+        for s, (layer, kind) in enumerate(keys):
+            out.append(row("complex_fraction_beyond_noise", layer, kind, s, acc.cf_noise[:, s], "τ: spectra.tsv"))
+    if np.isfinite(acc.cum_erank[1, 0]):  # per_depth_erank
+        for s, (layer, kind) in enumerate(keys):
+            out.append(row("cum_erank", layer, kind, s, acc.cum_erank[:, s]))
     last_layer, last_kind = keys[-1]
     out.append(row("cum_erank_full_depth", last_layer, last_kind, S - 1, acc.erank))
     span = f"sublayers {early[0]}-{early[-1]} minus {late[0]}-{late[-1]}"
@@ -896,6 +979,11 @@ def _bootstrap_tables(
         if method == "exact"
         else ("perturbative" if n_fb == 0 else f"perturbative ({n_fb} of {S} sublayers exact-fallback)")
     )
+    sym_span = scalars["symmetry_minus_identity_early_minus_late"]
+    out.append(row("symmetry_minus_identity_early_minus_late", None, "all", None, sym_span, span))
+    if with_noise:
+        cfn_span = scalars["complex_fraction_beyond_noise_early_minus_late"]
+        out.append(row("complex_fraction_beyond_noise_early_minus_late", None, "all", None, cfn_span, span))
     cf_span = scalars["complex_fraction_early_minus_late"]
     out.append(row("complex_fraction_early_minus_late", None, "all", None, cf_span, f"tol {tol:g}; {span}", mixed))
     out.append(row("henrici_early_minus_late", None, "all", None, scalars["henrici_early_minus_late"], span, mixed))
@@ -949,24 +1037,38 @@ def jacobian_bootstrap_files(
     device: Any = None,
     method: str = "exact",
     interval: str = "percentile",
+    spectra: pd.DataFrame | None = None,
+    per_depth_erank: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    :meth:`resdyn.artifacts.JacobianBlocks.read_per_sample` + :func:`jacobian_bootstrap` +
-    :func:`not_bootstrapped_rows`.
+    With group means in the files (``jacobian.n_groups``), the delete-one-group jackknife over all
+    N samples (``interval`` ``jackknife``); else the bootstrap of the stored first n samples
+    (:meth:`resdyn.artifacts.JacobianBlocks.read_per_sample`). The noise bounds τ of the complex
+    share are the ``imag_noise_bound`` column of the checkpoint's ``spectra`` table, when it has
+    one. Then :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
-    per, means, info = artifacts.JacobianBlocks.read_per_sample(folders)
+    files = artifacts.JacobianBlocks.read(folders)
+    if files.n_groups >= 2:
+        per, interval = files.group_means, JACKKNIFE
+    else:
+        per = artifacts.JacobianBlocks.read_per_sample(folders)[0]
+    bounds = None
+    if spectra is not None and "imag_noise_bound" in spectra.columns:
+        bounds = spectra.sort_values("s")["imag_noise_bound"].to_numpy(dtype=np.float64)
     table, reps = jacobian_bootstrap(
         per,
         n_resamples,
         seed,
         level,
         complex_tol,
-        means=means,
-        n_samples_total=info["n_samples_total"],
+        means=files.means,
+        n_samples_total=files.n_samples_total,
         device=device,
         method=method,
         interval=interval,
+        noise_bounds=bounds,
+        per_depth_erank=per_depth_erank,
     )
     both = pd.concat([table, not_bootstrapped_rows(level)], ignore_index=True)
     for c in ("layer", "s", "seed"):

@@ -246,7 +246,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
                  bytes streamed; exact singular values for d ≤ 512), ‖J−I‖_F and the float64 sum into the accumulator
                  (3·8·d²).
     Host: one shard of the weights (device_map loading; all of them on a CPU), float64 sums 2·8·d² and the first
-    ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer. Working memory (host on a CPU,
+    ``store_first_n`` per-sample Jacobians 2·n·P·4·d² per layer, with ``n_groups`` B > 0 the group
+    means 2·B·4·d² and each group's start 2·8·d² per layer. Working memory (host on a CPU,
     device on a GPU): fp32 copies of the block's layers (only for non-fp32 weights,
     :meth:`resdyn.lm.sublayers.LayerSublayers.to_float32`), then the larger of the two stages — MLP:
     the d_ff × d matrices diag(·)W_gate and diag(·)W_up (2·4·d·d_ff) and the two d × d
@@ -256,7 +257,7 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     The benchmark measured 41-46 MiB of working memory at d = 1024 (T = 64-256) against 44 by
     this formula; the engine's own chunk budget (≈ 4·(8·H·(T+1) + 8·H·hd) per direction) is a
     bound, not the resident size. Disk per layer:
-    2 kinds × (mean d² in ``store_dtype`` + per-sample n·P·d²·4, gzip ≈ incompressible).
+    2 kinds × ((1 + B) means d² in ``store_dtype`` + per-sample n·P·d²·4, gzip ≈ incompressible).
     """
     jc, N, T = config["jacobian"], config["samples"]["n"], config["samples"]["length"]
     P, n_first = _n_positions(config), jc["store_first_n"]
@@ -275,7 +276,9 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     c.add("stream", N * L * P * stream)
     batch = JACOBIAN_GPU_BATCH if gpu else 1  # resdyn.study_a.jacobian.default_batch_size: one forward per batch
     c.add("calls", N * L * P * 4 + N / batch * (max(layers) + 1))
-    acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d)
+    B = jc.get("n_groups", 0)
+    # float64 sums; the first n whole Jacobians; B group means (float32) and the current group's start
+    acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d + (B * 4.0 + 8.0) * d * d * (B > 0))
     # tangent chunk of resdyn.study_a.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
     chunk = max(1, min(d, int(TANGENT_BUDGET_BYTES // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
@@ -283,7 +286,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     work = copies + stage + 8.0 * d * d * P
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
-    c.disk_bytes = L * s.jacobian_groups * (DTYPE_BYTES[jc["store_dtype"]] * d * d + n_first * P * 4.0 * d * d)
+    means = (1 + B) * DTYPE_BYTES[jc["store_dtype"]] * d * d
+    c.disk_bytes = L * s.jacobian_groups * (means + n_first * P * 4.0 * d * d)
     return c
 
 
@@ -438,15 +442,26 @@ def cost_spectra(config: dict, s: Shape, gpu: bool) -> Cost:
     part), one SVD with vectors (singular values, self-alignment), the singular values of J − I,
     and for the bottleneck one fp64 product (2 d³) and its singular values (the single-sublayer
     reference reuses the SVD). On a GPU the eigenvalues (torch eigvals) and the SVDs run there,
-    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. Memory: ~10 d×d float64."""
+    Henrici from ‖J‖² − Σ|λ|² with a host Schur fallback below 1e-3. With n = ``n_groups`` group
+    means (else the ``store_first_n`` per-sample Jacobians), n ≥ 2, the noise bound of the complex
+    share (:func:`resdyn.study_a.rotation.imag_noise_bound`): the n matrices read and held in float64
+    with their deviations (2·n·8·d²), per draw one signed sum (2·n·d²) and a Lanczos norm (~40
+    mat-vecs, 2·d² each), on the host.
+    Memory: ~10 d×d float64 beside those."""
     S, d = _n_sublayers(s), s.d
-    c = Cost(gpu=gpu, host_ops=("gemm64",))  # the bottleneck product runs in numpy on the host
+    c = Cost(gpu=gpu, host_ops=("gemm64", "stream"))  # the bottleneck product and the noise draws: numpy
     c.add("eig" if gpu else "schur", S * decomposition_flops("eig", d))
     c.add("svd", S * decomposition_flops("svd", d))
     c.add("svdvals", 2 * S * decomposition_flops("svdvals", d))
     c.add("gemm64", S * 2.0 * d**3)
     c.add("gunzip", S * 4.0 * d * d)  # the mean Jacobians (uncompressed: read rate)
     c.host_bytes = BASE_HOST_BYTES + 10 * 8.0 * d * d
+    n = config["jacobian"].get("n_groups", 0) or config["jacobian"]["store_first_n"]  # the groups first
+    if n >= 2:
+        draws = config["spectra"]["noise_draws"]
+        c.add("stream", S * draws * (2.0 * n + 80.0) * d * d)
+        c.add("gunzip", S * 4.0 * n * d * d)
+        c.host_bytes += 2 * n * 8.0 * d * d
     c.device_bytes = 10 * 8.0 * d * d if gpu else 0.0
     c.disk_bytes = S * 3 * 16.0 * d
     return c
@@ -498,11 +513,15 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
 
     Both: per row and sublayer the resampled mean (2·n·d² FLOPs, streamed on the host; for
     ``perturbative`` on a GPU one device GEMM, gemm64) and the running
-    product (2 d³ fp64), per row one svdvals at the end (``cum_erank_full_depth`` stays exact).
+    product (2 d³ fp64) and its singular values (``cum_erank`` of P_s; the last is
+    ``cum_erank_full_depth``).
     The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the files;
     a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
     n = config["jacobian"]["store_first_n"]
     R = config["bootstrap"]["n_resamples"] + 2
+    if config["jacobian"].get("n_groups", 0):  # the group jackknife: B group means, B + 2 rows
+        n = config["jacobian"]["n_groups"]
+        R = n + 2
     S, d = _n_sublayers(s), s.d
     c = Cost(gpu=gpu, host_ops=("stream",))  # the resampled means are formed on the host
     eig_op = "eig" if gpu else "schur"
@@ -518,7 +537,8 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
         c.add("gemm64", R * S * n * 2.0 * d * d)
     else:
         c.add("stream", R * S * n * 8.0 * d * d)
-    c.add("svdvals", R * decomposition_flops("svdvals", d))
+    depths = S if config["bootstrap"].get("per_depth_erank", True) else 1  # erank of P_s per row: every s or the last
+    c.add("svdvals", R * depths * decomposition_flops("svdvals", d))
     budget = bootstrap_memory_budget(d, R)
     passes = math.ceil(R / max(1, budget // (2 * 8 * d * d)))
     c.add("gunzip", passes * S * n * 4.0 * d * d)

@@ -330,6 +330,7 @@ def _section_errors(config: dict) -> list[str]:
         )
     elif first_n is not None and first_n > n:
         out.append(f"config key 'jacobian.store_first_n': {first_n} exceeds samples.n={n} (allowed 2..{n})")
+    out += _group_errors(config)
     positions = config["jacobian"]["positions"]
     if isinstance(positions, list):
         outside = [q for q in positions if not -length <= q < length]
@@ -370,6 +371,25 @@ def scaling_groups(config: dict) -> dict[str, list[str]]:
             "scaling table"
         )
     return groups
+
+
+def _group_errors(config: dict) -> list[str]:
+    """``jacobian.n_groups`` B divides each model's samples.n N into groups of at least 2 samples."""
+    out = []
+    for name in config["models"]:
+        mc = model_config(config, name)
+        B, n = mc["jacobian"].get("n_groups", 0), mc["samples"]["n"]
+        if not B:
+            continue
+        where = "" if mc is config else f" (model {name!r}: samples.n {n})"
+        if B > n or n % B:
+            out.append(f"config key 'jacobian.n_groups': {B} does not divide samples.n={n} into equal groups{where}")
+        elif n // B < 2:
+            out.append(
+                f"config key 'jacobian.n_groups': {B} makes groups of {n // B} sample of samples.n={n}{where}; "
+                "each group needs at least 2"
+            )
+    return out
 
 
 def model_config(config: dict, model: str) -> dict:

@@ -301,7 +301,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "activations": ("resolve_checkpoint", "samples"),
     "spectra": ("jacobians",),
     "schur": ("jacobians",),
-    "bootstrap": ("jacobians",),
+    "bootstrap": ("jacobians", "spectra"),
     "communities": ("activations",),
     "coupling": ("communities", "jacobians", "spectra"),
     "lens": ("resolve_checkpoint", "lens_tokens"),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -703,6 +704,7 @@ def write_layer_block(
     chunk_size: int | None = None,
     method: str = "structured",
     batch_size: int | None = None,
+    n_groups: int = 0,
 ) -> None:
     """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
 
@@ -718,10 +720,12 @@ def write_layer_block(
     checkpoint fingerprint. The model is used as given (already on its device, eval mode).
     ``chunk_size``/``method``: see :class:`JacobianEngine`. ``batch_size``: samples per batched
     forward (:meth:`JacobianEngine.compute_batch`; default :func:`default_batch_size`).
+    ``n_groups`` B > 0 also keeps the mean of each of B equal groups of consecutive samples
+    (:class:`resdyn.artifacts.JacobianSums`; B must divide N), for intervals from all samples.
     """
     attrs = dict(attrs or {})
     samples, ids, layers = _check_block_args(
-        samples, sample_ids, layers, out_paths, store_dtype, store_first_n, checkpoint_every
+        samples, sample_ids, layers, out_paths, store_dtype, store_first_n, checkpoint_every, n_groups
     )
     n_samples, length = samples.shape
     pos = resolve_positions(positions, length)
@@ -736,12 +740,13 @@ def write_layer_block(
     options = {"method": method, "chunk_size": chunk_size, "device": str(device)}
     if batch != 1:  # the batched forward rounds differently: a checkpoint must match it
         options["batch_size"] = batch
+    if n_groups:
+        options["n_groups"] = int(n_groups)
     fingerprint = _fingerprint(samples, ids, layers, pos, store_dtype, int(store_first_n), attrs, options)
     ckpt = JacobianSums.path(out_paths, layers)
     kinds = {layer: engine.kinds(layer) for layer in layers}
-    acc = JacobianSums.resume(
-        ckpt, lambda: JacobianSums(layers, n_samples, len(pos), d, int(store_first_n), kinds), fingerprint, n_samples
-    )
+    fresh = functools.partial(JacobianSums, layers, n_samples, len(pos), d, int(store_first_n), kinds, int(n_groups))
+    acc = JacobianSums.resume(ckpt, fresh, fingerprint, n_samples)
 
     bar = _progress(n_samples, acc.next_index, progress, f"jacobians L{layers[0]}-{layers[-1]}")
     try:
@@ -772,13 +777,14 @@ def _check_block_args(
     store_dtype: str,
     store_first_n: int,
     checkpoint_every: int,
+    n_groups: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """(samples, sample ids, layers) of :func:`write_layer_block` as arrays and ints, checked.
 
     Each bad argument is one ValueError naming it and what is allowed: samples a non-empty
     (N, T) integer array, N unique ids, a non-empty block of layers each with a file in
     ``out_paths``, ``store_dtype`` float32 or float64, 0 ≤ ``store_first_n`` ≤ N and
-    ``checkpoint_every`` ≥ 1.
+    ``checkpoint_every`` ≥ 1, ``n_groups`` 0 or a divisor of N.
     """
     samples = np.asarray(samples)
     if samples.ndim != 2 or samples.dtype.kind not in "iu":
@@ -803,6 +809,8 @@ def _check_block_args(
         raise ValueError(f"store_first_n={store_first_n}: allowed 0..{n_samples} (the number of samples)")
     if int(checkpoint_every) < 1:
         raise ValueError(f"checkpoint_every={checkpoint_every}: must be ≥ 1")
+    if int(n_groups) < 0 or (n_groups and n_samples % int(n_groups)):
+        raise ValueError(f"n_groups={n_groups}: must be 0 or divide the {n_samples} samples into equal groups")
     return samples, ids, layers
 
 
@@ -830,6 +838,7 @@ def _accumulate_batch(
             if i < store_first_n:
                 acc.first[(layer, kind)][i] = jac.cpu().numpy()
         acc.next_index = i + 1
+        acc.close_group()
         bar.update(1)
 
 

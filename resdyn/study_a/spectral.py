@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,11 +53,13 @@ from resdyn.numerics.linalg import (
     svd,
     svd_on,
 )
+from resdyn.study_a.rotation import complex_fraction_beyond_noise, imag_noise_bound, rotation_share
 
 __all__ = [
     "KINDS",
     "DEFAULT_TOLERANCES",
     "CHECKPOINT_METRICS",
+    "NoiseSamples",
     "henrici_departure",
     "symmetry_index",
     "nonnormal_norm",
@@ -526,6 +529,8 @@ def _analyse(a: np.ndarray, k_fraction: float, tols: tuple[float, ...], device: 
             "pr_J": participation_ratio(sv),
             "erank_JmI": effective_rank(sv_m),
             "pr_JmI": participation_ratio(sv_m),
+            "rotation_share_J": rotation_share(lam),
+            "rotation_share_JmI": rotation_share(lam, 1.0),
         }
     )
     arrays = {
@@ -553,8 +558,9 @@ def sublayer_metrics(
     ``expansive_frac_eig`` share |λ| > 1; ``expansive_frac_sv`` share σ > 1;
     ``k_frac`` = :func:`resdyn.numerics.linalg.k_from_fraction` (d, k_fraction) and ``self_alignment_kfrac``;
     ``self_alignment_k1``; ``k_erank`` = max(1, round(erank_J)) and ``self_alignment_kerank``;
-    ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio).
-    Rounding is half-up.
+    ``erank_J``, ``pr_J``, ``erank_JmI``, ``pr_JmI`` (effective rank, participation ratio);
+    ``rotation_share_J`` Σ|Im λ|/Σ|λ| and ``rotation_share_JmI`` Σ|Im λ|/Σ|λ − 1|
+    (:func:`resdyn.study_a.rotation.rotation_share`). Rounding is half-up.
 
     Cost: one real Schur factor (no vectors: eigenvalues and ‖N‖_F both come from it), one SVD
     with vectors, singular values of J − I (nominal 10 d³ + 22 d³ + 8/3 d³, resdyn.cluster.cost).
@@ -651,13 +657,58 @@ def ordered_sublayers(jacobians: JacobianSource, what: str = "jacobians") -> lis
     return rows
 
 
+@dataclass(frozen=True)
+class NoiseSamples:
+    """Where the sampling error of each mean Jacobian is drawn from, for the noise-aware complex share.
+
+    Attributes:
+        samples: {(layer, kind): loader → (m, d, d)}: the first m per-sample Jacobians (``n_total`` = N)
+            or m group means over all samples (``n_total`` None).
+        n_total: N for per-sample Jacobians, None for group means.
+        n_draws, level: of :func:`resdyn.study_a.rotation.imag_noise_bound` (seed: the sublayer index s).
+    """
+
+    samples: Mapping[tuple[int, str], Any]
+    n_total: int | None = None
+    n_draws: int = 20
+    level: float = 0.95
+
+    def bound(self, layer: int, kind: str, s: int) -> float:
+        """τ of sublayer (layer, kind) at depth s (its seed)."""
+        x = self.samples[(layer, kind)]
+        return imag_noise_bound(x() if callable(x) else x, self.n_total, self.n_draws, self.level, seed=s)
+
+    def columns(self, layer: int, kind: str, s: int, eigvals: np.ndarray) -> dict[str, float]:
+        """``imag_noise_bound`` and ``complex_frac_beyond_noise`` of one sublayer."""
+        tau = self.bound(layer, kind, s)
+        return {"imag_noise_bound": tau, "complex_frac_beyond_noise": complex_fraction_beyond_noise(eigvals, tau)}
+
+
+def noise_samples(files: Any, n_draws: int = 20, level: float = 0.95) -> NoiseSamples | None:
+    """The :class:`NoiseSamples` of a run's Jacobian files (:class:`resdyn.artifacts.jacobians.JacobianFiles`):
+    the B group means over all samples when stored (B ≥ 2), else the stored first n of N per-sample
+    Jacobians when n ≥ 2, else None (no noise bound: fewer than two samples carry no estimate of the
+    sampling error)."""
+    if files.n_groups >= 2:
+        return NoiseSamples(files.group_means, None, n_draws, level)
+    if files.n_stored < 2:
+        return None
+    return NoiseSamples(files.per_sample, files.n_samples_total, n_draws, level)
+
+
 def spectra_table(
     jacobians: JacobianSource,
     k_fraction: float = 0.1,
     tolerances: Sequence[float] = DEFAULT_TOLERANCES,
     device: Any = None,
+    noise: NoiseSamples | None = None,
 ) -> tuple[pd.DataFrame, dict[str, dict[str, np.ndarray]]]:
     """``spectra.tsv`` rows and ``spectra.h5`` arrays for a set of sublayer Jacobians.
+
+    With ``noise``, two more columns per sublayer: ``imag_noise_bound`` τ
+    (:func:`resdyn.study_a.rotation.imag_noise_bound` of its samples) and
+    ``complex_frac_beyond_noise`` #{|Im λ| > τ}/d
+    (:func:`resdyn.study_a.rotation.complex_fraction_beyond_noise`).
 
     Args:
         jacobians: {(layer, kind): (d, d) matrix or zero-argument callable returning it};
@@ -665,6 +716,7 @@ def spectra_table(
         k_fraction, tolerances: passed to :func:`sublayer_metrics`.
         device: None/"cpu" (LAPACK via scipy, the reference) or a CUDA device: eigenvalues and
             SVDs by torch.linalg there (:func:`eigen_henrici`); equal up to rounding.
+        noise: the samples the noise bound is drawn from (:class:`NoiseSamples`), or None.
     Returns:
         (table, arrays): table has one row per sublayer ordered by s = 2L (attn), 2L+1 (mlp),
         columns ``layer, kind, s`` then the :func:`sublayer_metrics` keys; arrays maps
@@ -681,6 +733,8 @@ def spectra_table(
     for s, layer, kind, J in ordered_sublayers(jacobians):
         a = as_square(J() if callable(J) else J, name=f"jacobians[({layer}, {kind!r})]")
         m, arr = _analyse(a, kf, tols, device)
+        if noise is not None:
+            m.update(noise.columns(layer, kind, s, arr["eigenvalues"]))
         rows.append({"layer": layer, "kind": kind, "s": s, **m})
         arrays[group_name(layer, kind)] = arr
     return pd.DataFrame(rows), arrays
@@ -749,7 +803,13 @@ CHECKPOINT_METRICS: tuple[str, ...] = (
     "self_alignment_kerank",
     "erank_J",
     "expansive_frac_eig",
+    "rotation_share_J",
+    "rotation_share_JmI",
 )
+
+#: Spectra columns a checkpoint table keeps whenever the spectra have them (the noise-aware complex
+#: share exists only where samples were stored to draw the noise from).
+CHECKPOINT_OPTIONAL: tuple[str, ...] = ("imag_noise_bound", "complex_frac_beyond_noise")
 
 
 def checkpoint_table(
@@ -760,9 +820,9 @@ def checkpoint_table(
     """Stack per-checkpoint spectra (and bottleneck) tables for comparison across training.
 
     One row per (checkpoint, sublayer): ``ckpt, layer, kind, s``, every ``complex_frac_J_tol*``
-    column, the ``metrics`` columns (default :data:`CHECKPOINT_METRICS`) and, with
-    ``bottlenecks``, ``cum_erank`` and ``cum_pr`` (bottleneck ``erank`` and
-    ``participation_ratio``, joined on s). Checkpoints keep the mapping's order; rows within a
+    column and those of :data:`CHECKPOINT_OPTIONAL` the spectra have, the ``metrics`` columns
+    (default :data:`CHECKPOINT_METRICS`) and, with ``bottlenecks``, ``cum_erank`` and ``cum_pr``
+    (bottleneck ``erank`` and ``participation_ratio``, joined on s). Checkpoints keep the mapping's order; rows within a
     checkpoint are sorted by s. (Long in checkpoints; melt for one metric per row.)
 
     Args:
@@ -792,7 +852,8 @@ def checkpoint_table(
     for ckpt, df in tables.items():
         if not isinstance(df, pd.DataFrame):
             raise ValueError(f"tables[{ckpt!r}] must be a DataFrame, got {type(df).__name__}")
-        cols = ["layer", "kind", "s"] + [c for c in df.columns if c.startswith("complex_frac_J_tol")] + wanted
+        found = [c for c in df.columns if c.startswith("complex_frac_J_tol") or c in CHECKPOINT_OPTIONAL]
+        cols = ["layer", "kind", "s"] + found + wanted
         missing = [c for c in cols if c not in df.columns]
         if missing:
             raise ValueError(f"tables[{ckpt!r}] lacks columns {missing}; it has {list(df.columns)}")

@@ -82,6 +82,7 @@ rule causal:
 rule bootstrap:
     input:
         blocks=jacobian_blocks,
+        spectra="results/{model}/{ckpt}/spectra.tsv",
     output:
         table=report(
             "results/{model}/{ckpt}/bootstrap.tsv",
@@ -109,6 +110,7 @@ rule bootstrap:
         complex_tol=config["bootstrap"]["complex_tol"],
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
+        per_depth_erank=config["bootstrap"]["per_depth_erank"],
         device=setting(lambda w: rcost.linalg_device(model_cfg(w))),
         code=code("bootstrap"),
     script:

@@ -22,6 +22,7 @@ rule jacobians:
         positions=config["jacobian"]["positions"],
         store_dtype=config["jacobian"]["store_dtype"],
         store_first_n=of_model("jacobian", "store_first_n"),
+        n_groups=of_model("jacobian", "n_groups"),
         checkpoint_every=setting(config["jacobian"]["checkpoint_every"]),
         device=setting(of_model("device")),
         code=code("jacobians", family=model_family),

@@ -28,6 +28,8 @@ rule spectra:
     params:
         k_fraction=config["spectra"]["k_fraction"],
         tolerances=config["spectra"]["complex_tolerances"],
+        noise_draws=config["spectra"]["noise_draws"],
+        noise_level=config["spectra"]["noise_level"],
         device=setting(lambda w: rcost.linalg_device(model_cfg(w))),
         code=code("spectra"),
     script:

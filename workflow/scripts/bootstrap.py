@@ -17,6 +17,8 @@ with sidecars.step(snakemake) as step:
         device=models.device_name(p.device),
         method=p.method,
         interval=p.interval,
+        spectra=artifacts.SpectraTable.read(snakemake.input.spectra),
+        per_depth_erank=p.per_depth_erank,
     )
     artifacts.BootstrapTable.write(table, snakemake.output.table)
     artifacts.BootstrapReplicates.write(replicates, snakemake.output.replicates)

@@ -7,9 +7,11 @@ from resdyn.study_a import spectral
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
-    jacobians, attrs = artifacts.JacobianBlocks.read_means(snakemake.input.blocks)
+    files = artifacts.JacobianBlocks.read(snakemake.input.blocks)
+    jacobians, attrs = files.means, files.attrs
+    noise = spectral.noise_samples(files, p.noise_draws, p.noise_level)
     table, arrays = spectral.spectra_table(
-        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.device_name(p.device)
+        jacobians, k_fraction=p.k_fraction, tolerances=p.tolerances, device=models.device_name(p.device), noise=noise
     )
     artifacts.SpectraArrays.write(arrays, snakemake.output.arrays, attrs)
     artifacts.SpectraTable.write(table, snakemake.output.table)
