@@ -83,7 +83,7 @@ from resdyn.artifacts.study_b import (
     ScalingFits,
     ScalingWidths,
 )
-from resdyn.artifacts.zoo_data import CheckpointRecord, Corpus, Samples, TrainingCurve
+from resdyn.artifacts.zoo_data import CheckpointIntegrity, CheckpointRecord, Corpus, Samples, TrainingCurve
 
 __all__ = [
     "Artifact",
@@ -129,6 +129,7 @@ __all__ = [
     "TrainingCurve",
     "Corpus",
     "Samples",
+    "CheckpointIntegrity",
     "CheckpointRecord",
     "Activations",
     "BoundaryView",

@@ -651,6 +651,7 @@ LOCAL_UNPRICED_RULES = (
     "phases",
     "scaling",
     "checkpoints",
+    "checkpoint_integrity",
     "scorecard",
     "paper_comparison",
     "figure_ckpt",

@@ -63,3 +63,26 @@ rule resolve_checkpoint:
         code=code("resolve_checkpoint"),
     script:
         "../scripts/resolve_checkpoint.py"
+
+
+rule checkpoint_integrity:
+    input:
+        records=lambda w: [
+            f"models/{w.model}/{c}/checkpoint.json"
+            for c in ckpts_through(w.model, w.ckpt)
+        ],
+    output:
+        "models/{model}/{ckpt}/integrity.json",
+    log:
+        "logs/checkpoint_integrity/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/checkpoint_integrity/{model}/{ckpt}.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    params:
+        allow=lambda w: bool(
+            config["models"][w.model].get("allow_duplicate_weights", False)
+        ),
+        code=code("checkpoint_integrity"),
+    script:
+        "../scripts/checkpoint_integrity.py"
