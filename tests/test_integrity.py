@@ -98,7 +98,7 @@ def test_check_finds_branches_sharing_weights_in_the_cache(offline, capsys):
     assert os.path.islink(dst) and os.readlink(dst) == os.readlink(src)
     assert _check(capsys)[:2] == (1, out)
     # the record-level check of the workflow sees the same pair
-    ids = [integrity.identity({"folder": str(_snap(offline, r)), "checkpoint": r}) for r in ("step1000", "step8000")]
+    ids = [integrity.identity(r, _snap(offline, r)) for r in ("step1000", "step8000")]
     with pytest.raises(ValueError, match=r"checkpoints 'step1000' and 'step8000' have identical weights"):
         integrity.check("pythia", ids[:1], ids[1], allow=False)
 
@@ -183,8 +183,29 @@ def test_workflow_stops_before_the_duplicates_model_jobs(offline, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log[-3000:]
     assert "checkpoints 'step1000' and 'step8000' have identical weights" in log and "allow_duplicate_weights" in log
-    assert not (tmp_path / "run" / jac[1]).exists() and not (tmp_path / "run/results/pythia/samples.h5").exists()
+    assert not (tmp_path / "run" / jac[1]).exists()
     target = "models/pythia/step8000/integrity.json"
     assert run(True, target).returncode == 0
     record = io.read_json(tmp_path / "run" / target)
     assert record["duplicate_of"] == ["step1000"] and record["allowed"] is True
+
+
+def test_trajectory_figures_mark_the_duplicate_checkpoint():
+    import pandas as pd
+
+    from resdyn.plots import render, trajectory
+
+    pairs = [("m", "step0"), ("m", "step1000"), ("m", "step8000")]
+    boot = [
+        pd.DataFrame({"metric": ["cum_erank_full_depth"], "layer": [None], "estimate": [float(i)], "ci_low": [i - 0.5],
+                      "ci_high": [i + 0.5], "bootstrapped": [True]})
+        for i in range(3)
+    ]  # fmt: skip
+    ids = [_id("step0", "a"), _id("step1000", "b"), _id("step8000", "b")]
+    records = [integrity.check("m", ids[:i], ids[i], allow=True) for i in range(3)]
+    fig = trajectory.study_a_trajectory(render.trajectory_table(boot, pairs), render.trajectory_table(records, pairs))
+    (ax,) = fig.axes
+    texts = [(t.get_text(), t.xy) for t in ax.texts]
+    assert texts == [("duplicate of step1000", (8000.0, 2.0))]  # only the later copy, at its point
+    clean = trajectory.study_a_trajectory(render.trajectory_table(boot, pairs))
+    assert not clean.axes[0].texts

@@ -83,7 +83,7 @@ from resdyn.artifacts.study_b import (
     ScalingFits,
     ScalingWidths,
 )
-from resdyn.artifacts.zoo_data import CheckpointIntegrity, CheckpointRecord, Corpus, Samples, TrainingCurve
+from resdyn.artifacts.zoo_data import CheckpointIntegrity, CheckpointRecord, Corpus, JsonRecord, Samples, TrainingCurve
 
 __all__ = [
     "Artifact",
@@ -130,6 +130,7 @@ __all__ = [
     "Corpus",
     "Samples",
     "CheckpointIntegrity",
+    "JsonRecord",
     "CheckpointRecord",
     "Activations",
     "BoundaryView",

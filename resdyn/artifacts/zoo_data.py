@@ -114,7 +114,27 @@ class Samples(Artifact):
         return ids, sids, attrs
 
 
-class CheckpointRecord(Artifact):
+class JsonRecord(Artifact):
+    """Base of the one-object JSON artifacts: ``validate`` (per class), and the atomic writer and
+    validating reader built on it."""
+
+    @classmethod
+    def validate(cls, record: Any, where: PathLike) -> dict:
+        """The record, checked (each subclass)."""
+        raise NotImplementedError
+
+    @classmethod
+    def write(cls, record: dict, path: PathLike) -> None:
+        """Write the record atomically (validated first)."""
+        io.write_json(cls.validate(record, path), path)
+
+    @classmethod
+    def read(cls, path: PathLike) -> dict:
+        """The validated record."""
+        return cls.validate(io.read_json(path), path)
+
+
+class CheckpointRecord(JsonRecord):
     """``models/{model}/{ckpt}/checkpoint.json``: where one checkpoint's weights are, and their hash.
 
     The JSON object of :func:`resdyn.lm.models.resolve_checkpoint`: the checkpoint's config entry
@@ -151,18 +171,8 @@ class CheckpointRecord(Artifact):
                 raise ArtifactError(f"{where}: {k} must be a SHA-256 hex digest, got {record[k]!r:.80}")
         return record
 
-    @classmethod
-    def write(cls, record: dict, path: PathLike) -> None:
-        """Write the record atomically (validated first)."""
-        io.write_json(cls.validate(record, path), path)
 
-    @classmethod
-    def read(cls, path: PathLike) -> dict:
-        """The validated record."""
-        return cls.validate(io.read_json(path), path)
-
-
-class CheckpointIntegrity(Artifact):
+class CheckpointIntegrity(JsonRecord):
     """``models/{model}/{ckpt}/integrity.json``: one checkpoint against the checkpoints before it.
 
     The JSON object of :func:`resdyn.lm.integrity.check`: ``ckpt``, ``weights_sha256`` (digest of
@@ -190,13 +200,3 @@ class CheckpointIntegrity(Artifact):
         if bad:
             raise ArtifactError(f"{where}: key(s) {bad} missing or of the wrong type (expected {cls.REQUIRED})")
         return record
-
-    @classmethod
-    def write(cls, record: dict, path: PathLike) -> None:
-        """Write the record atomically (validated first)."""
-        io.write_json(cls.validate(record, path), path)
-
-    @classmethod
-    def read(cls, path: PathLike) -> dict:
-        """The validated record."""
-        return cls.validate(io.read_json(path), path)

@@ -35,12 +35,12 @@ def weights_digest(folder: str | Path, verify: int = 1) -> str:
     return io.tree_digest(weights_manifest(Path(folder), WEIGHT_ONLY_PATTERNS, verify=verify))
 
 
-def identity(record: dict) -> dict:
-    """What :func:`check` compares of a checkpoint record (``checkpoint.json``): its name, weights
-    digest and architecture (family and shapes of its ``config.json``)."""
-    folder = Path(record["folder"])
+def identity(ckpt: str, folder: str | Path) -> dict:
+    """What :func:`check` compares of checkpoint ``ckpt`` whose weights are in ``folder``: its name,
+    weights digest and architecture (family and shapes of its ``config.json``)."""
+    folder = Path(folder)
     arch = hub.architecture(hub.read_config_json(folder / "config.json"), generic=True, source=str(folder))
-    return {"ckpt": record["checkpoint"], "weights_sha256": weights_digest(folder), "architecture": arch}
+    return {"ckpt": ckpt, "weights_sha256": weights_digest(folder), "architecture": arch}
 
 
 def _arch_diff(a: dict, b: dict) -> str:

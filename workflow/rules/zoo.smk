@@ -67,10 +67,7 @@ rule resolve_checkpoint:
 
 rule checkpoint_integrity:
     input:
-        records=lambda w: [
-            f"models/{w.model}/{c}/checkpoint.json"
-            for c in ckpts_through(w.model, w.ckpt)
-        ],
+        ckpt_record,
     output:
         "models/{model}/{ckpt}/integrity.json",
     log:
@@ -82,6 +79,14 @@ rule checkpoint_integrity:
     params:
         allow=lambda w: bool(
             config["models"][w.model].get("allow_duplicate_weights", False)
+        ),
+        # the checkpoints before this one, in training order, found by the job itself: a setting,
+        # so that adding, removing or reordering checkpoints reruns no other checkpoint's check
+        earlier=setting(
+            lambda w: [
+                rc.checkpoint_spec(config, w.model, c)
+                for c in ckpts_through(w.model, w.ckpt)[:-1]
+            ]
         ),
         code=code("checkpoint_integrity"),
     script:
