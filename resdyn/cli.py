@@ -1,4 +1,4 @@
-"""Command line: ``resdyn provenance FILE``, ``resdyn verify [PATH]``, ``resdyn plan CONFIG``.
+"""Command line: ``resdyn provenance FILE``, ``resdyn verify [PATH]``, ``resdyn plan CONFIG``, ``resdyn calibrate RUN``.
 
 Exit codes (also in ``--help``): 0 success; 1 the command ran and found problems (changed or
 missing inputs, no provenance); 2 bad usage or bad input (missing/unreadable file, invalid
@@ -77,6 +77,35 @@ def _verify(args: argparse.Namespace) -> int:
         f"verified {checked} artifacts under {', '.join(map(str, roots))}: {len(problems)} problem(s)", file=sys.stderr
     )
     return 1 if problems else 0
+
+
+def gpu_rates_default() -> Path:
+    """Where ``resdyn calibrate`` writes by default: ``$RESDYN_GPU_RATES`` or ~/.config/resdyn/gpus.yaml."""
+    import os
+
+    from resdyn.cluster import gpu_kinds
+
+    value = os.environ.get(gpu_kinds.RATES_ENV, "")
+    return Path(value).expanduser() if value.strip().lower() not in ("", "none") else gpu_kinds.USER_RATES.expanduser()
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """``resdyn calibrate RUN --configfile CONFIG``: measured vs planned per rule, and the rates file."""
+    from resdyn.cluster import cost, gpu_kinds
+    from resdyn.pipeline import calibrate
+    from resdyn.pipeline import config as rc
+
+    try:
+        gpu_kinds.check_gpu_kind(args.gpu, "--gpu")
+        run = Path(args.run)
+        if not run.is_dir():
+            raise calibrate.CalibrationError(f"{run}: no such run folder")
+        cfg = rc.load_config(args.configfile)
+        print(calibrate.run_command(run, cfg, args.gpu, Path(args.write), f"{run.resolve()} ({args.configfile})"))
+    except (ValueError, rc.ConfigError, cost.ShapeError) as err:
+        print(f"resdyn calibrate: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -188,6 +217,21 @@ def _error_line(command: str, err: BaseException) -> str:
     return f"resdyn {command}: error: {what}"
 
 
+def _add_calibrate(sub) -> None:
+    """Register ``resdyn calibrate`` on the CLI's subparsers."""
+    ca = sub.add_parser(
+        "calibrate",
+        help="fit the cost model's rates to a finished run's benchmark files and write a user rates file",
+    )
+    ca.add_argument("run", help="the run's folder (where Snakemake ran: benchmarks/out/, logs/)")
+    ca.add_argument("--configfile", required=True, help="the config the run used")
+    ca.add_argument("--gpu", default="h100", metavar="KIND", help="GPU kind the run's GPU jobs ran on (default h100)")
+    ca.add_argument(
+        "--write", default=str(gpu_rates_default()), metavar="PATH", help="rates file to write (default %(default)s)"
+    )
+    ca.set_defaults(func=_calibrate)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resdyn", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -217,6 +261,7 @@ def _parser() -> argparse.ArgumentParser:
         "or a config edit), grouped by rule, with the reason (code symbol, param, input) and cost",
     )
     pl.set_defaults(func=_plan)
+    _add_calibrate(sub)
     co = sub.add_parser(
         "collect",
         help="every table of a run as one tidy parquet per table kind, with model, "

@@ -3,12 +3,17 @@
 Shared helpers (no fixtures) are modules of tests/helpers/."""
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The cost model's numbers under test are the table's: a user rates file (`resdyn calibrate`,
+# ~/.config/resdyn/gpus.yaml) on the test machine must not change them.
+os.environ.setdefault("RESDYN_GPU_RATES", "none")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -539,8 +539,9 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     shutil.copytree(work / "models" / "tiny_llama" / "weights" / "step0", work / "extra_ckpt")
 
     def local(paths):
-        def change(c):
-            c["models"] = {"tiny_local": {"source": "local", "dataset": "kjv", "paths": paths}}
+        def change(c):  # extra_ckpt is a copy of step0: kept (and marked) by allow_duplicate_weights
+            m = {"source": "local", "dataset": "kjv", "paths": paths, "allow_duplicate_weights": True}
+            c["models"] = {"tiny_local": m}
             c["scaling"]["groups"] = {"llama": ["tiny_local"]}
 
         return change
@@ -555,6 +556,7 @@ def test_adding_a_revision_plans_only_its_jobs(smoke, tmp_path):
     out = snakemake(work, "-n", *targets(added), config=with_config(work, "added", local(added))).stdout
     jobs = changes.parse_dry_run(out)
     assert sorted((j.rule, j.wildcards.get("ckpt")) for j in jobs) == [
+        ("checkpoint_integrity", "first"),
         ("jacobians", "first"),
         ("jacobians", "first"),
         ("resolve_checkpoint", "first"),

@@ -787,8 +787,8 @@ def phase_trajectory_df(n: int = 3) -> pd.DataFrame:
 
 def _one_row_cases():
     return {
-        "study_a_trajectory": lambda: plots.study_a_trajectory(boot_trajectory_df(1).head(1), "m"),
-        "study_b_trajectory": lambda: plots.study_b_trajectory(phase_trajectory_df(1).head(1), "m"),
+        "study_a_trajectory": lambda: plots.study_a_trajectory(boot_trajectory_df(1).head(1), title="m"),
+        "study_b_trajectory": lambda: plots.study_b_trajectory(phase_trajectory_df(1).head(1), title="m"),
         "training_curve": lambda: plots.training_curve(training_df(1), "m"),
         "eigenvalue_grid": lambda: plots.eigenvalue_grid({"L000_mlp": {"eigenvalues": np.array([0.5 + 0j])}}, "m"),
         "operator_profile": lambda: plots.operator_profile(spectra_df(1).head(1), "m"),
@@ -848,8 +848,8 @@ def _nan_cases():
         "bridge_profiles": lambda: plots.bridge_profiles(_nan(bridge_df()), PHASES, "m"),
         "causal_effects": lambda: plots.causal_effects(_nan(causal_df()), "m"),
         "uncertainty_bands": lambda: plots.uncertainty_bands(_nan(bootstrap_df(), keep=("s",)), "m"),
-        "study_a_trajectory": lambda: plots.study_a_trajectory(_nan(boot_trajectory_df(), keep=("layer",)), "m"),
-        "study_b_trajectory": lambda: plots.study_b_trajectory(_nan(phase_trajectory_df(), keep=("phase",)), "m"),
+        "study_a_trajectory": lambda: plots.study_a_trajectory(_nan(boot_trajectory_df(), keep=("layer",)), title="m"),
+        "study_b_trajectory": lambda: plots.study_b_trajectory(_nan(phase_trajectory_df(), keep=("phase",)), title="m"),
     }
 
 

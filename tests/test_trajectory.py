@@ -61,9 +61,12 @@ def test_catalogue_trajectory_figures_and_inputs():
     assert catalogue.trajectory_inputs(spec, PAIRS[:2]) == [
         "results/m1/step0/bootstrap.tsv",
         "results/m1/step30/bootstrap.tsv",
+        "models/m1/step0/integrity.json",
+        "models/m1/step30/integrity.json",
     ]
-    for f in specs.values():  # every input is a table the artifacts layer reads
-        assert all(issubclass(A.by_relpath(t), A.TsvArtifact) for t in f.inputs)
+    for f in specs.values():  # every input is a table the artifacts layer reads, and the integrity records
+        assert all(issubclass(A.by_relpath(t), A.TsvArtifact) for t in f.inputs[:-1])
+        assert f.inputs[-1] == A.CheckpointIntegrity.relpath
 
 
 def test_trajectory_table_adds_model_checkpoint_and_step():
@@ -123,6 +126,13 @@ def test_render_a_trajectory_figure(tmp_path):
         path.parent.mkdir(parents=True)
         A.BootstrapTable.write(boot(i), path)
         paths.append(str(path))
+    for m, c in PAIRS[:2]:  # the integrity records every trajectory figure reads after the tables
+        path = A.CheckpointIntegrity.path(tmp_path, model=m, ckpt=c)
+        path.parent.mkdir(parents=True)
+        arch = {"model_type": "llama"}
+        record = {"ckpt": c, "weights_sha256": c, "architecture": arch, "duplicate_of": [], "allowed": False}
+        A.CheckpointIntegrity.write({**record, "architecture_differs_from": []}, path)
+        paths.append(str(path))
     png, pdf = tmp_path / "t.png", tmp_path / "t.pdf"
     spec = catalogue.by_name("trajectory_a")
     inputs = {p: None for p in paths}
@@ -130,7 +140,7 @@ def test_render_a_trajectory_figure(tmp_path):
         spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {}, None, pairs=PAIRS[:2]
     )
     assert png.stat().st_size > 0 and pdf.stat().st_size > 0
-    with pytest.raises(ValueError, match=r"1 templates × 3 checkpoints"):
+    with pytest.raises(ValueError, match=r"2 templates × 3 checkpoints"):
         render.render(
             spec.name, spec.plot, inputs, str(png), str(pdf), "all", spec.caption, 50, "code", {}, None, pairs=PAIRS[:3]
         )

@@ -83,7 +83,7 @@ from resdyn.artifacts.study_b import (
     ScalingFits,
     ScalingWidths,
 )
-from resdyn.artifacts.zoo_data import CheckpointRecord, Corpus, Samples, TrainingCurve
+from resdyn.artifacts.zoo_data import CheckpointIntegrity, CheckpointRecord, Corpus, JsonRecord, Samples, TrainingCurve
 
 __all__ = [
     "Artifact",
@@ -129,6 +129,8 @@ __all__ = [
     "TrainingCurve",
     "Corpus",
     "Samples",
+    "CheckpointIntegrity",
+    "JsonRecord",
     "CheckpointRecord",
     "Activations",
     "BoundaryView",

@@ -163,7 +163,9 @@ class CheckpointsTable(TsvArtifact):
     :func:`resdyn.study_a.spectral.checkpoint_table` merged with :func:`resdyn.study_a.topology.significant_counts`:
     ``ckpt`` str, ``layer`` int, ``kind`` str, ``s`` int, metric columns (float, extra), and the
     per-checkpoint coupling counts (the :class:`CouplingCounts` columns: ``n_significant_layers`` of
-    ``n_layers`` first, the boundary counts as detail; NaN for a checkpoint without coupling).
+    ``n_layers`` first, the boundary counts as detail; NaN for a checkpoint without coupling), and
+    ``integrity`` str: the checkpoint's mark (:func:`resdyn.lm.integrity.marks`, e.g. ``duplicate of
+    step1000``; empty for a checkpoint unlike those before it).
     """
 
     relpath = "results/{model}/checkpoints.tsv"

@@ -114,7 +114,27 @@ class Samples(Artifact):
         return ids, sids, attrs
 
 
-class CheckpointRecord(Artifact):
+class JsonRecord(Artifact):
+    """Base of the one-object JSON artifacts: ``validate`` (per class), and the atomic writer and
+    validating reader built on it."""
+
+    @classmethod
+    def validate(cls, record: Any, where: PathLike) -> dict:
+        """The record, checked (each subclass)."""
+        raise NotImplementedError
+
+    @classmethod
+    def write(cls, record: dict, path: PathLike) -> None:
+        """Write the record atomically (validated first)."""
+        io.write_json(cls.validate(record, path), path)
+
+    @classmethod
+    def read(cls, path: PathLike) -> dict:
+        """The validated record."""
+        return cls.validate(io.read_json(path), path)
+
+
+class CheckpointRecord(JsonRecord):
     """``models/{model}/{ckpt}/checkpoint.json``: where one checkpoint's weights are, and their hash.
 
     The JSON object of :func:`resdyn.lm.models.resolve_checkpoint`: the checkpoint's config entry
@@ -151,12 +171,32 @@ class CheckpointRecord(Artifact):
                 raise ArtifactError(f"{where}: {k} must be a SHA-256 hex digest, got {record[k]!r:.80}")
         return record
 
-    @classmethod
-    def write(cls, record: dict, path: PathLike) -> None:
-        """Write the record atomically (validated first)."""
-        io.write_json(cls.validate(record, path), path)
+
+class CheckpointIntegrity(JsonRecord):
+    """``models/{model}/{ckpt}/integrity.json``: one checkpoint against the checkpoints before it.
+
+    The JSON object of :func:`resdyn.lm.integrity.check`: ``ckpt``, ``weights_sha256`` (digest of
+    the weight files alone), ``architecture`` (family and shapes), ``duplicate_of`` and
+    ``architecture_differs_from`` (earlier checkpoints, in training order; non-empty only where
+    the model sets ``allow_duplicate_weights: true``) and ``allowed``.
+    """
+
+    relpath = "models/{model}/{ckpt}/integrity.json"
+    REQUIRED: ClassVar[dict[str, type]] = {
+        "ckpt": str,
+        "weights_sha256": str,
+        "architecture": dict,
+        "duplicate_of": list,
+        "architecture_differs_from": list,
+        "allowed": bool,
+    }
 
     @classmethod
-    def read(cls, path: PathLike) -> dict:
-        """The validated record."""
-        return cls.validate(io.read_json(path), path)
+    def validate(cls, record: Any, where: PathLike) -> dict:
+        """The record if it has every required key with the right type; ArtifactError naming ``where``."""
+        if not isinstance(record, dict):
+            raise ArtifactError(f"{where}: expected a JSON object (checkpoint integrity), got {type(record).__name__}")
+        bad = [k for k, t in cls.REQUIRED.items() if not isinstance(record.get(k), t)]
+        if bad:
+            raise ArtifactError(f"{where}: key(s) {bad} missing or of the wrong type (expected {cls.REQUIRED})")
+        return record

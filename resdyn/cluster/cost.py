@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resdyn.cluster.gpu_kinds import (
-    CPU_CALIBRATION,
     DEVICES,
     DTYPE_BYTES,
     GB,
@@ -52,6 +51,7 @@ from resdyn.cluster.gpu_kinds import (
     MiB,
     gpu_kind,
     host_linalg,
+    measured_factor,
 )
 from resdyn.lm import families
 from resdyn.numerics.linalg import k_from_fraction
@@ -700,6 +700,7 @@ LOCAL_UNPRICED_RULES = (
     "phases",
     "scaling",
     "checkpoints",
+    "checkpoint_integrity",
     "scorecard",
     "paper_comparison",
     "figure_ckpt",
@@ -739,10 +740,10 @@ def seconds(cost: Cost, device: str, threads: int = 1) -> float:
     CPU: Σ work/rate / (1 + (t−1)·eff_op). GPU: Σ work/rate_gpu, except :data:`HOST_OPS`, which
     run on the host CPU with ``threads`` threads."""
     dev = DEVICES[device]
-    total = cost.fixed_s
+    total = cost.fixed_s * measured_factor(device, None, "startup")
     for op, amount in cost.work.items():
         if dev.kind == "gpu" and op not in HOST_OPS and op not in cost.host_ops:
             total += amount / dev.rates[op]
         else:
-            total += amount / CPU_CALIBRATION[op] / (1.0 + (threads - 1) * THREAD_EFFICIENCY[op])
+            total += amount / DEVICES["cpu"].rates[op] / (1.0 + (threads - 1) * THREAD_EFFICIENCY[op])
     return total

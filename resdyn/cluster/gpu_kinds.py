@@ -193,6 +193,66 @@ DEVICES: dict[str, Device] = {
 }
 
 
+#: Environment variable naming the user rates file ``resdyn calibrate`` writes; unset: :data:`USER_RATES`
+#: when it exists; ``none``: no user rates.
+RATES_ENV = "RESDYN_GPU_RATES"
+USER_RATES = Path("~/.config/resdyn/gpus.yaml")
+
+
+def user_rates_path() -> Path | None:
+    """The user rates file in force: ``$RESDYN_GPU_RATES`` (``none``: none), else
+    ``~/.config/resdyn/gpus.yaml`` when it exists."""
+    value = os.environ.get(RATES_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "none") else Path(value).expanduser()
+    path = USER_RATES.expanduser()
+    return path if path.is_file() else None
+
+
+def load_measured(path: Path | None) -> dict:
+    """The user rates file of ``resdyn calibrate`` (``{source, kinds: {device: {rates, startup_factor,
+    rules: {rule: {time_factor, mem_factor, jobs}}}}}``), or ``{}`` without one; a device that is
+    neither ``cpu`` nor a GPU kind, or an op that is no op class, is an error naming the file."""
+    import yaml
+
+    if path is None:
+        return {}
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    kinds = data.get("kinds") if isinstance(data, dict) else None
+    if not isinstance(kinds, dict):
+        raise ValueError(f"{path}: expected a mapping with key 'kinds' (written by `resdyn calibrate`)")
+    for device, entry in kinds.items():
+        if device != "cpu" and device not in GPU_KINDS:
+            raise ValueError(f"{path}: device {device!r} is not cpu or a GPU kind ({', '.join(GPU_KINDS)})")
+        bad = sorted(set((entry or {}).get("rates") or {}) - set(OPS))
+        if bad:
+            raise ValueError(f"{path}: {device}: unknown op class(es) {bad}; allowed: {', '.join(OPS)}")
+    return {"path": str(path), **data}
+
+
+def _with_measured(devices: dict[str, Device], measured: dict) -> dict[str, Device]:
+    """``devices`` with the measured rates of ``measured`` (:func:`load_measured`) put over the table's."""
+    out = dict(devices)
+    for device, entry in (measured.get("kinds") or {}).items():
+        old = out[device]
+        note = f"{old.note}; measured by resdyn calibrate from {measured.get('source', '?')} ({measured['path']})"
+        out[device] = Device(device, old.kind, {**old.rates, **(entry.get("rates") or {})}, note)
+    return out
+
+
+MEASURED: dict = load_measured(user_rates_path())
+DEVICES = _with_measured(DEVICES, MEASURED)
+
+
+def measured_factor(device: str, rule: str | None, what: str) -> float:
+    """The measured correction of a device kind: ``startup`` (the fixed seconds' factor) or, for a
+    rule, ``time``/``mem`` (measured over predicted after the rate fit); 1 when not measured."""
+    entry = (MEASURED.get("kinds") or {}).get(device) or {}
+    if what == "startup":
+        return float(entry.get("startup_factor", 1.0))
+    return float(((entry.get("rules") or {}).get(rule) or {}).get(f"{what}_factor", 1.0))
+
+
 #: Ops a GPU job still runs on its host CPU (no torch routine on cuda).
 HOST_OPS = ("schur", "schurv", "gunzip", "calls", "graph")
 

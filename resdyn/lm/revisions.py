@@ -166,7 +166,69 @@ def add_command(sub) -> None:
     pick.add_argument(
         "--steps", nargs="+", metavar="STEP", help="resolve these training steps (integers, or 'final') to branch names"
     )
+    pick.add_argument(
+        "--check",
+        action="store_true",
+        help="list branches serving identical weights (hub file hashes; offline: the cache blobs); exit 1 if any",
+    )
     p.set_defaults(func=command)
+
+
+def _hub_weights_digest(repo: str, revision: str) -> str | None:
+    """Weights digest of ``repo@revision`` from the hub's file metadata (LFS SHA-256 per weight
+    file), the same :func:`resdyn.lm.integrity.weights_digest` the cache gives; None without one."""
+    from fnmatch import fnmatch
+
+    from huggingface_hub import HfApi
+
+    from resdyn import io
+    from resdyn.lm.integrity import WEIGHT_ONLY_PATTERNS
+
+    info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    files = {}
+    for f in info.siblings or []:
+        if any(fnmatch(f.rfilename.rsplit("/", 1)[-1], pat) for pat in WEIGHT_ONLY_PATTERNS):
+            if f.lfs is None:
+                return None  # a weight file outside LFS has no SHA-256 in the metadata
+            files[f.rfilename] = f.lfs.sha256 if hasattr(f.lfs, "sha256") else f.lfs["sha256"]
+    return io.tree_digest(files) if files else None
+
+
+def _cache_weights_digest(repo: str, revision: str) -> str | None:
+    """Weights digest of the cached snapshot of ``repo@revision`` (blob names; None when not cached)."""
+    from resdyn.lm.integrity import WEIGHT_ONLY_PATTERNS, weights_digest
+
+    snap = hub.cached_snapshot(repo, revision)
+    if snap is None or not any(p.is_file() for pat in WEIGHT_ONLY_PATTERNS for p in snap.rglob(pat)):
+        return None
+    return weights_digest(snap, verify=0)
+
+
+def weight_hashes(repo: str, names: list[str], where: str) -> dict[str, str | None]:
+    """Weights digest of each branch of ``names``: from the hub when the names came from it
+    (``where`` "the hub"), else from the cache (None: not cached, or no weights)."""
+    digest = _hub_weights_digest if where == "the hub" else _cache_weights_digest
+    return {name: digest(repo, name) for name in names}
+
+
+def check_command(repo: str, revs: list[Revision], where: str) -> int:
+    """``resdyn revisions REPO --check``: one line per group of branches with identical weights;
+    1 when there is one, else 0."""
+    from resdyn.lm.integrity import duplicate_groups
+
+    hashes = weight_hashes(repo, [r.name for r in revs], where)
+    groups = duplicate_groups(hashes)
+    print("weights_sha256\tbranches")
+    for names in groups:
+        print(f"{hashes[names[0]][:16]}\t{', '.join(names)}")
+    unknown = [n for n, h in hashes.items() if h is None]
+    print(
+        f"{len(hashes) - len(unknown)} revisions of {repo} checked, from {where}: "
+        f"{len(groups)} group(s) of identical weights"
+        + (f"; no weights known for {_some(unknown)}" if unknown else ""),
+        file=sys.stderr,
+    )
+    return 1 if groups else 0
 
 
 def command(args: argparse.Namespace) -> int:
@@ -182,6 +244,8 @@ def command(args: argparse.Namespace) -> int:
         print(f"resdyn revisions: error: {err}", file=sys.stderr)
         return 2
     revs = training_order(names)
+    if getattr(args, "check", False):
+        return check_command(args.repo, revs, where)
     if args.every:
         revs = [r for r in revs if r.step is None or r.step % args.every == 0]
     print("step\ttokens\tname")

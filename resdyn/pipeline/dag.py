@@ -42,6 +42,7 @@ from resdyn.cluster.gpu_kinds import (
     THREADS_ABOVE_S,
     MiB,
     gpu_kind,
+    measured_factor,
 )
 from resdyn.cluster.multigpu import (
     SPANNING_RULES,
@@ -134,10 +135,12 @@ def resources(
     kind = model_config_kind(config, wildcards or {}, device)[1] or gpu_kind()
     cost = job_cost(config, rule, wildcards, kind)
     threads = threads_for(config, rule, wildcards, kind)
-    secs = seconds(cost, kind if cost.gpu else "cpu", threads)
+    device = kind if cost.gpu else "cpu"
+    secs = seconds(cost, device, threads) * measured_factor(device, rule, "time")
+    host = cost.host_bytes * measured_factor(device, rule, "mem")
     a = max(1, int(attempt))
     return {
-        "mem_mb": int(math.ceil((cost.host_bytes * MEM_SAFETY / MiB + MEM_PAD_MB) * a)),
+        "mem_mb": int(math.ceil((host * MEM_SAFETY / MiB + MEM_PAD_MB) * a)),
         "runtime": int(math.ceil((secs * TIME_SAFETY / 60.0 + TIME_PAD_MIN) * a)),
         "threads": threads,
         "disk_mb": int(math.ceil(cost.disk_bytes / MiB)) + 1,

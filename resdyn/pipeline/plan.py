@@ -65,9 +65,9 @@ def job_row(config: dict, rule: str, w: dict, device: str = "h100") -> dict:
         "gpu": c.gpu,
         "gpus": gpus,
         "threads": threads,
-        "seconds": rcost.seconds(c, kind, threads),
+        "seconds": rcost.seconds(c, kind, threads) * gpu_kinds.measured_factor(kind, rule, "time"),
         "tflop": c.flops / 1e12,
-        "host_gb": c.host_bytes / 1e9,
+        "host_gb": c.host_bytes * gpu_kinds.measured_factor(kind, rule, "mem") / 1e9,
         "device_gb": c.device_bytes / 1e9,
         "disk_gb": c.disk_bytes / 1e9,
         "placement": where,
@@ -138,7 +138,7 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
     table = rule_table(jobs)
     t = totals(jobs, gpus, cores, device)
     dev = gpu_kinds.DEVICES[device]
-    lines = [table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), ""]
+    lines = [rates_line(), table.to_string(index=False, float_format=lambda x: f"{x:.3g}"), ""]
     lines.append(f"GPU kind {device} ({dev.note}); CPU rates: {rcost.DEVICES['cpu'].note}")
     lines.append(
         f"total: {len(jobs)} jobs, {t.gpu_hours:.2f} GPU-hours, {t.cpu_hours:.1f} CPU-hours "
@@ -167,6 +167,19 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
         + ", ".join(r for r in rcost.LOCAL_UNPRICED_RULES if r != "all")
     )
     return "\n".join(lines)
+
+
+def rates_line() -> str:
+    """The plan's header: which device kinds' rates are measured (``resdyn calibrate``), from which
+    run and file, or that every rate is the table's."""
+    m = gpu_kinds.MEASURED
+    if not m:
+        return (
+            "rates: resdyn/data/gpus.yaml (datasheets x assumed efficiency) and the CPU benchmark; "
+            "none measured on this site (`resdyn calibrate RUN` after a first run)"
+        )
+    kinds = ", ".join(f"{k} ({len(v.get('rules') or {})} rules)" for k, v in m["kinds"].items())
+    return f"rates: MEASURED for {kinds} by resdyn calibrate from {m.get('source', '?')} ({m['path']})"
 
 
 def fit_lines(jobs: pd.DataFrame, device: str) -> list[str]:

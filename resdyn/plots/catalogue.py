@@ -59,6 +59,9 @@ SCOPES = ("ckpt", "lens", "model", "zoo", "global", "trajectory", "lens_trajecto
 #: Scopes whose figures read each input for every (model, checkpoint) of the run.
 TRAJECTORY_SCOPES = ("trajectory", "lens_trajectory")
 
+#: Every trajectory figure also reads each checkpoint's integrity record: duplicates are marked.
+INTEGRITY = "models/{model}/{ckpt}/integrity.json"
+
 #: Report categories: one per stage of the pipeline (the table rules use the same names).
 CATEGORIES = ("Zoo", "Study A", "Study B", "Beyond the studies")
 
@@ -177,7 +180,7 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "trajectory_a",
         "trajectory",
-        (f"{_CKPT}/bootstrap.tsv",),
+        (f"{_CKPT}/bootstrap.tsv", INTEGRITY),
         "trajectory:study_a_trajectory",
         "Study A whole-model statistics vs training step, all models (bootstrap percentile intervals)",
         "Study A",
@@ -260,7 +263,7 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "trajectory_b",
         "lens_trajectory",
-        (f"{_CKPT}/phase_metrics.tsv",),
+        (f"{_CKPT}/phase_metrics.tsv", INTEGRITY),
         "trajectory:study_b_trajectory",
         "Study B phase metrics vs training step, all models (mean +/- sd over the layers of each phase)",
         "Study B",

@@ -42,7 +42,8 @@ def trajectory_table(tables: Sequence[Any], pairs: Sequence[tuple[str, str]]) ->
     """The tables of one trajectory input, one per (model, ckpt) of ``pairs`` (config and training
     order), as one DataFrame with ``model``, ``ckpt``, ``ckpt_index`` (the checkpoint's position
     in its model's training order) and ``step`` (the training step the checkpoint name carries,
-    :func:`resdyn.lm.hub.revision_step`; NaN for ``main`` or a local model) in front."""
+    :func:`resdyn.lm.hub.revision_step`; NaN for ``main`` or a local model) in front. A record
+    (``integrity.json``) becomes one row with its mark (:func:`resdyn.lm.integrity.marks`)."""
     import numpy as np
     import pandas as pd
 
@@ -52,6 +53,10 @@ def trajectory_table(tables: Sequence[Any], pairs: Sequence[tuple[str, str]]) ->
         raise ValueError(f"trajectory input: {len(tables)} tables for {len(pairs)} (model, checkpoint) pairs")
     parts, index = [], {}
     for table, (model, ckpt) in zip(tables, pairs):
+        if isinstance(table, dict):  # a checkpoint's integrity record: its mark as a one-row table
+            from resdyn.lm.integrity import marks
+
+            table = pd.DataFrame({"integrity": [marks({ckpt: table})[ckpt]]})
         parsed = revision_step(ckpt)
         index[model] = index.get(model, -1) + 1
         front = pd.DataFrame(

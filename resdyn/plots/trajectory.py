@@ -24,11 +24,31 @@ def _x(df: pd.DataFrame) -> tuple[str, str]:
     return "ckpt_index", "checkpoint (training order)"
 
 
-def _panel(ax, df: pd.DataFrame, y: str, low: str | None, high: str | None, x: str) -> None:
+def _marks(integrity_df: pd.DataFrame | None) -> dict[tuple[str, str], str]:
+    """(model, ckpt) -> the checkpoint's integrity mark (``duplicate of …``), for marked ones only."""
+    if integrity_df is None or "integrity" not in integrity_df:
+        return {}
+    rows = integrity_df[integrity_df["integrity"].fillna("").astype(str) != ""]
+    return {(str(r.model), str(r.ckpt)): str(r.integrity) for r in rows.itertuples()}
+
+
+def _mark_points(ax, rows: pd.DataFrame, x: str, y: str, marks: dict, model: str) -> None:
+    """A red cross and the mark's text over every point of a marked checkpoint (a copy of another)."""
+    model = model.split(" · ")[0]
+    for r in rows.itertuples():
+        mark = marks.get((model, str(r.ckpt)))
+        if mark:
+            xv, yv = float(getattr(r, x)), float(getattr(r, y))
+            ax.plot([xv], [yv], marker="x", color="red", markersize=9, linestyle="none")
+            ax.annotate(mark, (xv, yv), fontsize="xx-small", color="red", xytext=(3, 3), textcoords="offset points")
+
+
+def _panel(ax, df: pd.DataFrame, y: str, low: str | None, high: str | None, x: str, marks: dict | None = None) -> None:
     for model, rows in df.groupby("model", sort=False):
         rows = rows.sort_values(x)
         xs, ys = num(rows[x]), num(rows[y])
         (line,) = ax.plot(xs, ys, marker="o", label=str(model))
+        _mark_points(ax, rows, x, y, marks or {}, str(model))
         if low and high:
             err = np.vstack([ys - num(rows[low]), num(rows[high]) - ys])
             ax.errorbar(
@@ -40,11 +60,12 @@ def _panel(ax, df: pd.DataFrame, y: str, low: str | None, high: str | None, x: s
 
 
 @styled
-def study_a_trajectory(boot_df: pd.DataFrame, title: str = "") -> Figure:
+def study_a_trajectory(boot_df: pd.DataFrame, integrity_df: pd.DataFrame | None = None, title: str = "") -> Figure:
     """Whole-model Study A statistics of ``bootstrap.tsv`` (rows without a layer that were
     bootstrapped: e.g. cumulative erank at full depth, complex fraction and Henrici departure
     early minus late) against training step, one line per model, the bootstrap interval as
-    error bars; one panel per statistic."""
+    error bars; one panel per statistic. A checkpoint whose integrity record marks it (a copy
+    of an earlier one, ``allow_duplicate_weights``) gets a red cross and its mark."""
     df = check_frame(boot_df, "bootstrap trajectory table")
     need = [c for c in ("model", "metric", "layer", "estimate", "ci_low", "ci_high", "bootstrapped") if c not in df]
     if need:
@@ -56,7 +77,7 @@ def study_a_trajectory(boot_df: pd.DataFrame, title: str = "") -> Figure:
         return empty_figure(title, xlabel, "value", "whole-model bootstrap rows")
     fig, axes = new_figure(len(metrics), ncols=min(3, len(metrics)), panel=(3.6, 2.6))
     for ax, metric in zip(axes, metrics):
-        _panel(ax, whole[whole["metric"] == metric], "estimate", "ci_low", "ci_high", x)
+        _panel(ax, whole[whole["metric"] == metric], "estimate", "ci_low", "ci_high", x, _marks(integrity_df))
         ax.set_title(metric, fontsize="small")
         ax.set_xlabel(xlabel)
     axes[0].legend(fontsize="x-small")
@@ -65,10 +86,10 @@ def study_a_trajectory(boot_df: pd.DataFrame, title: str = "") -> Figure:
 
 
 @styled
-def study_b_trajectory(phase_df: pd.DataFrame, title: str = "") -> Figure:
+def study_b_trajectory(phase_df: pd.DataFrame, integrity_df: pd.DataFrame | None = None, title: str = "") -> Figure:
     """Study B phase metrics of ``phase_metrics.tsv`` against training step: one panel per metric,
     one line per (model, phase), the interval mean ± sd over the layers of the phase (none where
-    a phase has one layer)."""
+    a phase has one layer); marked checkpoints as in :func:`study_a_trajectory`."""
     df = check_frame(phase_df, "phase-metrics trajectory table")
     need = [c for c in ("model", "phase", "phase_name", "metric", "mean", "sd") if c not in df]
     if need:
@@ -84,7 +105,7 @@ def study_b_trajectory(phase_df: pd.DataFrame, title: str = "") -> Figure:
     )
     fig, axes = new_figure(len(metrics), ncols=min(3, len(metrics)), panel=(3.6, 2.6))
     for ax, metric in zip(axes, metrics):
-        _panel(ax, df[df["metric"] == metric], "mean", "low", "high", x)
+        _panel(ax, df[df["metric"] == metric], "mean", "low", "high", x, _marks(integrity_df))
         ax.set_title(metric, fontsize="small")
         ax.set_xlabel(xlabel)
     axes[0].legend(fontsize="x-small")

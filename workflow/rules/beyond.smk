@@ -44,6 +44,7 @@ rule bridge:
 rule causal:
     input:
         ckpt=ckpt_record,
+        integrity=ckpt_integrity,
         lens="results/{model}/{ckpt}/lens",
         samples="results/{model}/samples.h5",
         phases="results/{model}/{ckpt}/phases.json",

@@ -73,6 +73,18 @@ def ckpt_record(w):
     return f"models/{w.model}/{w.ckpt}/checkpoint.json"
 
 
+def ckpt_integrity(w):
+    """The checkpoint's integrity record, which every model job waits for (a duplicate stops the
+    run there); ancient: a re-check after an added revision reruns no model job."""
+    return ancient(f"models/{w.model}/{w.ckpt}/integrity.json")
+
+
+def ckpts_through(model, ckpt):
+    """The checkpoints of ``model`` up to and including ``ckpt``, in training order."""
+    names = ckpts(model)
+    return names[: names.index(ckpt) + 1]
+
+
 def final_ckpt(model):
     return ckpts(model)[-1]
 

@@ -4,6 +4,7 @@
 rule jacobians:
     input:
         ckpt=ckpt_record,
+        integrity=ckpt_integrity,
         samples="results/{model}/samples.h5",
     output:
         directory("results/{model}/{ckpt}/jacobians/{block}"),
@@ -33,6 +34,7 @@ rule jacobians:
 rule activations:
     input:
         ckpt=ckpt_record,
+        integrity=ckpt_integrity,
         samples="results/{model}/samples.h5",
     output:
         directory("results/{model}/{ckpt}/activations"),

@@ -7,6 +7,7 @@ LENS_IMPORT_KEYS = ("source", "path", "repo", "repo_type", "revision")
 rule lens:
     input:
         ckpt=ckpt_record,
+        integrity=ckpt_integrity,
         tokens="results/{model}/lens_tokens.h5",
     output:
         directory("results/{model}/{ckpt}/lens"),
@@ -48,6 +49,7 @@ rule lens:
 rule lens_metrics:
     input:
         ckpt=ckpt_record,
+        integrity=ckpt_integrity,
         lens="results/{model}/{ckpt}/lens",
         samples="results/{model}/samples.h5",
     output:

@@ -70,6 +70,7 @@ rule checkpoints:
         communities_summary=lambda w: per_ckpt(
             "results/{model}/{ckpt}/communities_summary.tsv", w.model
         ),
+        integrity=lambda w: per_ckpt("models/{model}/{ckpt}/integrity.json", w.model),
     output:
         table=report(
             "results/{model}/checkpoints.tsv",

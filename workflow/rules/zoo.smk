@@ -63,3 +63,31 @@ rule resolve_checkpoint:
         code=code("resolve_checkpoint"),
     script:
         "../scripts/resolve_checkpoint.py"
+
+
+rule checkpoint_integrity:
+    input:
+        ckpt_record,
+    output:
+        "models/{model}/{ckpt}/integrity.json",
+    log:
+        "logs/checkpoint_integrity/{model}/{ckpt}.log",
+    benchmark:
+        "benchmarks/out/checkpoint_integrity/{model}/{ckpt}.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    params:
+        allow=lambda w: bool(
+            config["models"][w.model].get("allow_duplicate_weights", False)
+        ),
+        # the checkpoints before this one, in training order, found by the job itself: a setting,
+        # so that adding, removing or reordering checkpoints reruns no other checkpoint's check
+        earlier=setting(
+            lambda w: [
+                rc.checkpoint_spec(config, w.model, c)
+                for c in ckpts_through(w.model, w.ckpt)[:-1]
+            ]
+        ),
+        code=code("checkpoint_integrity"),
+    script:
+        "../scripts/checkpoint_integrity.py"

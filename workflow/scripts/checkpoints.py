@@ -2,6 +2,7 @@
 counts (layers, boundaries as detail) and community partitions compared with the final and the first checkpoint."""
 
 from resdyn import artifacts
+from resdyn.lm import integrity
 from resdyn.provenance import sidecars
 from resdyn.study_a import partitions, spectral, topology
 
@@ -15,7 +16,9 @@ with sidecars.step(snakemake) as step:
         {c: artifacts.CouplingTable.read(f) for c, f in zip(names, inp.coupling)},
         {c: artifacts.CouplingLayers.read(f) for c, f in zip(names, inp.coupling_layers)},
     )
-    artifacts.CheckpointsTable.write(table.merge(counts, on="ckpt", how="left"), snakemake.output.table)
+    marks = integrity.marks({c: artifacts.CheckpointIntegrity.read(f) for c, f in zip(names, inp.integrity)})
+    table = table.merge(counts, on="ckpt", how="left").assign(integrity=lambda t: t["ckpt"].map(marks))
+    artifacts.CheckpointsTable.write(table, snakemake.output.table)
     artifacts.CouplingCounts.write(counts.assign(model=snakemake.wildcards.model), snakemake.output.counts)
     similarity = partitions.partition_similarity(
         {c: artifacts.CommunityPartitions.read_folder(f) for c, f in zip(names, inp.communities)},
