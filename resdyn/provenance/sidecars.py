@@ -302,8 +302,9 @@ class Step:
         calls it first."""
         from resdyn.numerics import precision
 
-        self.extra["numerics"] = precision.pin_ieee(device)
-        return self.extra["numerics"]
+        record = self.extra["numerics"] = precision.pin_ieee(device)
+        logging.getLogger(f"resdyn.rule.{self.sm.rule}").info("fp32 numerics pinned: %s", json.dumps(record))
+        return record
 
     @property
     def params(self) -> dict:
