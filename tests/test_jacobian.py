@@ -351,8 +351,8 @@ _RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from helpers.tiny_models import make_model, sample_ids
     from resdyn.study_a import jacobian
 
-    if slow:
-        sigkill.slow_down(jacobian.JacobianEngine, "compute", 0.4)
+    if held:
+        hold.hold_at_first_save(jacobian.JacobianSums, "save", out)
     model = make_model("qwen2")
     samples = np.stack([sample_ids(seed=10 + i).numpy() for i in range(8)])
     paths = {{layer: f"{{out}}/layer{{layer:03d}}.h5" for layer in (0, 2)}}
@@ -382,14 +382,14 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     resumed, reference = tmp_path / "resumed", tmp_path / "reference"
     resumed.mkdir()
     reference.mkdir()
-    ref_proc = sigkill.start(script, reference, "fast")  # uninterrupted, runs alongside
+    ref_proc = sigkill.start(script, reference, "free")  # uninterrupted, runs alongside
 
-    proc = sigkill.start(script, resumed, "slow")
+    proc = sigkill.start(script, resumed, "held")
     checkpoint = resumed / ".layer000.h5.partial.npz"
-    sigkill.kill_once_checkpointed(proc, checkpoint, timeout_s=60)
+    sigkill.kill_once_checkpointed(proc, resumed, checkpoint)
     assert not list(resumed.glob("layer*.h5")), "killed run left outputs"
 
-    rerun = sigkill.start(script, resumed, "fast")
+    rerun = sigkill.start(script, resumed, "free")
     _, err = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, err[-3000:]
     assert "resuming from" in err, err[-3000:]

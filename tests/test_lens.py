@@ -618,11 +618,11 @@ def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path
 
 _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from helpers.lens_models import PINNED_RESUME, build, synthetic_batches
-    from resdyn.study_b.lens import trainer as LT
+    from resdyn import artifacts
     from resdyn.study_b import lens as L
 
-    if slow:
-        sigkill.slow_down(LT, "_train_step_kl", 0.1)
+    if held:
+        hold.hold_at_first_save(artifacts.LensCheckpoint, "save", out)
     model = build("llama", pretrain_steps=20)
     fitted = L.train_lens(
         model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
@@ -638,14 +638,14 @@ def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
     resumed, reference = tmp_path / "resumed", tmp_path / "reference"
     resumed.mkdir()
     reference.mkdir()
-    ref_proc = sigkill.start(script, reference, "fast")
+    ref_proc = sigkill.start(script, reference, "free")
 
-    proc = sigkill.start(script, resumed, "slow")
+    proc = sigkill.start(script, resumed, "held")
     checkpoint = resumed / ".lens.partial.pt"
-    sigkill.kill_once_checkpointed(proc, checkpoint, timeout_s=120)
+    sigkill.kill_once_checkpointed(proc, resumed, checkpoint)
     assert not (resumed / "lens").exists(), "killed run left outputs"
 
-    rerun = sigkill.start(script, resumed, "fast")
+    rerun = sigkill.start(script, resumed, "free")
     _, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-3000:]
     assert "resuming lens training from" in err, err[-3000:]

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from resdyn import io
-from resdyn.artifacts.base import CKPT_DIR, Artifact
+from resdyn.artifacts.base import CKPT_DIR, Artifact, resume_mismatch
 from resdyn.io import PathLike
 
 __all__ = ["Loaders", "JacobianFiles", "JacobianBlocks", "JacobianSums"]
@@ -557,7 +557,8 @@ class JacobianSums:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
             if str(arrays["fingerprint"]) != fingerprint:
-                raise ValueError("it was written for other samples, layers, positions, options or attrs")
+                generic = "it was written for other samples, layers, positions, options or attrs"
+                raise ValueError(resume_mismatch(arrays["fingerprint"], fingerprint, generic))
             if not 0 < int(arrays["next_index"]) <= n_samples:
                 raise ValueError(f"next sample index {int(arrays['next_index'])} outside 1..{n_samples}")
             acc.load(arrays)

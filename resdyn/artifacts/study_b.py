@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import io
-from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact, kinds
+from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact, kinds, resume_mismatch
 from resdyn.io import PathLike
 
 __all__ = [
@@ -272,8 +272,11 @@ class LensCheckpoint(Artifact):
             return None
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or state.get("format") != cls.FORMAT or state.get("key") != key:
-                raise ValueError("it was written for another model, other tokens or other options")
+            if not isinstance(state, dict) or state.get("format") != cls.FORMAT:
+                raise ValueError(f"it is not a {cls.FORMAT} file")
+            if state.get("key") != key:
+                generic = "it was written for another model, other tokens or other options"
+                raise ValueError(resume_mismatch(state.get("key"), key, generic))
         except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
             warnings.warn(f"ignoring lens checkpoint {path}: {err}", stacklevel=stacklevel + 1)
             logging.getLogger(__name__).warning("ignoring lens checkpoint %s: %s", path, err)

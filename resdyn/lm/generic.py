@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from resdyn.lm.sublayers import LayerSublayers
+
 #: Relative tolerance of the self-check (fp32 arithmetic on both sides, different op order).
 SELF_CHECK_RTOL = 1e-4
 #: Random probe vectors u of the reverse-mode self-check (uᵀ J rows).
@@ -258,14 +260,17 @@ class _FrozenKV:
         return 0 if self.keys is None else self.keys.shape[-2]
 
 
-def cast_call(call: tuple, dtype: torch.dtype) -> tuple:
+def cast_call(call: tuple, dtype: torch.dtype, device: torch.device | None = None) -> tuple:
     """A captured (args, kwargs) call with its floating tensors (cos/sin, masks) in ``dtype``
-    (the engine differentiates fp32 copies of bf16 layers); the hidden states (args[0]) dropped
-    from neither: callers pass their own."""
+    (the engine differentiates fp32 copies of bf16 layers) and, given ``device``, every tensor
+    there (a model placed by layer across GPUs: HF captured the call on the previous layer's
+    device); the hidden states (args[0]) dropped from neither: callers pass their own."""
 
     def cast(v):
         if isinstance(v, torch.Tensor) and v.is_floating_point():
-            return v.to(dtype)
+            return v.to(device=device, dtype=dtype)
+        if isinstance(v, torch.Tensor):
+            return v if device is None else v.to(device)
         return tuple(cast(x) for x in v) if isinstance(v, tuple) else v
 
     args, kwargs = call
@@ -350,19 +355,26 @@ class GenericSublayers:
         """r · n_post(F(n_pre(x))): the MLP branch without the residual."""
         return self._scale(self._apply("mlp_post", getattr(self.layer, self.template.mlp)(self._apply("mlp_pre", x))))
 
-    def _attn_call(self, ctx, dtype: torch.dtype) -> tuple:
-        return cast_call(ctx.attn_calls[self.index], dtype)
+    def _attn_call(self, ctx, like: torch.Tensor) -> tuple:
+        """HF's captured attention call of this layer in the dtype and on the device of ``like``."""
+        return cast_call(ctx.attn_calls[self.index], like.dtype, like.device)
 
     # -- full sequence ---------------------------------------------------------------------
+
+    #: where the layer's weights are, and (h, ctx, kv) moved there: the hand-written adapters' own
+    device = LayerSublayers.device
+    placed = LayerSublayers.placed
 
     def attn_update(self, h: torch.Tensor, ctx, kv=None) -> torch.Tensor:
         """r · n_post(A(n_pre(h))) (B, T, d), HF's attention module on the whole sequence."""
         return self._scale(
-            self._apply("attn_post", self._attention(self._apply("attn_pre", h), self._attn_call(ctx, h.dtype)))
+            self._apply("attn_post", self._attention(self._apply("attn_pre", h), self._attn_call(ctx, h)))
         )
 
     def layer_forward(self, h: torch.Tensor, ctx, kv=None):
-        """h_L (B, T, d) -> (m_L, h_{L+1}); parallel layers: the virtual m_L = h + A."""
+        """h_L (B, T, d) -> (m_L, h_{L+1}) on this layer's device (:meth:`placed`); parallel layers:
+        the virtual m_L = h + A."""
+        h, ctx, _ = self.placed(h, ctx)
         a = self.attn_update(h, ctx)
         if self.parallel:
             return h + a, self.mlp_branch(h) + a + h
@@ -376,7 +388,7 @@ class GenericSublayers:
         length = h.shape[0]
         if not 0 <= t < length:
             raise ValueError(f"position {t} outside the sequence (length {length})")
-        args, kwargs = self._attn_call(ctx, h.dtype)
+        args, kwargs = self._attn_call(ctx, h)
         recorder = _FrozenKV()
         with torch.no_grad():
             self._attention(self._apply("attn_pre", h[None]), (args, kwargs), **{self.cache_kwarg: recorder})
@@ -403,7 +415,7 @@ class GenericSublayers:
     def attn_update_token_fn(self, h: torch.Tensor, t: int, ctx, kv=None):
         """x (d,) -> r · n_post(A(n_pre(x)))[t] with the other positions' keys/values frozen."""
         frozen, overrides = self._frozen(h, t, ctx)
-        args = self._attn_call(ctx, h.dtype)[0]
+        args = self._attn_call(ctx, h)[0]
 
         def fn(x: torch.Tensor) -> torch.Tensor:
             n = self._apply("attn_pre", x)[None, None]

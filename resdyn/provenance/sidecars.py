@@ -3,9 +3,11 @@
 Every output of every rule gets a sidecar ``<output>.prov.json`` with: rule, wildcards, params
 (the config subset the rule uses), inputs with SHA-256, git commit and dirty flag, versions of
 the scientific stack, the model checkpoint (id, revision, weights hash) and the samples hash
-when the step used them, the device, and start/end times. Figures carry the same JSON in their
-PNG metadata and PDF Subject. The sidecar also records the artifact's own SHA-256 (``artifact``;
-for a folder, a manifest of per-file hashes), so an edit after the fact is visible.
+when the step used them, the device, the numerics of a job that runs a model (fp32 precision,
+TF32 override variables, GPU model, torch/CUDA/cuDNN/cuBLAS versions: :meth:`Step.pin_numerics`),
+and start/end times. Figures carry the same JSON in their PNG metadata and PDF Subject. The
+sidecar also records the artifact's own SHA-256 (``artifact``; for a folder, a manifest of
+per-file hashes), so an edit after the fact is visible.
 
 A step hashes its inputs once, when it starts, and refuses an input whose content differs from
 what the sidecar of the rule that wrote it records: a corrupted Jacobian stops the next job with
@@ -293,6 +295,16 @@ class Step:
         # Hashed once, before any work: the record names what was read, and a corrupt input
         # stops the job here with its file named.
         self.input_hashes = {str(p): check_input(p)["sha256"] for p in snakemake.input}
+
+    def pin_numerics(self, device) -> dict[str, Any]:
+        """Pin fp32 matmuls/convs to IEEE for this job on ``device`` and record the numerics
+        (:func:`resdyn.numerics.precision.pin_ieee`) as the sidecar's ``numerics``; every GPU job
+        calls it first."""
+        from resdyn.numerics import precision
+
+        record = self.extra["numerics"] = precision.pin_ieee(device)
+        logging.getLogger(f"resdyn.rule.{self.sm.rule}").info("fp32 numerics pinned: %s", json.dumps(record))
+        return record
 
     @property
     def params(self) -> dict:

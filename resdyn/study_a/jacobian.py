@@ -58,6 +58,7 @@ from torch import nn
 from resdyn.artifacts import JacobianBlocks, JacobianSums
 from resdyn.io import sha256_array
 from resdyn.lm import decompose, norms, structure, sublayers
+from resdyn.numerics import precision
 from resdyn.numerics.checks import is_int
 from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, POWER_ITERATIONS, TANGENT_BUDGET_BYTES
 
@@ -117,18 +118,15 @@ def resolve_positions(positions: PositionsArg, length: int) -> list[int]:
 
 @contextlib.contextmanager
 def full_fp32_matmul() -> Iterator[None]:
-    """Disable TF32 (and other reduced-precision fp32 matmuls) while Jacobians are computed.
+    """IEEE fp32 matmuls and convs (no TF32) while Jacobians are computed.
 
-    Also silences the DeprecationWarning torch's forward-mode decompositions emit on first use
-    (they call torch.jit.script internally; nothing for us to change)."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=DeprecationWarning)
-            yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
+    With torch's current precision API only (:func:`resdyn.numerics.precision.ieee_fp32`; the
+    legacy calls must not be mixed with it). Also silences the DeprecationWarning torch's
+    forward-mode decompositions emit on first use (they call torch.jit.script internally; nothing
+    for us to change)."""
+    with precision.ieee_fp32(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=DeprecationWarning)
+        yield
 
 
 def forward_jacobian(fn, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -660,9 +658,12 @@ def _fingerprint(
     engine: dict[str, Any],
 ) -> str:
     """What a checkpoint must agree on to be resumed: inputs, options (the engine's too: its
-    method and chunking decide the rounding) and the caller's attrs."""
+    method and chunking decide the rounding), the caller's attrs and the numerics of the device
+    (:func:`resdyn.numerics.precision.resume_key`: GPU model, torch/CUDA/cuDNN/cuBLAS, fp32 precision)."""
+    numerics = precision.resume_numerics(engine.get("device", "cpu"))
     meta = json.dumps(
         {
+            "numerics": numerics,
             "layers": layers,
             "positions": positions,
             "store_dtype": store_dtype,
@@ -676,7 +677,7 @@ def _fingerprint(
     )
     h = hashlib.sha256(meta.encode())
     h.update(sha256_array(samples, sample_ids.astype(str)).encode())
-    return h.hexdigest()
+    return precision.resume_key(h.hexdigest(), numerics)
 
 
 def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_id: Any) -> None:

@@ -1,20 +1,21 @@
-"""Shared by the resume tests: run a job in a subprocess, SIGKILL it once its checkpoint exists.
+"""Shared by the resume tests: run a job in a subprocess, SIGKILL it while it is held at its first checkpoint.
 
 A runner script starts with :data:`RUNNER_HEADER` (formatted with ``tests=``, the tests/ folder, so
 that the runner imports ``from helpers import ...`` as the tests do), which sets ``out`` (the output
-folder) and ``slow`` (whether to slow the job down so that it can be killed between checkpoints,
-with :func:`slow_down`).
+folder) and ``held`` (whether to hold the job at its first checkpoint with
+:func:`helpers.hold.hold_at_first_save`, so that the kill lands after a checkpoint and before the end
+on a CPU of any speed).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from helpers import hold
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,25 +25,13 @@ import numpy as np, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-from helpers import sigkill
-out, slow = sys.argv[1], sys.argv[2] == "slow"
+from helpers import hold, sigkill
+out, held = sys.argv[1], sys.argv[2] == "held"
 """
 
 
-def slow_down(owner, name: str, seconds: float) -> None:
-    """Test-only: every call of ``owner.name`` sleeps ``seconds`` first."""
-    fn = getattr(owner, name)
-
-    @functools.wraps(fn)
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return fn(*args, **kwargs)
-
-    setattr(owner, name, slowed)
-
-
 def start(script: Path, out: Path, mode: str) -> subprocess.Popen:
-    """The runner ``script`` on ``out`` in ``mode`` ("slow" or "fast"), with this repo's resdyn."""
+    """The runner ``script`` on ``out`` in ``mode`` ("held" or "free"), with this repo's resdyn."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen(
         [sys.executable, str(script), str(out), mode],
@@ -53,12 +42,11 @@ def start(script: Path, out: Path, mode: str) -> subprocess.Popen:
     )
 
 
-def kill_once_checkpointed(proc: subprocess.Popen, checkpoint: Path, timeout_s: float) -> None:
-    """Wait for ``checkpoint`` to appear, then SIGKILL ``proc`` and check that it died of it."""
-    deadline = time.monotonic() + timeout_s
-    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert checkpoint.exists(), proc.communicate()[1][-2000:]
+def kill_once_checkpointed(proc: subprocess.Popen, out: Path, checkpoint: Path) -> None:
+    """Wait until the held ``proc`` has saved ``checkpoint`` (its marker in ``out``), SIGKILL it,
+    and check that it died of it."""
+    hold.wait_for(Path(out) / hold.MARKER, proc, "the held run")
+    assert checkpoint.exists(), checkpoint
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

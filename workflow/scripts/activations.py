@@ -7,6 +7,7 @@ from resdyn.study_a import activations
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
+    step.pin_numerics(models.pick_device(p.device))
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device, placement=p.placement)
     ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)

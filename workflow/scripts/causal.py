@@ -8,6 +8,7 @@ from resdyn.study_b import lens, phases, readout
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
+    step.pin_numerics(models.pick_device(p.device))
     model, _ = models.load_model(artifacts.CheckpointRecord.read(snakemake.input.ckpt), p.device, placement=p.placement)
     fitted = lens.Lens.load(snakemake.input.lens, model)
     ids, _, _ = artifacts.Samples.read(snakemake.input.samples)

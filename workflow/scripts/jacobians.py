@@ -8,6 +8,7 @@ from resdyn.study_a import jacobian
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
+    step.pin_numerics(models.pick_device(p.device))
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device)
     ids, sample_ids, sattrs = artifacts.Samples.read(snakemake.input.samples)

@@ -9,6 +9,7 @@ from resdyn.study_b import lens, lens_import
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
+    step.pin_numerics(models.pick_device(p.device))
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, p.device, placement=p.placement)
     meta = dict(

@@ -6,6 +6,7 @@ from resdyn.provenance import sidecars
 from resdyn.study_b import lens
 
 with sidecars.step(snakemake) as step:
+    step.pin_numerics(models.pick_device(snakemake.params.device))
     record = artifacts.CheckpointRecord.read(snakemake.input.ckpt)
     model, _ = models.load_model(record, snakemake.params.device, placement=snakemake.params.placement)
     fitted = lens.Lens.load(snakemake.input.lens, model)

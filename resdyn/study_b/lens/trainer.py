@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from resdyn.artifacts import LensCheckpoint
 from resdyn.lm import structure
+from resdyn.numerics import precision
 from resdyn.study_b.lens.kl import (
     blocks,
     default_chunk_elements,
@@ -468,11 +469,19 @@ def _fingerprint(
     meta: dict[str, Any],
 ) -> str:
     """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
-    ``model_hash``) every model parameter: what a resumed trajectory must share with the first."""
+    ``model_hash``) every model parameter: what a resumed trajectory must share with the first, with
+    the device's numerics (:func:`resdyn.numerics.precision.resume_key`)."""
     options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
+    numerics = precision.resume_numerics(model_device(model))
     h = hashlib.sha256(
         json.dumps(
-            {"options": options, "meta": meta, "format": CHECKPOINT_FORMAT, "info": model_info(model)},
+            {
+                "options": options,
+                "meta": meta,
+                "format": CHECKPOINT_FORMAT,
+                "info": model_info(model),
+                "numerics": numerics,
+            },
             sort_keys=True,
             default=str,
         ).encode()
@@ -487,4 +496,4 @@ def _fingerprint(
         for b in items:
             h.update(str(tuple(b.shape)).encode())
             h.update(b.cpu().numpy().astype(np.int64).tobytes())
-    return h.hexdigest()
+    return precision.resume_key(h.hexdigest(), numerics)
