@@ -666,3 +666,21 @@ def test_new_families_match_float64_autograd(name):
             torch.testing.assert_close(jacs[(layer, kind)][p].double(), oracles[kind][t, :, t, :], atol=1e-5, rtol=0)
         product = (jacs[(layer, "mlp")][p] @ jacs[(layer, "attn")][p]).double()
         torch.testing.assert_close(product, oracles["layer"][t, :, t, :], atol=1e-5, rtol=0)
+
+
+def test_iter_batch_frees_each_samples_jacobians_before_the_next():
+    """One sample's Jacobians at a time: once the consumer drops a sample's, they are gone before
+    the next sample's are computed (the device holds one sample's, not the batch's)."""
+    import weakref
+
+    model = make_model("llama")
+    engine = jacobian.JacobianEngine(model, [0, 1])
+    batch = torch.randint(0, model.config.vocab_size, (3, LENGTH), generator=torch.Generator().manual_seed(2))
+    refs: list = []
+    seen = 0
+    for out in engine.iter_batch(batch, POSITIONS):
+        assert refs and all(r() is None for r in refs) or seen == 0
+        refs = [weakref.ref(t) for t in out.values()]
+        seen += 1
+        del out
+    assert seen == 3

@@ -476,9 +476,17 @@ class JacobianEngine:
     def compute_batch(
         self, input_ids: torch.Tensor, positions: PositionsArg = None
     ) -> list[dict[tuple[int, str], torch.Tensor]]:
-        """:meth:`compute` for a batch (B, T) of samples.
+        """:meth:`compute` for a batch (B, T) of samples: the list of :meth:`iter_batch`."""
+        return list(self.iter_batch(input_ids, positions))
 
-        One batched forward for the boundary states of all B samples, then each sample's Jacobians.
+    def iter_batch(
+        self, input_ids: torch.Tensor, positions: PositionsArg = None
+    ) -> Iterator[dict[tuple[int, str], torch.Tensor]]:
+        """:meth:`compute` for a batch (B, T) of samples, one sample's Jacobians at a time.
+
+        One batched forward for the boundary states of all B samples, then each sample's Jacobians,
+        yielded before the next sample's are computed: a consumer that drops them (moves them to
+        the host) keeps one sample's Jacobians on the device, not B.
 
         Cost: the context forward 2·T·P_layer·(max(layers)+1) per sample runs as (B·T)-row GEMMs
         instead of T-row ones (on a GPU T = 128 rows leave most of it idle; B·T = 2048 do not);
@@ -492,7 +500,6 @@ class JacobianEngine:
         with torch.no_grad():
             ctx = decompose.prepare(self.model, input_ids.long())
             states = decompose.forward_boundaries(self.adapters, ctx, upto=max(self.layers)).float()
-        results = []
         for b in range(input_ids.shape[0]):
             one = ctx if input_ids.shape[0] == 1 else _sample_context(ctx, b)
             out: dict[tuple[int, str], torch.Tensor] = {}
@@ -501,8 +508,8 @@ class JacobianEngine:
                     out.update(self._layer(layer, states[b], one, pos))
             if self.generic and self.self_check_errors is None:
                 self._self_check(states[b], one, pos[-1], out)
-            results.append(out)
-        return results
+            yield out
+            del out
 
     def _self_check(self, states: torch.Tensor, ctx: sublayers.SequenceContext, t: int, jacs: dict) -> None:
         """Generic path: check every layer's Jacobians at position t against reverse mode.
@@ -756,7 +763,7 @@ def write_layer_block(
             # batches end at checkpoint multiples, so checkpoints fall where the unbatched run's do
             stop = min(n_samples, start + batch, (start // checkpoint_every + 1) * checkpoint_every)
             batch_ids = torch.as_tensor(samples[start:stop], dtype=torch.long, device=device)
-            jacobians = engine.compute_batch(batch_ids, pos)
+            jacobians = engine.iter_batch(batch_ids, pos)
             _accumulate_batch(acc, zip(range(start, stop), jacobians), ids, attrs, store_first_n, bar)
             start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
@@ -838,6 +845,7 @@ def _accumulate_batch(
                 acc.per[(layer, kind, s)][i] = values
             if i < store_first_n:
                 acc.first[(layer, kind)][i] = jac.cpu().numpy()
+        del jacs  # the device copy goes before the next sample's Jacobians are computed
         acc.next_index = i + 1
         acc.close_group()
         bar.update(1)
