@@ -9,8 +9,10 @@ seconds are both printed: on a shared machine the CPU time is the steadier compa
 
 Methods:
   resdyn      resdyn.study_b.lens.train_lens: one frozen forward per step, all layers' translators as one
-              stacked (n, d, d) weight, batched readout + fused KL (gradient-only on steps
-              whose loss is not logged), global clipping as tuned-lens.
+              stacked (n, d, d) weight, the KL to the linear head as one fused flash-attention
+              call (kl_kernel "flash"), global clipping as tuned-lens.
+  resdyn-matmul  the same with kl_kernel "matmul": chunked logits, softmax and two matmuls
+              (gradient-only on steps whose loss is not logged): the before/after pair.
   tuned-lens  the ``tuned-lens`` package's TunedLens module driven by the loop of its own trainer
               (tuned_lens/scripts/train_loop.py: one backward per layer, global clip) — its CLI
               trainer does not run on transformers 5. fp32 without autocast (its trainer wraps
@@ -195,6 +197,11 @@ def run_tuned_lens_bf16(model: nn.Module, batches: list[torch.Tensor], steps: in
     return run_tuned_lens(model, batches, steps, autocast=True)
 
 
+def run_resdyn_matmul(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """resdyn with the chunked matmul + softmax KL (``kl_kernel="matmul"``), the fused kernel's reference."""
+    return run_resdyn(model, batches, steps, kl_kernel="matmul")
+
+
 def run_resdyn_bf16(model: nn.Module, batches: list[torch.Tensor], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     return run_resdyn(model, batches, steps, readout_dtype="bfloat16")
 
@@ -223,6 +230,7 @@ def run_resdyn(model: nn.Module, batches: list[torch.Tensor], steps: int, **extr
 # name -> trainer; "tuned-lens*" rows need the package (see the module docstring).
 METHODS = {
     "resdyn": run_resdyn,
+    "resdyn-matmul": run_resdyn_matmul,
     "resdyn-bf16": run_resdyn_bf16,
     "tuned-lens": run_tuned_lens,
     "tuned-lens-bf16": run_tuned_lens_bf16,

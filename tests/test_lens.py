@@ -417,6 +417,7 @@ def test_options_default_to_the_schema(llama, train_data, heldout_data, monkeypa
         ({"steps": 0}, "steps=0"),
         ({"tokens_per_step": 0}, "tokens_per_step=0"),
         ({"readout_dtype": "float16"}, r"readout_dtype='float16'; allowed: \('float32', 'bfloat16'\)"),
+        ({"kl_kernel": "fast"}, r"kl_kernel='fast'; allowed: \('flash', 'matmul'\)"),
         ({"learning_rate": 1.0}, r"unknown lens option\(s\) \['learning_rate'\]"),
     ],
 )
@@ -481,6 +482,62 @@ def test_linear_head_kl_value_and_gradient():
             (got,) = torch.autograd.grad(L.linear_head_kl(y, w, m, target.neg_entropy, value), y, upstream)
             (ref,) = torch.autograd.grad(reference(y), y, upstream)
             torch.testing.assert_close(got, ref)
+
+
+def test_flash_head_kl_value_and_gradient():
+    """Oracle: autograd of KL(p ‖ softmax(W y)) with the full target p, float64 and float32."""
+    g = torch.Generator().manual_seed(3)
+    for dtype, tol in ((torch.float64, {}), (torch.float32, dict(atol=1e-5, rtol=1e-4))):
+        y = (torch.randn(3, 5, 7, generator=g, dtype=torch.float64) * 2).to(dtype).requires_grad_(True)
+        w = torch.randn(11, 7, generator=g, dtype=torch.float64).to(dtype)
+        target = L.Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64).to(dtype) * 2)
+        m = target.p @ w
+
+        def reference(y, w=w, target=target):
+            logq = torch.log_softmax(y @ w.T, -1)
+            return F.kl_div(logq, torch.log(target.p).expand(3, 5, 11), log_target=True, reduction="none").sum(-1)
+
+        got = L.flash_head_kl(y, w, m, target.neg_entropy)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, reference(y), **tol)
+        for upstream in (torch.ones(3, 5, dtype=dtype), torch.randn(3, 5, generator=g, dtype=torch.float64).to(dtype)):
+            (grad,) = torch.autograd.grad(L.flash_head_kl(y, w, m, target.neg_entropy), y, upstream)
+            (ref,) = torch.autograd.grad(reference(y), y, upstream)
+            torch.testing.assert_close(grad, ref, **tol)
+    # A planted wrong teacher (m of another p) gives another KL and gradient: the check can fail.
+    other = L.Target.from_logits(torch.randn(5, 11, generator=g, dtype=torch.float64) * 2)
+    y64, w64 = y.detach().double(), w.double()
+    wrong = L.flash_head_kl(y64, w64, other.p @ w64, target.neg_entropy.double())
+    assert not torch.allclose(wrong, L.flash_head_kl(y64, w64, target.p.double() @ w64, target.neg_entropy.double()))
+
+
+def test_flash_kernel_trains_the_lens_of_the_matmul_path(llama, train_data, heldout_data, monkeypatch):
+    """The fused kernel (default) and the chunked matmul path, same seed and data: translators
+    within float32 rounding, final held-out KL within 1e-3 nats/token; the kernel really ran."""
+    kw = dict(steps=40, eval_every=10, tokens_per_step=256, optimizer="adam", lr=3e-3, progress=False)
+    ref = train_pinned(llama, train_data, heldout_batches=heldout_data, kl_kernel="matmul", **kw)
+    calls = []
+    real = LT.flash_head_kl
+    monkeypatch.setattr(LT, "flash_head_kl", lambda *a: calls.append(1) or real(*a))
+    fast = train_pinned(llama, train_data, heldout_batches=heldout_data, **kw)
+    assert len(calls) == 40 and fast.options["kl_kernel"] == "flash"
+    first, k_ref = heldout_curve(ref).iloc[0].to_numpy(), heldout_curve(ref).iloc[-1].to_numpy()
+    assert (k_ref < 0.8 * first).all()  # it learns, so equal KLs are not both the untrained one
+    np.testing.assert_allclose(heldout_curve(fast).iloc[-1].to_numpy(), k_ref, atol=1e-3, rtol=0)
+    torch.testing.assert_close(fast.weight, ref.weight, atol=1e-5, rtol=1e-3)
+    torch.testing.assert_close(fast.bias, ref.bias, atol=1e-5, rtol=1e-3)
+
+
+def test_flash_kernel_falls_back_with_one_line(llama, train_data, caplog):
+    """Where the fused kernel cannot run (a bfloat16 readout) the matmul path trains, and says why."""
+    with caplog.at_level("INFO", logger=LT.__name__):
+        lens = train_pinned(llama, train_data[:2], steps=2, readout_dtype="bfloat16", progress=False)
+    lines = [r.getMessage() for r in caplog.records if "kl_kernel flash not used" in r.getMessage()]
+    assert len(lines) == 1 and "bfloat16" in lines[0], lines
+    assert torch.isfinite(lens.weight).all()
+    ok, why = L.flash_kl_usable(torch.float32, None)
+    assert not ok and "linear head" in why
+    assert L.flash_kl_usable(torch.float32, torch.zeros(3, 2)) == (True, "")
 
 
 def test_linear_head_path_equals_the_full_readout_path(llama, train_data, heldout_data, monkeypatch):

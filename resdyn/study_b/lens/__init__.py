@@ -59,6 +59,8 @@ from resdyn.study_b.lens.kl import (  # noqa: F401
     blocks,
     default_chunk_elements,
     final_target,
+    flash_head_kl,
+    flash_kl_usable,
     fused_kl,
     kl_from_logq,
     kl_to_target,
@@ -73,6 +75,7 @@ from resdyn.study_b.lens.metrics import (  # noqa: F401
 from resdyn.study_b.lens.options import (  # noqa: F401
     CLIP_SCOPES,
     DEFAULT_LR,
+    KL_KERNELS,
     LR_SCHEDULES,
     OPTIMIZERS,
     READOUT_DTYPES,

@@ -127,6 +127,56 @@ def linear_head_kl(
     return _LinearHeadKL.apply(y, w, m, neg_entropy, value)
 
 
+class _FlashHeadKL(torch.autograd.Function):
+    """Per-token KL(p ‖ softmax(W y)) for a linear head W (V, d), by one fused attention kernel.
+
+    The same quantity as :class:`_LinearHeadKL`: ``KL = logsumexp(z) − yᵀ m + Σ p log p`` and
+    ``∂KL/∂y = Wᵀ softmax(z) − m`` with ``z = W y``, ``m = Wᵀ p``. Both vocabulary-sized terms
+    are what attention computes with queries y, keys W, values W and scale 1: the output
+    ``softmax(y Wᵀ) W`` and the logsumexp of the scores. PyTorch's CPU flash-attention kernel
+    computes them in tiles (online softmax, float32 accumulation), so the (tokens × V) logits
+    never reach memory; measured 2.3× faster per chunk than matmul + softmax + matmul at
+    d = 64, V = 2048 on one core (docs/speed.md). The gradient is computed in the forward (the
+    loss is summed per token) and the backward only scales it.
+    Shapes: y (..., N, d), w (V, d) of y's dtype, m (N, d), neg_entropy (N,) → (..., N) in y's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor) -> torch.Tensor:
+        d = y.shape[-1]
+        kv = w[None, None]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            y.reshape(1, 1, -1, d).contiguous(), kv, kv, 0.0, False, scale=1.0
+        )[:2]
+        m = m.to(y.dtype).expand(y.shape)
+        ctx.save_for_backward(out.reshape(y.shape).sub_(m))
+        return lse.reshape(y.shape[:-1]) - torch.linalg.vecdot(y, m) + neg_entropy.to(y.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (g,) = ctx.saved_tensors
+        return g * grad.unsqueeze(-1), None, None, None
+
+
+def flash_head_kl(y: torch.Tensor, w: torch.Tensor, m: torch.Tensor, neg_entropy: torch.Tensor) -> torch.Tensor:
+    """Differentiable (in y) per-token KL(p ‖ softmax(W y)) on a CPU; see :class:`_FlashHeadKL`.
+
+    Needs y and w on the CPU in one floating dtype; :func:`flash_kl_usable` says when.
+    """
+    return _FlashHeadKL.apply(y, w, m, neg_entropy)
+
+
+def flash_kl_usable(y_dtype: torch.dtype, w: torch.Tensor | None) -> tuple[bool, str]:
+    """(whether :func:`flash_head_kl` can run, why not): a linear head on the CPU in y's dtype."""
+    if w is None:
+        return False, "the readout is not a plain linear head (bias or softcap)"
+    if w.device.type != "cpu":
+        return False, f"the fused kernel is the CPU one (model on {w.device.type})"
+    if w.dtype != y_dtype:
+        return False, f"readout dtype {w.dtype} differs from the states' {y_dtype}"
+    return True, ""
+
+
 def kl_to_target(z: torch.Tensor, target: Target) -> torch.Tensor:
     """Per-token ``Σ p log p − Σ p log softmax(z)`` (no-grad evaluation form), shape z.shape[:-1].
 

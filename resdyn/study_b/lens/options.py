@@ -20,6 +20,7 @@ OPTIMIZERS = ("sgd_nesterov", "adam")
 LR_SCHEDULES = ("constant", "linear")
 CLIP_SCOPES = ("layer", "global")
 READOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KL_KERNELS = ("flash", "matmul")
 # Effective learning rates used when ``lr`` is None; the tuned-lens defaults
 # (SGD: 1.0 after undoing PyTorch's 1/(1−β) momentum gain; Adam: 1e-3).
 DEFAULT_LR = {"sgd_nesterov": 1.0, "adam": 1e-3}
@@ -62,6 +63,11 @@ class LensOptions:
       ("float32", or "bfloat16" as tuned-lens's trainer autocasts; see :func:`resdyn.study_b.lens.kl.linear_head_kl`).
       Held-out evaluation, the convergence criterion and :func:`lens_metrics` always run in
       float32 through the model's own readout.
+    - kl_kernel: how the training loss meets the vocabulary. "flash" (default): one fused
+      attention kernel per step (:func:`resdyn.study_b.lens.kl.flash_head_kl`; the logits never
+      reach memory), where it applies (a linear head on the CPU in the states' dtype; elsewhere
+      "matmul" runs and the log says why in one line). "matmul": chunked logits, softmax and two
+      matmuls (:func:`resdyn.study_b.lens.kl.linear_head_kl`), the reference path.
     - progress: tqdm bar (stderr, i.e. the rule's log).
     """
 
@@ -81,6 +87,7 @@ class LensOptions:
     seed: int = 0
     chunk_elements: int | None = None
     readout_dtype: str = SCHEMA_DEFAULTS["readout_dtype"]
+    kl_kernel: str = "flash"
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -91,6 +98,7 @@ class LensOptions:
             self.readout_dtype in READOUT_DTYPES,
             f"readout_dtype={self.readout_dtype!r}; allowed: {tuple(READOUT_DTYPES)}",
         )
+        _check(self.kl_kernel in KL_KERNELS, f"kl_kernel={self.kl_kernel!r}; allowed: {KL_KERNELS}")
         _check(is_int(self.steps) and self.steps >= 1, f"steps={self.steps!r}; must be an integer ≥ 1")
         _check(
             self.tokens_per_step is None or (is_int(self.tokens_per_step) and self.tokens_per_step >= 1),

@@ -25,6 +25,8 @@ from resdyn.study_b.lens.kl import (
     blocks,
     default_chunk_elements,
     final_target,
+    flash_head_kl,
+    flash_kl_usable,
     fused_kl,
     layer_kl,
     linear_head_kl,
@@ -33,6 +35,7 @@ from resdyn.study_b.lens.kl import (
 from resdyn.study_b.lens.options import READOUT_DTYPES, SCHEMA_DEFAULTS, LensOptions, is_int
 from resdyn.study_b.lens.readout import (
     apply_translator,
+    dtype_of,
     frozen,
     lens_readout,
     linear_readout_weight,
@@ -58,6 +61,7 @@ def _train_step_kl(
     value: bool = True,
     teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
     head_w: torch.Tensor | None = None,
+    flash: bool = False,
 ) -> torch.Tensor:
     """Accumulate ∇ of Σ_L mean_tokens KL_L into weight/bias grads; return per-layer KL (n,).
 
@@ -65,6 +69,9 @@ def _train_step_kl(
     ``teacher``, ``head_w``: the tokens' (Wᵀ p, Σ p log p) and the linear head W; with them
     the loss runs through :func:`resdyn.study_b.lens.kl.linear_head_kl`, otherwise through the model's whole readout
     and :func:`resdyn.study_b.lens.kl.fused_kl` with the target recomputed per chunk (softcapped or biased heads).
+    ``flash`` (with ``teacher`` and ``head_w``): all layers and tokens in one
+    :func:`resdyn.study_b.lens.kl.flash_head_kl` call instead (its KL is always computed: it costs no
+    vocabulary-sized pass).
 
     The sum over layers has independent per-layer terms, so each parameter block receives
     exactly the gradient of its own layer's mean KL. Backward runs per chunk (bounded memory).
@@ -73,7 +80,14 @@ def _train_step_kl(
     vocab = model.get_output_embeddings().weight.shape[0]
     kl_sum = torch.zeros(n, dtype=torch.float64, device=weight.device)
     norm = structure.final_norm(model)
-    for ts, groups in blocks(n, n_tok, vocab, budget):
+    if flash and teacher is not None and head_w is not None:
+        kl = flash_head_kl(norm(apply_translator(states[:n], weight, bias)), head_w, teacher[0], teacher[1])
+        kl.sum().backward()
+        kl_sum += kl.detach().sum(-1).double()
+        blocks_left = []
+    else:
+        blocks_left = blocks(n, n_tok, vocab, budget)
+    for ts, groups in blocks_left:
         tgt = final_target(model, states[-1, ts]) if teacher is None or head_w is None else None
         for ls in groups:
             if tgt is None:
@@ -185,18 +199,8 @@ def train_lens(
 
     if opt.chunk_elements is None:  # record the resolved value: chunking changes float rounding
         opt = dataclasses.replace(opt, chunk_elements=default_chunk_elements(device))
-    if not is_int(checkpoint_every) or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
-    saver = None
-    if checkpoint is not None:
-        key = _fingerprint(
-            model,
-            batches,
-            heldout,
-            opt,
-            {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash},
-        )
-        saver = _Checkpointer(Path(checkpoint), key, int(checkpoint_every))
+    meta = {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash}
+    saver = _make_saver(model, batches, heldout, opt, meta, checkpoint, checkpoint_every)
     with frozen(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opt.seed)
         weight = nn.Parameter(torch.zeros(n, d, d, device=device))
@@ -210,7 +214,8 @@ def train_lens(
         head_w = linear_readout_weight(model, READOUT_DTYPES[opt.readout_dtype])
         teacher = None if head_w is None else (lambda final: teacher_stats(model, head_w, final, opt.chunk_elements))
         stream = TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
-        result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w)
+        flash = _use_flash(opt, dtype_of(model), head_w)
+        result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w, flash)
         _require_finite(
             torch.cat([weight.detach(), bias.detach()[:, :, None]], dim=2), where, "translator", result["steps"]
         )
@@ -224,14 +229,38 @@ def train_lens(
         options=opt.to_dict(),
         curves=result["curves"],
         convergence=result["convergence"],
-        meta={
-            "model_id": model_id,
-            "model_revision": model_revision,
-            "model_hash": model_hash,
-            "steps_trained": result["steps"],
-            "stop_reason": result["stop_reason"],
-        },
+        meta={**meta, "steps_trained": result["steps"], "stop_reason": result["stop_reason"]},
     )
+
+
+def _make_saver(
+    model: nn.Module,
+    batches: list[torch.Tensor],
+    heldout: list[torch.Tensor] | None,
+    opt: LensOptions,
+    meta: dict[str, Any],
+    checkpoint: str | Path | None,
+    checkpoint_every: int,
+) -> _Checkpointer | None:
+    """The resumable-state saver of a run (None without a ``checkpoint`` file), keyed by
+    :func:`_fingerprint`; a ValueError when ``checkpoint_every`` is not an integer ≥ 1."""
+    if not is_int(checkpoint_every) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
+    if checkpoint is None:
+        return None
+    return _Checkpointer(Path(checkpoint), _fingerprint(model, batches, heldout, opt, meta), int(checkpoint_every))
+
+
+def _use_flash(opt: LensOptions, states_dtype: torch.dtype, head_w: torch.Tensor | None) -> bool:
+    """Whether the training loss runs the fused kernel (``kl_kernel: flash`` where it applies,
+    :func:`resdyn.study_b.lens.kl.flash_kl_usable`); logs in one line why when it is asked for
+    but cannot run."""
+    if opt.kl_kernel != "flash":
+        return False
+    ok, why = flash_kl_usable(states_dtype, head_w)
+    if not ok:
+        log.info("lens kl_kernel flash not used (%s): the chunked matmul path runs", why)
+    return ok
 
 
 def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
@@ -347,6 +376,7 @@ def _optimizer_step(
     stream: TokenStream,
     opt: LensOptions,
     head_w: torch.Tensor | None,
+    flash: bool = False,
 ) -> None:
     """One step: the next tokens, the scheduled lr, the KL gradient, clipping, the update."""
     step = loop.step
@@ -357,7 +387,9 @@ def _optimizer_step(
     # The train curve is the KL of the batch of the step just before each eval; other
     # steps compute the gradient only.
     logged = (step + 1) % opt.eval_every == 0 or step + 1 == opt.steps
-    kl = _train_step_kl(model, weight, bias, states, opt.chunk_elements, value=logged, teacher=teacher, head_w=head_w)
+    kl = _train_step_kl(
+        model, weight, bias, states, opt.chunk_elements, value=logged, teacher=teacher, head_w=head_w, flash=flash
+    )
     if logged:
         loop.train_kl = kl.cpu().numpy()
     if opt.clip_grad_norm is not None:
@@ -406,6 +438,7 @@ def _fit(
     opt: LensOptions,
     saver: _Checkpointer | None = None,
     head_w: torch.Tensor | None = None,
+    flash: bool = False,
 ) -> dict[str, Any]:
     """The training loop; returns curves, per-layer convergence, steps run and why it stopped."""
     loop = _Loop(n=weight.shape[0])
@@ -418,7 +451,7 @@ def _fit(
         _evaluate(loop, 0, model, weight, bias, heldout_states, opt)
     bar = tqdm(total=opt.steps, initial=loop.step, desc="lens", disable=not opt.progress, leave=False)
     while loop.step < opt.steps:
-        _optimizer_step(loop, model, weight, bias, optimizer, base_lrs, stream, opt, head_w)
+        _optimizer_step(loop, model, weight, bias, optimizer, base_lrs, stream, opt, head_w, flash)
         step = loop.step
         bar.update(1)
         if step % opt.eval_every == 0 or step == opt.steps:
