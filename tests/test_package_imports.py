@@ -306,8 +306,6 @@ NOT_YET_SPLIT = {
     "resdyn/plots/study_a_spectra.py: eigenvalue_grid",
     "resdyn/study_a/jacobian.py: write_layer_block",
     "resdyn/study_b/lens/trainer.py: train_lens",
-    "resdyn/study_b/phases.py: Cutpoints.from_json",
-    "resdyn/study_b/phases.py: cutpoints",
 }
 
 

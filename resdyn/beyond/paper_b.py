@@ -312,8 +312,12 @@ def _regime(claim, t: ModelTables) -> list[dict]:
     center = (
         regime["k_fraction"][regime["k"].index(regime["k_center"])] if regime["k_center"] in regime["k"] else math.nan
     )
-    note = regime.get("selection", "")
-    first = f"{names[0]} (regime: k = {ks} % of d{'; ' + note if note else ''})"
+    note = (
+        "every k on the frontier: chosen by the nearest-(1, 1) rule alone"
+        if regime.get("frontier_selects") is False
+        else "nearest-(1, 1) rule on the frontier"
+    )
+    first = f"{names[0]} (regime: k = {ks} % of d; {note})"
     shift = f"{names[1]} (b1 {regime['b1_shift']}, b2 {regime['b2_shift']})"
     return [
         row(
