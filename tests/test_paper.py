@@ -286,3 +286,17 @@ def test_verdict_rules():
     assert vd.emerges([0, 0, 0]).startswith(vd.FAILS) and vd.emerges([0]).startswith("not testable")
     assert vd.class_sign([0.1, -0.2, 0.1, -0.1, 0.05], +1)[0].startswith(vd.FAILS)
     assert vd.class_sign([0.1, 0.2], +1)[0].startswith("not testable")
+
+
+def test_interval_from_few_samples_is_reported_but_does_not_decide():
+    m = planted(True)
+    boot = m.bootstrap[FINAL].copy()
+    boot["n_bootstrap_samples"] = 4
+    boot.loc[boot.metric == "complex_fraction_early_minus_late", ["ci_low", "ci_high"]] = (-0.2, 0.1)
+    m.bootstrap = {FINAL: boot}
+    r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "rotational_early_symmetric_late").iloc[1]
+    assert (r.ci_low, r.ci_high) == (-0.2, 0.1) and r.verdict.startswith(vd.HOLDS) and "interval" not in r.verdict
+    boot["n_bootstrap_samples"] = 20
+    m.bootstrap = {FINAL: boot}
+    r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "rotational_early_symmetric_late").iloc[1]
+    assert r.verdict.startswith(vd.FAILS) and "reaches 0" in r.verdict

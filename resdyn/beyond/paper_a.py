@@ -22,7 +22,7 @@ import pandas as pd
 from resdyn.beyond import bootstrap as bs
 from resdyn.beyond import scorecard as sc
 from resdyn.beyond import verdicts as vd
-from resdyn.beyond.paper_rows import ModelTables, boot_ci, final, from_scorecard, row
+from resdyn.beyond.paper_rows import ModelTables, boot_ci, deciding, final, from_scorecard, row
 
 __all__ = ["COMPARISONS_A", "STUDY_WIDTH", "STUDY_DEPTH", "NO_LAYER_COUNTS", "SINGLE_LAYER_S"]
 
@@ -98,7 +98,18 @@ def _rotational(claim, t: ModelTables) -> list[dict]:
     value, _ = sc.complex_gradient(rows, col)
     ci, note = boot_ci(t.bootstrap.get(ck), "complex_fraction_early_minus_late")
     src = _src(t) + (f" (interval: {note})" if ci else "")
-    out.append(row(claim, t.model, ck, m, value, ci, source=src, verdict=vd.compare(value, ">", 0.0, ci)))
+    out.append(
+        row(
+            claim,
+            t.model,
+            ck,
+            m,
+            value,
+            ci,
+            source=src,
+            verdict=vd.compare(value, ">", 0.0, deciding(ci, t.bootstrap.get(ck), "complex_fraction_early_minus_late")),
+        )
+    )
     return out
 
 
@@ -185,7 +196,9 @@ def _erank(claim, t: ModelTables, last: bool) -> list[dict]:
                 value,
                 ci,
                 source=src + (f" (interval: {note})" if ci else ""),
-                verdict=_erank_verdict(claim, t, value, target, ci),
+                verdict=_erank_verdict(
+                    claim, t, value, target, deciding(ci, t.bootstrap.get(ck), "cum_erank_full_depth")
+                ),
             )
         ]
     out = []

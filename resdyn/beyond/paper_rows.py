@@ -15,8 +15,9 @@ import pandas as pd
 
 from resdyn import artifacts
 from resdyn.beyond import verdicts as vd
+from resdyn.beyond.scorecard import MIN_BOOTSTRAP_SAMPLES
 
-__all__ = ["ModelTables", "row", "from_scorecard", "boot_ci", "final", "lens_ckpt", "PAPER_COLUMNS"]
+__all__ = ["ModelTables", "row", "from_scorecard", "boot_ci", "deciding", "final", "lens_ckpt", "PAPER_COLUMNS"]
 
 PAPER_COLUMNS = list(artifacts.PaperComparison.columns)
 
@@ -118,6 +119,15 @@ def boot_ci(boot: pd.DataFrame | None, metric: str) -> tuple[tuple[float, float]
         else f"bootstrap.tsv {metric}"
     )
     return (float(r["ci_low"]), float(r["ci_high"])), note
+
+
+def deciding(ci: tuple[float, float] | None, boot: pd.DataFrame | None, metric: str) -> tuple[float, float] | None:
+    """The interval a verdict may use: None when it rests on fewer than
+    :data:`resdyn.beyond.scorecard.MIN_BOOTSTRAP_SAMPLES` samples (it is still reported)."""
+    if ci is None or boot is None or "n_bootstrap_samples" not in boot.columns:
+        return ci
+    n = boot.loc[boot["metric"] == metric, "n_bootstrap_samples"]
+    return ci if n.empty or int(n.iloc[0]) >= MIN_BOOTSTRAP_SAMPLES else None
 
 
 def final(t: ModelTables) -> str:

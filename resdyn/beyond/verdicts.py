@@ -137,7 +137,8 @@ def phase_extreme(means: Mapping[int, float], phase: int, lowest: bool) -> str:
     """
     finite = {p: v for p, v in means.items() if math.isfinite(float(v))}
     if phase not in finite or len(finite) < 2:
-        return untestable(f"phase means {dict(means)} lack phase {phase} or another phase")
+        listed = ", ".join(f"phase {p} {fmt(v)}" for p, v in sorted(means.items()))
+        return untestable(f"phase {phase} or every other phase has no value ({listed})")
     best = min(finite, key=finite.get) if lowest else max(finite, key=finite.get)
     ok = best == phase and list(finite.values()).count(finite[phase]) == 1
     word = "lowest" if lowest else "highest"
