@@ -64,7 +64,13 @@ def test_defaults_are_filled():
 
 #: What config.yaml sets beyond the schema's defaults: only what the embedded zoo needs (each
 #: line is marked "zoo" there); everything else a user leaves out gets the documented value.
-ZOO_OVERRIDES = {("threads",), ("lens", "lr"), ("lens", "tokens_per_step"), ("scaling", "groups")}
+ZOO_OVERRIDES = {
+    ("threads",),
+    ("lens", "checkpoints"),
+    ("lens", "lr"),
+    ("lens", "tokens_per_step"),
+    ("scaling", "groups"),
+}
 
 
 def test_schema_defaults_are_the_documented_defaults():
