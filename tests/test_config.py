@@ -66,6 +66,7 @@ def test_defaults_are_filled():
 #: line is marked "zoo" there); everything else a user leaves out gets the documented value.
 ZOO_OVERRIDES = {
     ("threads",),
+    ("lens", "checkpoints"),
     ("lens", "lr"),
     ("lens", "tokens_per_step"),
     ("scaling", "groups"),

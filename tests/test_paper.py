@@ -1,4 +1,9 @@
-"""resdyn.beyond.paper: the stated figures next to a run's numbers, computed on hand-made tables."""
+"""resdyn.beyond.paper: the studies' statements next to a run's numbers, with verdicts, on planted tables.
+
+Two planted runs: in ``planted(True)`` every testable statement holds, in ``planted(False)``
+every one does not; the statements that no run of this size can test (setup figures,
+magnitudes of other models, no permutation null) are not testable in both.
+"""
 
 from __future__ import annotations
 
@@ -10,157 +15,241 @@ import pytest
 
 from resdyn import artifacts as A
 from resdyn.beyond import paper
+from resdyn.beyond import verdicts as vd
 from resdyn.beyond.paper import ModelTables
 
 CLAIMS = A.ClaimsTable.load()
+FINAL = "step1000"
+#: rows not testable in any planted run (the value is reported, the verdict says why)
+UNTESTABLE_HERE = {
+    "n_samples",
+    "resolution_range",
+    "communities_partly_architectural",
+    "erank_single_layer",
+    "erank_full_depth",
+    "significant_layers_mid",
+    "significant_layers_final",
+}
 
 
 def rows_of(table: pd.DataFrame, claim: str) -> pd.DataFrame:
     return table[table["claim"] == claim].reset_index(drop=True)
 
 
-def coupling_counts() -> pd.DataFrame:
-    # the CONTRACT of per-layer counts: int n_significant_layers, n_layers per checkpoint
+def checkpoints(ok: bool, d: int = 8) -> pd.DataFrame:
+    # 6 sublayers: early third s 0-1, late third s 4-5, early and middle s 0-3
+    final = {
+        "symmetry_minus_identity": [1.2, 1.0, 0.8, 0.6, 0.3, 0.2],
+        "henrici_JmI": [0.9, 0.8, 0.6, 0.4, 0.2, 0.1],
+        "complex_frac_J_tol1e-06": [0.99, 0.97, 0.5, 0.3, 0.1, 0.1],
+        "cum_erank": [7.0, 6.0, 4.0, 3.0, 2.0, 1.0],
+    }
+    step0 = {"symmetry_minus_identity": [0.1] * 6, "complex_frac_J_tol1e-06": [0.1] * 6, "cum_erank": [8.0] * 5 + [6.0]}
+    if not ok:
+        final = {k: v[::-1] for k, v in final.items() if k != "cum_erank"} | {"cum_erank": [7.0] * 5 + [1.8]}
+        step0 = {
+            "symmetry_minus_identity": [2.0] * 6,
+            "complex_frac_J_tol1e-06": [0.9] * 6,
+            "cum_erank": [8.0] * 5 + [2.0],
+        }
+    parts = []
+    for ck, cols in (("step0", step0), ("step500", step0), (FINAL, final)):
+        part = pd.DataFrame({"ckpt": ck, "s": range(6), "d": d, "henrici_JmI": final["henrici_JmI"], **cols})
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def coupling(ok: bool) -> pd.DataFrame:
+    # near-symmetric sublayers: s 4-5 when ok (Henrici falls with depth), s 0-1 otherwise
+    sym, nonnormal = ((4, 5), (0, 1)) if ok else ((0, 1), (4, 5))
+    effect = {s: (0.5 if ok else -0.5) for s in sym} | {s: (-0.5 if ok else 0.5) for s in nonnormal}
+    rows = [{"s": s, "effect_log_median_ratio": e + 0.01 * i * np.sign(e)} for s, e in effect.items() for i in range(4)]
+    rows += [{"s": 2, "effect_log_median_ratio": np.nan}, {"s": 3, "effect_log_median_ratio": 0.3}]
+    return pd.DataFrame(rows)
+
+
+def schur(ok: bool) -> pd.DataFrame:
+    a1, a0 = [10.0, 5.0, 1.0], ([10.0, 9.0, 8.0] if ok else [10.0, 2.0, 1.5])
+    return pd.DataFrame({"alpha": [1.0] * 3 + [0.0] * 3, "s": [0, 1, 2] * 2, "erank": a1 + a0})
+
+
+def phases(ok: bool) -> dict:
+    smoothed = [0.2, 0.5, 0.8, 0.85, 0.86, 0.85, 0.5, 0.2] if ok else [0.8, 0.8, 0.8, 0.2, 0.9, 0.1, 0.1, 0.9]
+    k = [0.05, 0.1, 0.15] if ok else [0.25, 0.3, 0.5]
+    regime = {"k": [1, 2, 3], "k_fraction": k, "k_center": 2, "b1_shift": 1, "b2_shift": 0, "max_shift": 1}
+    return {
+        "n": 8,
+        "b1": 2,
+        "b2": 5,
+        "peak": 4,
+        "b1_found": True,
+        "b2_found": True,
+        "smoothed": smoothed,
+        "profile": smoothed,
+        "regime": regime,
+    }
+
+
+def geometry(ok: bool) -> pd.DataFrame:
+    # layers 0-2 phase 1, 3-5 phase 2, 6-8 phase 3 (b1 = 2, b2 = 5), then the output row
+    if ok:
+        hidden, upd_erank = [3, 5, 9, 8.8, 8.9, 8.7, 5, 4, 3], [2, 3, 4, 9, 6, 5, 3, 2, 1]
+        norm = [1, 1, 1, 2, 2, 2, 3, 10, 20]
+    else:
+        hidden, upd_erank = [3, 3.1, 3.2, 1, 9, 2, 4, 10, 3], [9, 3, 4, 2, 1, 1, 3, 2, 1]
+        norm = [1, 1, 1, 2, 2, 2, 3, 10, 40]
     return pd.DataFrame(
         {
-            "ckpt": ["step0", "step500", "step1000"],
-            "n_significant": [0, 5, 9],
-            "n_boundaries": 16,
-            "n_significant_layers": [0, 3, 6],
-            "n_layers": 8,
-            "sign_dependence_rho": -0.5,
-            "sign_dependence_p": 0.01,
-            "model": "m",
+            "layer": range(10),
+            "state": ["h_L"] * 9 + ["output"],
+            "hidden_erank": [*hidden, 1.0],
+            "update_erank": [*upd_erank, np.nan],
+            "update_norm": [*norm, np.nan],
         }
     )
 
 
-def bottleneck(erank: list[float]) -> pd.DataFrame:
-    return pd.DataFrame({"s": range(len(erank)), "erank": erank})
-
-
-def bootstrap_rows(metric: str, lo: float, hi: float) -> pd.DataFrame:
+def phase_metrics(ok: bool) -> pd.DataFrame:
+    values = {
+        "update_orthogonality": (0.1, 0.05, 0.5) if ok else (0.5, 0.6, 0.1),
+        "norm_ratio": (2.0, 1.0, 3.0) if ok else (0.5, 1.0, 0.5),
+        "tuned_hit1": (0.25, 0.55, 0.8) if ok else (0.1, 0.2, 0.3),
+        "logit_hit1": (0.01, 0.05, 0.4) if ok else (0.5, 0.6, 0.1),
+        "tuned_hit5_over_hit1": (3.0, 2.0, 1.2) if ok else (2.0, 3.0, 1.0),
+        "update_erank": (5.0, 8.0, 2.0) if ok else (5.0, 2.0, 8.0),
+    }
     return pd.DataFrame(
-        {
-            "metric": [metric, "complex_fraction_early_minus_late"],
-            "bootstrapped": [True, True],
-            "ci_low": [lo, 0.1],
-            "ci_high": [hi, 0.5],
-            "n_bootstrap_samples": 20,
-            "n_samples_total": 50,
-        }
+        [{"phase": p, "metric": m, "mean": v[p - 1], "reason": ""} for m, v in values.items() for p in (1, 2, 3)]
     )
 
 
-def checkpoints_table(ckpt: str) -> pd.DataFrame:
-    # 6 sublayers: first third s 0-1, last third s 4-5; two tolerances, the bootstrap's is 1e-06
-    return pd.DataFrame(
-        {
-            "ckpt": ckpt,
-            "s": range(6),
-            "complex_frac_J_tol1e-09": [0.9] * 6,
-            "complex_frac_J_tol1e-06": [0.5, 0.3, 0.2, 0.2, 0.1, 0.1],
-        }
-    )
+def lens_metrics(ok: bool) -> pd.DataFrame:
+    rows = [{"lens": "tuned", "layer": L, "kl": 1.0, "hit1": 0.3} for L in range(10)]
+    rows += [{"lens": "logit", "layer": L, "kl": 5.0 if ok else 1.5, "hit1": 0.01} for L in range(10)]
+    return pd.DataFrame(rows)
 
 
-def geometry(n: int, update_norm, hidden_erank) -> pd.DataFrame:
-    g = pd.DataFrame(
-        {
-            "layer": range(n + 1),
-            "state": ["h_L"] * n + ["output"],
-            "update_norm": [*update_norm, np.nan],
-            "hidden_erank": hidden_erank,
-        }
-    )
-    return g
-
-
-def phase_metrics_table(values: dict[str, tuple[float, float, float]]) -> pd.DataFrame:
+def widths(ok: bool) -> pd.DataFrame:
+    slopes = {1: 0.2, 2: 0.8, 3: 0.05} if ok else {1: 0.5, 2: 0.3, 3: 0.5}
     return pd.DataFrame(
         [
-            {"phase": ph, "metric": m, "mean": v[ph - 1], "reason": "" if math.isfinite(v[ph - 1]) else "no layer"}
-            for m, v in values.items()
-            for ph in (1, 2, 3)
+            {"group": "g", "phase": p, "status": "ok", "slope": s, "slope_ci_low": s - 0.1, "slope_ci_high": s + 0.1}
+            for p, s in slopes.items()
         ]
     )
 
 
-def full_model() -> ModelTables:
-    ck = "step1000"
+def planted(ok: bool, d: int = 8) -> ModelTables:
+    boot = pd.DataFrame(
+        {
+            "metric": ["cum_erank_full_depth", "complex_fraction_early_minus_late"],
+            "bootstrapped": True,
+            "ci_low": [0.5, 0.5 if ok else -1.0],
+            "ci_high": [1.5, 1.0 if ok else -0.5],
+            "n_bootstrap_samples": 20,
+            "n_samples_total": 50,
+        }
+    )
+    counts = [0, 3, 6] if ok else [1, 3, 2]
     return ModelTables(
-        model="m",
-        ckpts=["step0", "step500", ck],
-        lens_ckpt=ck,
-        coupling_counts=coupling_counts(),
-        bottleneck={ck: bottleneck([40.0, 30.0, 12.0, 5.0])},
-        bootstrap={ck: bootstrap_rows("cum_erank_full_depth", 4.0, 6.5)},
-        checkpoints=checkpoints_table(ck),
-        # layers 0-1 phase 1, 2-4 phase 2, 5-7 phase 3 (b1 = 1, b2 = 4)
-        phases={
-            "b1": 1,
-            "b2": 4,
-            "regime": {
-                "k": [3, 6, 10],
-                "k_fraction": [0.05, 0.1, 0.15],
-                "k_center": 6,
-                "b1_shift": 1,
-                "b2_shift": 2,
-                "max_shift": 2,
-                "reason": "",
-            },
-        },
-        geometry=geometry(8, [1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 10.0, 20.0], [3, 4, 5, 9, 6, 5, 4, 3, 2]),
-        phase_metrics=phase_metrics_table(
-            {
-                "update_erank": (5.0, 8.0, 2.0),
-                "tuned_hit1": (0.1, 0.3, 0.8),
-                "tuned_hit5_over_hit1": (3.0, 2.0, math.nan),
-            }
+        model="qwen2.5-tiny",
+        ckpts=["step0", "step500", FINAL],
+        lens_ckpt=FINAL,
+        checkpoints=checkpoints(ok, d),
+        coupling_counts=pd.DataFrame(
+            {"ckpt": ["step0", "step500", FINAL], "n_significant_layers": counts, "n_layers": 8}
         ),
+        bottleneck={FINAL: pd.DataFrame({"s": range(4), "erank": [40.0, 30.0, 12.0, 5.0]})},
+        bootstrap={FINAL: boot},
+        phases=phases(ok),
+        geometry=geometry(ok),
+        phase_metrics=phase_metrics(ok),
+        coupling=coupling(ok),
+        schur=schur(ok),
+        partitions=pd.DataFrame({"ckpt": "step0", "reference": "final", "nmi": [0.4, 0.5]}),
+        lens_metrics=lens_metrics(ok),
+        n_samples=6,
     )
 
 
-def test_stated_figures_next_to_hand_computed_values():
-    t = paper.paper_comparison(CLAIMS, [full_model()], ["A", "B"])
+def table(ok: bool, **kw) -> pd.DataFrame:
+    t = paper.paper_comparison(CLAIMS, [planted(ok, **kw)], ["A", "B"], widths(ok), {"g": ["a", "b", "c"]})
     A.PaperComparison.validate(t, "paper_comparison.tsv")
+    return t
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_every_testable_statement_holds_or_fails_as_planted(ok):
+    t = table(ok)
+    assert set(t["claim"]) == set(CLAIMS["claim_id"])
+    want = vd.HOLDS if ok else vd.FAILS
+    for r in t.itertuples():
+        untestable = r.claim in UNTESTABLE_HERE or "largest shift" in r.measure
+        expected = vd.UNTESTABLE if untestable else want
+        assert r.verdict.split(":")[0] == expected, (r.claim, r.measure, r.verdict)
+    # every empty number has a reason, every row a verdict
+    assert (t["run_value"].notna() | (t["reason"] != "")).all() and (t["verdict"] != "").all()
+
+
+def test_values_behind_the_verdicts():
+    t = table(True)
     one = {c: rows_of(t, c) for c in t["claim"].unique()}
-    r = one["erank_single_layer"].iloc[0]
-    assert (r.run_value, r.ckpt, r.stated_value) == (40.0, "step1000", "≈436 (Llama 3.1 8B, final)")
-    r = one["erank_full_depth"].iloc[0]
-    assert (r.run_value, r.ci_low, r.ci_high) == (5.0, 4.0, 6.5) and "20 of 50 samples" in r.source_table
-    # complex share: (0.5 + 0.3)/2 − (0.1 + 0.1)/2 at the bootstrap's tolerance, with its interval
-    r = one["complex_share_early"].iloc[0]
-    assert r.run_value == pytest.approx(0.3) and (r.ci_low, r.ci_high) == (0.1, 0.5) and "tol 1e-06" in r.measure
-    # significant layers: first, middle and final checkpoints, from the per-layer columns
-    got = [
-        (c, rows_of(t, c).iloc[0].ckpt, rows_of(t, c).iloc[0].run_value)
-        for c in ("significant_layers_step0", "significant_layers_mid", "significant_layers_final")
-    ]
-    assert got == [
-        ("significant_layers_step0", "step0", 0.0),
-        ("significant_layers_mid", "step500", 3.0),
-        ("significant_layers_final", "step1000", 6.0),
-    ]
-    assert rows_of(t, "significant_layers_final").iloc[0].measure == "FDR-significant layers (of 8)"
-    # update norm: max phase 3 (20) / mean phase 2 (2) = 10; the output row never counts
-    assert one["update_norm_growth_phase3"].iloc[0].run_value == pytest.approx(10.0)
-    assert one["update_erank_falls_phase3"].iloc[0].run_value == pytest.approx(2.0 / 8.0)
-    r = one["hidden_erank_peaks_phase2"].iloc[0]
-    assert r.run_value == 2.0 and "layer 3" in r.measure
-    hits = one["hit_ratio_falls_phase3"]
-    assert hits.run_value.tolist()[:3] == [0.1, 0.3, 0.8] and hits.unit.tolist()[0] == "share of tokens"
-    assert np.isnan(hits.run_value.iloc[5]) and hits.reason.iloc[5] == "no layer"
-    reg = one["middle_regime"]
-    assert reg.run_value.tolist() == [10.0, 2.0] and reg.unit.tolist() == ["% of d", "layers"]
-    # every empty number has a reason
-    assert (t["run_value"].notna() | (t["reason"] != "")).all()
+    assert one["complex_share_early"].run_value.iloc[0] == pytest.approx(0.98)
+    r = one["rotational_early_symmetric_late"]
+    assert r.run_value.tolist() == pytest.approx([1.1 - 0.25, 0.98 - 0.1]) and r.ci_low.iloc[1] == 0.5
+    # the single-layer baseline: P_1 first (default), P_0 beside it
+    r = one["erank_single_layer"]
+    assert r.run_value.tolist() == [30.0, 40.0] and "P_1" in r.measure.iloc[0]
+    assert "d = 4096" in r.verdict.iloc[0] and "d = 8" in r.verdict.iloc[0]
+    assert one["collapse_learned"].run_value.iloc[0] == pytest.approx(1.0 / 6.0)
+    assert one["collapse_not_architectural"].run_value.iloc[0] == pytest.approx(0.75)
+    assert one["schur_dissolves"].run_value.iloc[0] == pytest.approx(8.0)
+    # coupling classes: 8 boundaries each, mean effect ±0.515
+    r = one["coupling_amplified_symmetric"].iloc[0]
+    assert r.run_value == pytest.approx(0.515) and "8 boundaries" in r.measure
+    assert one["coupling_attenuated_nonnormal"].run_value.iloc[0] == pytest.approx(-0.515)
+    got = [rows_of(t, c).run_value.iloc[0] for c in ("significant_layers_step0", "significant_layers_final")]
+    assert got == [0.0, 6.0] and "of" not in rows_of(t, "significant_layers_final").stated_value.iloc[0]
+    assert one["coupling_emerges_monotonically"].verdict.iloc[0] == "holds: 0 → 3 → 6"
+    assert one["update_norm_growth_phase3"].run_value.iloc[0] == pytest.approx(10.0)
+    assert one["hidden_erank_peaks_phase1"].run_value.iloc[0] == 1.0
+    assert one["update_erank_peaks_phase2"].run_value.iloc[0] == 2.0
+    assert one["hit1_phase2"].run_value.iloc[0] == 0.55 and one["logit_hit1_phase3"].run_value.iloc[0] == 0.4
+    assert one["rss_rises_phase1"].run_value.iloc[0] == pytest.approx(0.3)
+    assert one["middle_regime"].run_value.tolist() == [10.0, 1.0]
+    assert one["phase2_width_slope"].ci_low.iloc[0] == pytest.approx(0.7)
 
 
-def test_missing_layer_counts_and_tables_give_reasons():
-    m = full_model()
-    m.coupling_counts = coupling_counts().drop(columns=["n_significant_layers", "n_layers"])
-    m.bottleneck, m.geometry, m.phase_metrics = {}, None, None
+def test_stated_phases_are_the_studies():
+    by = CLAIMS.set_index("claim_id")
+    assert "near the end of phase 1" in by.at["hidden_erank_peaks_phase1", "stated_value"]
+    assert "56%" in by.at["hit1_phase2", "stated_value"] and "phase 2" in by.at["hit_ratio_falls_phase2", "statement"]
+    assert by.at["complex_share_early", "stated_value"] == "about 98%"
+    assert by.at["significant_layers_final", "stated_value"] == "24"
+    for gone in ("hidden_erank_peaks_phase2", "hit_ratio_falls_phase3"):
+        assert gone not in by.index
+
+
+def test_magnitudes_are_tested_at_the_study_width():
+    t = table(True, d=4096)
+    r = rows_of(t, "erank_single_layer")
+    assert r.verdict.iloc[0].startswith(vd.FAILS) and "436" in r.verdict.iloc[0]  # 30 is not ≈ 436
+    r = rows_of(t, "erank_full_depth")  # 5 with interval [0.5, 1.5] against 7 ± 10%
+    assert r.verdict.iloc[0].startswith(vd.FAILS) and "lies outside" in r.verdict.iloc[0]
+
+
+def test_family_statement_needs_the_family():
+    m = planted(True)
+    m.model = "llama-tiny"
+    t = paper.paper_comparison(CLAIMS, [m], ["B"])
+    r = rows_of(t, "ffn_dominant_qwen_phase1").iloc[0]
+    assert r.run_value == 2.0 and r.verdict == "not testable: stated for Qwen2.5 only; llama-tiny is not of that family"
+
+
+def test_missing_tables_give_reasons():
+    m = planted(True)
+    m.coupling_counts = m.coupling_counts.drop(columns=["n_significant_layers", "n_layers"])
+    m.bottleneck, m.geometry, m.phase_metrics, m.coupling, m.checkpoints = {}, None, None, None, None
     m.phases = {"b1": 1, "b2": 4}
     t = paper.paper_comparison(CLAIMS, [m], ["A", "B"])
     A.PaperComparison.validate(t, "paper_comparison.tsv")
@@ -168,52 +257,46 @@ def test_missing_layer_counts_and_tables_give_reasons():
         assert rows_of(t, c).reason.tolist() == [paper.NO_LAYER_COUNTS]
     assert rows_of(t, "erank_single_layer").reason.iloc[0] == "bottleneck.tsv not available"
     assert rows_of(t, "middle_regime").reason.tolist() == ["phases.json has no middle regime"] * 2
-    assert t["run_value"].isna().sum() == (t["reason"] != "").sum()
+    assert rows_of(t, "coupling_amplified_symmetric").reason.iloc[0] == "coupling.tsv not available"
+    assert rows_of(t, "rss_flat_phase2").reason.iloc[0] == "phases.json with a smoothed profile not available"
+    empty = t[t["run_value"].isna()]
+    assert (empty["reason"] != "").all() and empty["verdict"].str.startswith("not testable: ").all()
+    assert rows_of(t, "phase1_width_slope").reason.iloc[0] == "no scaling group in config scaling.groups"
 
 
-def test_study_switched_off_unknown_claim_and_two_checkpoints():
+def test_study_switched_off_unknown_claim_and_one_checkpoint():
     claims = pd.concat([CLAIMS, CLAIMS.iloc[[0]].assign(claim_id="not_a_claim")], ignore_index=True)
-    m = full_model()
-    m.ckpts = ["step0", "step1000"]
+    m = planted(True)
+    m.ckpts = [FINAL]
     t = paper.paper_comparison(claims, [m], ["A"])
     for c in CLAIMS[CLAIMS.study == "B"].claim_id:
         r = rows_of(t, c)
         assert len(r) == 1 and "study B is not run" in r.reason.iloc[0], c
     assert "has no comparison" in rows_of(t, "not_a_claim").reason.iloc[0]
-    assert rows_of(t, "significant_layers_mid").reason.iloc[0] == "no checkpoint between the first and the final"
+    for c in ("step0_near_symmetric", "collapse_learned", "training_pulls_rotational"):
+        assert rows_of(t, c).verdict.iloc[0] == "not testable: only one checkpoint (no step 0)", c
+    assert rows_of(t, "significant_layers_step0").reason.iloc[0] == "only one checkpoint"
 
 
-def test_slopes_one_row_per_group():
-    widths = pd.DataFrame(
-        [
-            {
-                "group": "g",
-                "phase": p,
-                "status": "ok",
-                "slope": s,
-                "slope_ci_low": s - 0.1,
-                "slope_ci_high": s + 0.1,
-                "reason": "",
-            }
-            for p, s in ((1, 0.2), (2, 0.8))
-        ]
-        + [
-            {
-                "group": "h",
-                "phase": p,
-                "status": "too_few_depths",
-                "slope": np.nan,
-                "slope_ci_low": np.nan,
-                "slope_ci_high": np.nan,
-                "reason": "too_few_depths: 1 depth(s)",
-            }
-            for p in (1, 2)
-        ]
-    )
-    t = paper.paper_comparison(CLAIMS, [full_model()], ["B"], widths, {"g": ["a", "b", "c"], "h": ["d"]})
-    r = rows_of(t, "phase2_width_slope")
-    assert r.model.tolist() == ["g", "h"] and r.run_value.iloc[0] == 0.8
-    assert (r.ci_low.iloc[0], r.ci_high.iloc[0]) == pytest.approx((0.7, 0.9))
-    assert r.reason.iloc[1].startswith("too_few_depths")
-    none = paper.paper_comparison(CLAIMS, [full_model()], ["B"])
-    assert rows_of(none, "phase1_width_slope").reason.iloc[0] == "no scaling group in config scaling.groups"
+def test_verdict_rules():
+    assert vd.compare(math.nan, ">", 0).startswith("not testable")
+    assert vd.in_range(0.5, 0.6, 1.0, (0.1, 0.55)).startswith(vd.FAILS)
+    assert vd.in_range(0.5, 0.6, 1.0).startswith(vd.FAILS) and vd.in_range(0.7, 0.6, 1.0).startswith(vd.HOLDS)
+    assert vd.phase_extreme({1: 0.1, 2: 0.1, 3: 0.5}, 2, lowest=True).startswith(vd.FAILS)  # a tie is not lowest
+    assert vd.emerges([0, 0, 0]).startswith(vd.FAILS) and vd.emerges([0]).startswith("not testable")
+    assert vd.class_sign([0.1, -0.2, 0.1, -0.1, 0.05], +1)[0].startswith(vd.FAILS)
+    assert vd.class_sign([0.1, 0.2], +1)[0].startswith("not testable")
+
+
+def test_interval_from_few_samples_is_reported_but_does_not_decide():
+    m = planted(True)
+    boot = m.bootstrap[FINAL].copy()
+    boot["n_bootstrap_samples"] = 4
+    boot.loc[boot.metric == "complex_fraction_early_minus_late", ["ci_low", "ci_high"]] = (-0.2, 0.1)
+    m.bootstrap = {FINAL: boot}
+    r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "rotational_early_symmetric_late").iloc[1]
+    assert (r.ci_low, r.ci_high) == (-0.2, 0.1) and r.verdict.startswith(vd.HOLDS) and "interval" not in r.verdict
+    boot["n_bootstrap_samples"] = 20
+    m.bootstrap = {FINAL: boot}
+    r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "rotational_early_symmetric_late").iloc[1]
+    assert r.verdict.startswith(vd.FAILS) and "reaches 0" in r.verdict

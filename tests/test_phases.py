@@ -408,9 +408,12 @@ def test_middle_regime_is_the_compromise_point_and_its_neighbours():
     reg = middle_regime(t)
     assert reg["k"] == [5, 10, 15] and reg["k_fraction"] == [0.05, 0.1, 0.15] and reg["k_center"] == 10
     assert "k = 10" in reg["how"]
+    # every k on the frontier: the frontier selects nothing, and the regime says so
+    assert reg["frontier_selects"] is False and "selects no k" in reg["how"]
     # off-frontier rows never count; at the frontier's end the regime is shorter
     t.loc[t.k == 5, "pareto"] = False
     assert middle_regime(t)["k"] == [2, 10, 15]
+    assert middle_regime(t)["frontier_selects"] is True and "selects no k" not in middle_regime(t)["how"]
     assert middle_regime(t.iloc[[0]])["k"] == [1]
     with pytest.raises(ValueError, match="no Pareto-frontier row"):
         middle_regime(t.assign(pareto=False))

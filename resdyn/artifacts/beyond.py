@@ -181,13 +181,14 @@ class PaperComparison(TsvArtifact):
     ``run_value`` is), ``stated_value`` (the study's figure as text, with its model), str;
     ``run_value``, ``ci_low``, ``ci_high`` float (the interval NaN where none exists);
     ``unit``, ``source_table``, ``reason`` str (why ``run_value`` is empty: a study switched
-    off, a table without the metric, a claim the comparison does not know).
+    off, a table without the metric, a claim the comparison does not know), ``verdict`` str
+    (``holds: …``, ``does not hold: …`` or ``not testable: <reason>``, :mod:`resdyn.beyond.verdicts`).
     """
 
     relpath = "results/paper_comparison.tsv"
     columns = kinds(
         "claim:str study:str model:str ckpt:str measure:str stated_value:str run_value:float "
-        "ci_low:float ci_high:float unit:str source_table:str reason:str"
+        "ci_low:float ci_high:float unit:str source_table:str reason:str verdict:str"
     )
     allow_nan = ("ci_low", "ci_high")
 

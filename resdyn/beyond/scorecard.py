@@ -565,6 +565,10 @@ def _claim_scaling(widths: pd.DataFrame | None, group: str | None) -> dict:
     return _row(cid, stat, float(r["slope"]), ci, "OLS t-interval, 95%", verdict, reason, detail)
 
 
+#: the scorecard's rows that the paper table (resdyn.beyond.paper_a, paper_b) reuses
+claim_schur, claim_phases, claim_lens = _claim_schur, _claim_phases, _claim_lens
+
+
 def scaling_group(config: Mapping[str, Any], model: str) -> str | None:
     """The ``scaling.groups`` entry that lists ``model`` (the first one), or None.
 

@@ -345,10 +345,33 @@ def studies_on(config: dict) -> set[str]:
     return set(config.get("studies", ("A", "B")))
 
 
+def trajectory_off(config: dict, spec: FigureSpec) -> str:
+    """Why a trajectory figure of ``spec`` is not drawn, "" when it is (or ``spec`` is no
+    trajectory figure): every model has fewer than two checkpoints (``lens_trajectory``: fewer
+    than two with a tuned lens), so there is no trajectory to draw."""
+    if spec.scope not in TRAJECTORY_SCOPES or not config.get("models"):
+        return ""
+    from resdyn.pipeline import config as rc
+
+    lens = spec.scope == "lens_trajectory"
+    of = rc.lens_checkpoints if lens else rc.checkpoints
+    try:
+        most = max(len(of(config, m)) for m in config["models"])
+    except (KeyError, TypeError):  # a partial config (a unit test): no checkpoint list to count
+        return ""
+    if most >= 2:
+        return ""
+    what = " with a tuned lens (config lens.checkpoints: final)" if lens else ""
+    return f"every model has {most} checkpoint(s){what}; a trajectory needs at least 2"
+
+
 def enabled(config: dict, spec: FigureSpec) -> bool:
     """Whether every study ``spec`` draws on runs (and, for the scaling figures, a
-    ``scaling.groups`` entry exists: with none, the scaling tables are not scheduled)."""
+    ``scaling.groups`` entry exists: with none, the scaling tables are not scheduled; for a
+    trajectory figure, some model has two checkpoints: :func:`trajectory_off`)."""
     if spec.scope == "global" and not (config.get("scaling") or {}).get("groups"):
+        return False
+    if trajectory_off(config, spec):
         return False
     return spec.studies <= studies_on(config)
 
@@ -365,8 +388,11 @@ def require_studies(config: dict, name: str, path: str = "") -> None:
     from resdyn.pipeline.config import ConfigError
 
     missing = sorted(by_name(name).studies - studies_on(config))
+    where = f" ({path})" if path else ""
+    why = trajectory_off(config, by_name(name))
+    if why and not missing:
+        raise ConfigError(f"figure {name!r}{where} is not drawn: {why}")
     if missing:
-        where = f" ({path})" if path else ""
         raise ConfigError(
             f"config key 'studies': {config['studies']} leaves out study {' and '.join(missing)}, which figure "
             f"{name!r}{where} needs; add it to studies or do not request this figure"

@@ -796,8 +796,11 @@ def bottleneck_table(
 #: Per-sublayer columns of spectra.tsv compared across checkpoints by :func:`checkpoint_table`
 #: (plus every ``complex_frac_J_tol*`` column present).
 CHECKPOINT_METRICS: tuple[str, ...] = (
+    "d",
     "henrici",
+    "henrici_JmI",
     "symmetry",
+    "symmetry_minus_identity",
     "self_alignment_kfrac",
     "self_alignment_k1",
     "self_alignment_kerank",

@@ -359,70 +359,19 @@ class Cutpoints:
                 f"{source}: lacks keys {missing} (a phases.json written by resdyn.study_b.phases has {required})"
             )
 
-        def integer(name: str, v: Any) -> int:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{source}: {name} must be an integer, got {v!r}")
-            return v
-
-        def flag(name: str) -> bool:
-            if not isinstance(obj[name], bool):
-                raise ValueError(f"{source}: {name} must be true or false, got {obj[name]!r}")
-            return obj[name]
-
-        def numbers(name: str) -> tuple[float, ...]:
-            v = obj[name]
-            if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                raise ValueError(f"{source}: {name} must be a list of numbers, got {v!r:.120}")
-            if not all(math.isfinite(x) for x in v):
-                raise ValueError(f"{source}: {name} has non-finite values (null/NaN); the profile must be finite")
-            return tuple(float(x) for x in v)
-
-        n = integer("n", obj["n"])
-        b1, peak, b2 = (integer(name, obj[name]) for name in ("b1", "peak", "b2"))
-        if not (n >= 1 and 0 <= b1 <= peak <= b2 <= n - 1):
-            raise ValueError(
-                f"{source}: cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, "
-                f"got b1={b1}, peak={peak}, b2={b2}, n={n}"
-            )
-        spans = tuple(tuple(span) for span in obj["spans"]) if isinstance(obj["spans"], list) else None
-        if spans != tuple(phase_spans(n, b1, b2)):
-            raise ValueError(f"{source}: spans {obj['spans']!r} do not match b1={b1}, b2={b2}, n={n}")
-        widths = obj["widths"]
-        if widths != [stop - start for start, stop in spans]:
-            raise ValueError(f"{source}: widths {widths!r} do not match spans {obj['spans']!r}")
-        profile, smoothed = numbers("profile"), numbers("smoothed")
+        n, b1, peak, b2, spans, widths = _json_cuts(obj, source)
+        profile, smoothed = _json_numbers(obj, "profile", source), _json_numbers(obj, "smoothed", source)
         if len(profile) != n or len(smoothed) != n:
             raise ValueError(
                 f"{source}: profile and smoothed must have n = {n} points, got {len(profile)} and {len(smoothed)}"
             )
-        window = obj["window"]
-        if window is not None:
-            integer("window", window)
-        sens = obj["sensitivity"]
-        if isinstance(sens, bool) or not isinstance(sens, (int, float)) or not (math.isfinite(sens) and sens > 0):
-            raise ValueError(f"{source}: sensitivity must be a positive number, got {sens!r}")
-        if obj["method"] not in SMOOTHING_METHODS:
-            raise ValueError(f"{source}: method must be one of {SMOOTHING_METHODS}, got {obj['method']!r}")
-        if not isinstance(obj["reason"], str) or not isinstance(obj["notes"], list):
-            raise ValueError(f"{source}: reason must be a string and notes a list")
-        stages = obj["stages"]
-        if not isinstance(stages, Mapping) or set(stages) != {"rise", "descent"}:
-            raise ValueError(f"{source}: stages must hold 'rise' and 'descent', got {stages!r:.120}")
-        k = obj.get("k")
-        if k is not None:
-            integer("k", k)
-        kf = obj.get("k_fraction_requested")
-        if kf is not None and (isinstance(kf, bool) or not isinstance(kf, (int, float)) or not 0 < kf <= 1):
-            raise ValueError(f"{source}: k_fraction_requested must be in (0, 1], got {kf!r}")
-        regime = obj.get("regime")
-        if regime is not None:
-            _check_regime(regime, source)
+        window, sens, stages, k, kf, regime = _json_settings(obj, source)
         return cls(
             b1=b1,
             b2=b2,
             peak=peak,
-            b1_found=flag("b1_found"),
-            b2_found=flag("b2_found"),
+            b1_found=_json_flag(obj, "b1_found", source),
+            b2_found=_json_flag(obj, "b2_found", source),
             reason=obj["reason"],
             spans=spans,
             widths=tuple(widths),
@@ -493,47 +442,14 @@ def cutpoints(
     >>> c.b1, c.peak, c.b2, c.b1_found, c.b2_found
     (4, 4, 4, False, False)
     """
-    if method not in SMOOTHING_METHODS:
-        raise ValueError(f"method must be one of {SMOOTHING_METHODS}, got {method!r}")
-    y = _as_profile(profile, min_len=3)
+    y, sens = _check_cut_args(profile, method, sensitivity, flat_tol)
     n = y.size
-    try:
-        sens = float(sensitivity)
-    except (TypeError, ValueError):
-        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}") from None
-    if not (math.isfinite(sens) and sens > 0):
-        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}")
-    if not (isinstance(flat_tol, (int, float)) and math.isfinite(flat_tol) and flat_tol >= 0):
-        raise ValueError(f"flat_tol must be a finite number >= 0, got {flat_tol!r}")
-
-    notes: list[str] = []
-    w = window
-    if method != "none":
-        if is_int(w) and w > n:
-            w_new = n if n % 2 == 1 else n - 1
-            notes.append(f"window {int(w)} > profile length {n}: reduced to {w_new}")
-            w = w_new
-        w = _check_window(w, method, n)
+    w, notes = _fit_window(window, method, n)
     s = smooth(y, w if method != "none" else 1, method)
 
-    # first maximum, ties within flat_tol (so rounding noise of a flat curve cannot move it)
-    p = int(np.flatnonzero(s >= s.max() - flat_tol * max(1.0, float(np.max(np.abs(s)))))[0])
-    idx = np.arange(n)
-    rise = _kneedle_stage(idx[: p + 1], s[: p + 1], "increasing", sens, flat_tol, "rise (b1)")
-    desc = _kneedle_stage(idx[p:], s[p:], "decreasing", sens, flat_tol, "descent (b2)")
+    p, rise, desc = _peak_and_stages(s, sens, flat_tol)
 
-    reasons = []
-    if rise["knee"] is None:
-        b1 = p
-        reasons.append(rise["reason"] + f" -> fallback b1 = peak = {p}")
-    else:
-        b1 = int(min(max(rise["knee"], 0), p))
-    if desc["knee"] is None:
-        b2 = p
-        reasons.append(desc["reason"] + f" -> fallback b2 = peak = {p}")
-    else:
-        b2 = int(min(max(desc["knee"], p), n - 1))
-
+    b1, b2, reasons = _knees_or_peak(rise, desc, p, n)
     spans = phase_spans(n, b1, b2)
     return Cutpoints(
         b1=b1,
@@ -553,6 +469,132 @@ def cutpoints(
         smoothed=tuple(float(v) for v in s),
         stages={"rise": rise, "descent": desc},
     )
+
+
+def _json_int(name: str, v: Any, source: str) -> int:
+    """``v`` if it is a JSON integer (not a bool), else ValueError naming ``source`` and ``name``."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{source}: {name} must be an integer, got {v!r}")
+    return v
+
+
+def _json_flag(obj: Mapping[str, Any], name: str, source: str) -> bool:
+    """``obj[name]`` if it is true or false, else ValueError."""
+    if not isinstance(obj[name], bool):
+        raise ValueError(f"{source}: {name} must be true or false, got {obj[name]!r}")
+    return obj[name]
+
+
+def _json_numbers(obj: Mapping[str, Any], name: str, source: str) -> tuple[float, ...]:
+    """``obj[name]`` as a tuple of finite floats, else ValueError."""
+    v = obj[name]
+    if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        raise ValueError(f"{source}: {name} must be a list of numbers, got {v!r:.120}")
+    if not all(math.isfinite(x) for x in v):
+        raise ValueError(f"{source}: {name} has non-finite values (null/NaN); the profile must be finite")
+    return tuple(float(x) for x in v)
+
+
+def _json_cuts(obj: Mapping[str, Any], source: str) -> tuple[int, int, int, int, tuple, list]:
+    """(n, b1, peak, b2, spans, widths) of a phases.json object, checked against each other."""
+    n = _json_int("n", obj["n"], source)
+    b1, peak, b2 = (_json_int(name, obj[name], source) for name in ("b1", "peak", "b2"))
+    if not (n >= 1 and 0 <= b1 <= peak <= b2 <= n - 1):
+        raise ValueError(
+            f"{source}: cut points must satisfy 0 <= b1 <= peak <= b2 <= n-1, got b1={b1}, peak={peak}, b2={b2}, n={n}"
+        )
+    spans = tuple(tuple(span) for span in obj["spans"]) if isinstance(obj["spans"], list) else None
+    if spans != tuple(phase_spans(n, b1, b2)):
+        raise ValueError(f"{source}: spans {obj['spans']!r} do not match b1={b1}, b2={b2}, n={n}")
+    widths = obj["widths"]
+    if widths != [stop - start for start, stop in spans]:
+        raise ValueError(f"{source}: widths {widths!r} do not match spans {obj['spans']!r}")
+    return n, b1, peak, b2, spans, widths
+
+
+def _json_settings(obj: Mapping[str, Any], source: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(window, sensitivity, stages, k, k_fraction_requested, regime) of a phases.json object, checked."""
+    window = obj["window"]
+    if window is not None:
+        _json_int("window", window, source)
+    sens = obj["sensitivity"]
+    if isinstance(sens, bool) or not isinstance(sens, (int, float)) or not (math.isfinite(sens) and sens > 0):
+        raise ValueError(f"{source}: sensitivity must be a positive number, got {sens!r}")
+    if obj["method"] not in SMOOTHING_METHODS:
+        raise ValueError(f"{source}: method must be one of {SMOOTHING_METHODS}, got {obj['method']!r}")
+    if not isinstance(obj["reason"], str) or not isinstance(obj["notes"], list):
+        raise ValueError(f"{source}: reason must be a string and notes a list")
+    stages = obj["stages"]
+    if not isinstance(stages, Mapping) or set(stages) != {"rise", "descent"}:
+        raise ValueError(f"{source}: stages must hold 'rise' and 'descent', got {stages!r:.120}")
+    k = obj.get("k")
+    if k is not None:
+        _json_int("k", k, source)
+    kf = obj.get("k_fraction_requested")
+    if kf is not None and (isinstance(kf, bool) or not isinstance(kf, (int, float)) or not 0 < kf <= 1):
+        raise ValueError(f"{source}: k_fraction_requested must be in (0, 1], got {kf!r}")
+    regime = obj.get("regime")
+    if regime is not None:
+        _check_regime(regime, source)
+    return window, sens, stages, k, kf, regime
+
+
+def _check_cut_args(profile: object, method: str, sensitivity: object, flat_tol: object) -> tuple[np.ndarray, float]:
+    """The profile as a finite float array (≥ 3 points) and the sensitivity as a float; ValueError otherwise."""
+    if method not in SMOOTHING_METHODS:
+        raise ValueError(f"method must be one of {SMOOTHING_METHODS}, got {method!r}")
+    y = _as_profile(profile, min_len=3)
+    try:
+        sens = float(sensitivity)
+    except (TypeError, ValueError):
+        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}") from None
+    if not (math.isfinite(sens) and sens > 0):
+        raise ValueError(f"sensitivity must be a positive number, got {sensitivity!r}")
+    if not (isinstance(flat_tol, (int, float)) and math.isfinite(flat_tol) and flat_tol >= 0):
+        raise ValueError(f"flat_tol must be a finite number >= 0, got {flat_tol!r}")
+    return y, sens
+
+
+def _fit_window(window: object, method: str, n: int) -> tuple[Any, list[str]]:
+    """The smoothing window, reduced to the largest odd value ≤ n when longer (noted), and the notes."""
+    notes: list[str] = []
+    w = window
+    if method != "none":
+        if is_int(w) and w > n:
+            w_new = n if n % 2 == 1 else n - 1
+            notes.append(f"window {int(w)} > profile length {n}: reduced to {w_new}")
+            w = w_new
+        w = _check_window(w, method, n)
+    return w, notes
+
+
+def _peak_and_stages(s: np.ndarray, sens: float, flat_tol: float) -> tuple[int, dict, dict]:
+    """The peak of a smoothed profile and the Kneedle stages before (rise) and after (descent) it.
+
+    The peak is the first maximum, ties within ``flat_tol`` (so rounding noise of a flat curve
+    cannot move it).
+    """
+    p = int(np.flatnonzero(s >= s.max() - flat_tol * max(1.0, float(np.max(np.abs(s)))))[0])
+    idx = np.arange(s.size)
+    rise = _kneedle_stage(idx[: p + 1], s[: p + 1], "increasing", sens, flat_tol, "rise (b1)")
+    desc = _kneedle_stage(idx[p:], s[p:], "decreasing", sens, flat_tol, "descent (b2)")
+    return p, rise, desc
+
+
+def _knees_or_peak(rise: Mapping[str, Any], desc: Mapping[str, Any], p: int, n: int) -> tuple[int, int, list[str]]:
+    """b1 and b2 from the two Kneedle stages, the peak ``p`` where a stage has no knee (with the reason)."""
+    reasons = []
+    if rise["knee"] is None:
+        b1 = p
+        reasons.append(rise["reason"] + f" -> fallback b1 = peak = {p}")
+    else:
+        b1 = int(min(max(rise["knee"], 0), p))
+    if desc["knee"] is None:
+        b2 = p
+        reasons.append(desc["reason"] + f" -> fallback b2 = peak = {p}")
+    else:
+        b2 = int(min(max(desc["knee"], p), n - 1))
+    return b1, b2, reasons
 
 
 def profile_at(rss: pd.DataFrame, k_fraction: float) -> tuple[list[float], int]:
@@ -627,13 +669,19 @@ def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
     nearest the ideal ``(1, 1)``: ``argmin sqrt((1 − ê)² + (1 − v̂)²)`` (smaller k on ties) — the
     point of the trade-off curve where neither is given up much for the other. The regime is
     that point and its immediate frontier neighbours in k (3 values, fewer at an end of the
-    frontier or when it holds fewer points). Study B's choice k ∈ {5, 10, 15}% of d is this
-    rule with the compromise at 10% on the grid 1 … 50%.
+    frontier or when it holds fewer points).
+
+    The rule is this project's, not study B's: the study names a middle regime
+    k ∈ {5%, 10%, 15%} of d that "balances" visibility and energy on the frontier, without
+    saying how it is found. When every tabulated k is on the frontier (no k is dominated), the
+    frontier selects nothing by itself; the nearest-(1, 1) rule alone then picks the regime,
+    and ``frontier_selects`` is False with ``how`` saying so (phases.json ``regime``, the report).
 
     Returns
     -------
-    ``{"k": [...], "k_fraction": [...], "k_center": int, "how": str}``: the regime's k
-    (ascending), their fractions, the compromise k and a sentence saying how it was chosen.
+    ``{"k": [...], "k_fraction": [...], "k_center": int, "how": str, "frontier_selects": bool}``:
+    the regime's k (ascending), their fractions, the compromise k, a sentence saying how it was
+    chosen, and whether the frontier left out any tabulated k.
 
     Raises
     ------
@@ -675,11 +723,18 @@ def middle_regime(resolution: pd.DataFrame) -> dict[str, Any]:
         f"({float(front['k_fraction'][i]):g} of d), with its frontier neighbours; "
         f"{len(front)} frontier point(s)"
     )
+    selects = len(front) < resolution["k"].astype(int).nunique()
+    if not selects:
+        how += (
+            f"; every tabulated k ({len(front)}) is on the frontier, so the frontier selects no k: "
+            "the nearest-(1, 1) rule alone chose the regime"
+        )
     return {
         "k": sel["k"].astype(int).tolist(),
         "k_fraction": [float(x) for x in sel["k_fraction"]],
         "k_center": int(front["k"][i]),
         "how": how,
+        "frontier_selects": bool(selects),
     }
 
 
@@ -703,8 +758,9 @@ def regime_agreement(
     -------
     The ``regime`` object of ``phases.json`` (:data:`REGIME_KEYS`): ``regime``'s keys plus
     ``cuts`` (per k: ``k``, ``b1``, ``peak``, ``b2``, ``b1_found``, ``b2_found``, ``reason``),
-    ``b1_shift``, ``b2_shift``, ``max_shift`` (int) and ``reason`` ("" unless fewer than two k
-    were cut: then the shifts are 0 and say nothing).
+    ``b1_shift``, ``b2_shift``, ``max_shift`` (int), ``frontier_selects`` (bool, from
+    :func:`middle_regime`; False: every k was on the frontier) and ``reason`` ("" unless fewer
+    than two k were cut: then the shifts are 0 and say nothing).
     """
     ks, k_fractions = list(regime.get("k") or []), list(regime.get("k_fraction") or [])
     if not ks or len(ks) != len(k_fractions):
@@ -732,6 +788,7 @@ def regime_agreement(
         "k_fraction": [float(f) for f in k_fractions],
         "k_center": int(regime.get("k_center", ks[len(ks) // 2])),
         "how": str(regime.get("how", "")),
+        "frontier_selects": bool(regime.get("frontier_selects", True)),
         "cuts": cuts,
         "b1_shift": int(b1_shift),
         "b2_shift": int(b2_shift),

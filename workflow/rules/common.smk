@@ -234,11 +234,15 @@ def paper_comparison_inputs(wildcards):
         out["bootstrap"] = [
             f"results/{m}/{final_ckpt(m)}/bootstrap.tsv" for m in MODELS
         ]
+        for key, name in (("coupling", "coupling.tsv"), ("schur", "schur.tsv")):
+            out[key] = [f"results/{m}/{final_ckpt(m)}/{name}" for m in MODELS]
+        out["partitions"] = [f"results/{m}/partition_similarity.tsv" for m in MODELS]
     if rc.runs(config, "B"):
         for key, name in (
             ("phases", "phases.json"),
             ("geometry", "geometry.tsv"),
             ("phase_metrics", "phase_metrics.tsv"),
+            ("lens_metrics", "lens_metrics.tsv"),
         ):
             out[key] = [f"results/{m}/{lens_final(m)}/{name}" for m in MODELS]
         if config["scaling"]["groups"]:  # no groups: no fit (its rows say why)

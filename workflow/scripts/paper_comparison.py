@@ -27,6 +27,10 @@ with sidecars.step(snakemake) as step:
             ("phases", cuts),
             ("geometry", artifacts.LayerGeometry.read),
             ("phase_metrics", artifacts.PhaseMetrics.read),
+            ("coupling", artifacts.CouplingTable.read),
+            ("schur", artifacts.SchurCurves.read),
+            ("partitions", artifacts.PartitionSimilarity.read),
+            ("lens_metrics", artifacts.LensMetrics.read),
         )
     }
     models = [
@@ -42,6 +46,11 @@ with sidecars.step(snakemake) as step:
             geometry=tables["geometry"].get(m),
             phase_metrics=tables["phase_metrics"].get(m),
             complex_tol=p.complex_tol,
+            coupling=tables["coupling"].get(m),
+            schur=tables["schur"].get(m),
+            partitions=tables["partitions"].get(m),
+            lens_metrics=tables["lens_metrics"].get(m),
+            n_samples=p.n_samples,
         )
         for m in p.models
     ]
