@@ -70,7 +70,6 @@ ZOO_OVERRIDES = {
     ("lens", "lr"),
     ("lens", "tokens_per_step"),
     ("scaling", "groups"),
-    ("jacobian", "n_groups"),
 }
 
 

@@ -83,6 +83,7 @@ ALLOWED = frozenset(
         "lm.revisions",  # read the HF cache's layout (refs, snapshots), like lm.hub
         "cluster.site",
         "cluster.gpu_kinds",  # site settings (a constraint YAML, the workdir write probe); the GPU table
+        "pipeline.calibrate",  # a finished run's Snakemake benchmark files and job logs; writes the user rates file
         "results",  # the results-out layer: reads every table through its artifact class, writes parquet
     }
 )

@@ -36,20 +36,27 @@ def rows_of(table: pd.DataFrame, claim: str) -> pd.DataFrame:
     return table[table["claim"] == claim].reset_index(drop=True)
 
 
-def checkpoints(ok: bool, d: int = 8) -> pd.DataFrame:
+#: The checkpoints.tsv column and bootstrap metric of the complex share each ``spectra.complex_rule`` reads.
+COMPLEX = {
+    "tolerance": ("complex_frac_J_tol1e-06", "complex_fraction_early_minus_late"),
+    "beyond_noise": ("complex_frac_beyond_noise", "complex_fraction_beyond_noise_early_minus_late"),
+}
+
+
+def checkpoints(ok: bool, d: int = 8, rule: str = "tolerance") -> pd.DataFrame:
     # 6 sublayers: early third s 0-1, late third s 4-5, early and middle s 0-3
     final = {
         "symmetry_minus_identity": [1.2, 1.0, 0.8, 0.6, 0.3, 0.2],
         "henrici_JmI": [0.9, 0.8, 0.6, 0.4, 0.2, 0.1],
-        "complex_frac_J_tol1e-06": [0.99, 0.97, 0.5, 0.3, 0.1, 0.1],
+        COMPLEX[rule][0]: [0.99, 0.97, 0.5, 0.3, 0.1, 0.1],
         "cum_erank": [7.0, 6.0, 4.0, 3.0, 2.0, 1.0],
     }
-    step0 = {"symmetry_minus_identity": [0.1] * 6, "complex_frac_J_tol1e-06": [0.1] * 6, "cum_erank": [8.0] * 5 + [6.0]}
+    step0 = {"symmetry_minus_identity": [0.1] * 6, COMPLEX[rule][0]: [0.1] * 6, "cum_erank": [8.0] * 5 + [6.0]}
     if not ok:
         final = {k: v[::-1] for k, v in final.items() if k != "cum_erank"} | {"cum_erank": [7.0] * 5 + [1.8]}
         step0 = {
             "symmetry_minus_identity": [2.0] * 6,
-            "complex_frac_J_tol1e-06": [0.9] * 6,
+            COMPLEX[rule][0]: [0.9] * 6,
             "cum_erank": [8.0] * 5 + [2.0],
         }
     parts = []
@@ -139,10 +146,10 @@ def widths(ok: bool) -> pd.DataFrame:
     )
 
 
-def planted(ok: bool, d: int = 8) -> ModelTables:
+def planted(ok: bool, d: int = 8, rule: str = "tolerance") -> ModelTables:
     boot = pd.DataFrame(
         {
-            "metric": ["cum_erank_full_depth", "complex_fraction_early_minus_late"],
+            "metric": ["cum_erank_full_depth", COMPLEX[rule][1]],
             "bootstrapped": True,
             "ci_low": [0.5, 0.5 if ok else -1.0],
             "ci_high": [1.5, 1.0 if ok else -0.5],
@@ -155,7 +162,7 @@ def planted(ok: bool, d: int = 8) -> ModelTables:
         model="qwen2.5-tiny",
         ckpts=["step0", "step500", FINAL],
         lens_ckpt=FINAL,
-        checkpoints=checkpoints(ok, d),
+        checkpoints=checkpoints(ok, d, rule),
         coupling_counts=pd.DataFrame(
             {"ckpt": ["step0", "step500", FINAL], "n_significant_layers": counts, "n_layers": 8}
         ),
@@ -169,6 +176,7 @@ def planted(ok: bool, d: int = 8) -> ModelTables:
         partitions=pd.DataFrame({"ckpt": "step0", "reference": "final", "nmi": [0.4, 0.5]}),
         lens_metrics=lens_metrics(ok),
         n_samples=6,
+        complex_rule=rule,
     )
 
 
@@ -178,9 +186,10 @@ def table(ok: bool, **kw) -> pd.DataFrame:
     return t
 
 
+@pytest.mark.parametrize("rule", ["tolerance", "beyond_noise"])
 @pytest.mark.parametrize("ok", [True, False])
-def test_every_testable_statement_holds_or_fails_as_planted(ok):
-    t = table(ok)
+def test_every_testable_statement_holds_or_fails_as_planted(ok, rule):
+    t = table(ok, rule=rule)
     assert set(t["claim"]) == set(CLAIMS["claim_id"])
     want = vd.HOLDS if ok else vd.FAILS
     for r in t.itertuples():

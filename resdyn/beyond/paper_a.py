@@ -59,7 +59,22 @@ def _src(t: ModelTables) -> str:
 
 
 def _complex_col(t: ModelTables) -> str:
-    return f"complex_frac_J_tol{t.complex_tol:.0e}"
+    """The checkpoints.tsv column of the complex share ``t.complex_rule`` chooses."""
+    return "complex_frac_beyond_noise" if t.complex_rule == "beyond_noise" else f"complex_frac_J_tol{t.complex_tol:.0e}"
+
+
+def _complex_what(t: ModelTables) -> str:
+    """How that share counts an eigenvalue as complex, for the measure's label."""
+    if t.complex_rule == "beyond_noise":
+        return "complex fraction beyond the sampling-noise bound τ"
+    return f"complex fraction (tol {t.complex_tol:g})"
+
+
+def _complex_boot(t: ModelTables) -> str:
+    """The bootstrap metric of that share's early-minus-late difference."""
+    if t.complex_rule == "beyond_noise":
+        return "complex_fraction_beyond_noise_early_minus_late"
+    return "complex_fraction_early_minus_late"
 
 
 def _n_samples(claim, t: ModelTables) -> list[dict]:
@@ -72,7 +87,7 @@ def _n_samples(claim, t: ModelTables) -> list[dict]:
 
 def _complex_share(claim, t: ModelTables) -> list[dict]:
     ck, col = final(t), _complex_col(t)
-    m = f"complex fraction (tol {t.complex_tol:g}), mean over the first third of sublayers"
+    m = f"{_complex_what(t)}, mean over the first third of sublayers"
     rows, why = _ck(t, ck, [col])
     if rows is None:
         return [row(claim, t.model, ck, m, source=_src(t), reason=why)]
@@ -91,12 +106,12 @@ def _rotational(claim, t: ModelTables) -> list[dict]:
         e, l_, _ = _thirds(rows["symmetry_minus_identity"].to_numpy(dtype=np.float64))
         out.append(row(claim, t.model, ck, m, e - l_, source=_src(t), verdict=vd.compare(e - l_, ">", 0.0)))
     rows, why = _ck(t, ck, [col])
-    m = f"complex fraction (tol {t.complex_tol:g}), first third − last third of sublayers"
+    m = f"{_complex_what(t)}, first third − last third of sublayers"
     if rows is None:
         out.append(row(claim, t.model, ck, m, source=_src(t), reason=why))
         return out
     value, _ = sc.complex_gradient(rows, col)
-    ci, note = boot_ci(t.bootstrap.get(ck), "complex_fraction_early_minus_late")
+    ci, note = boot_ci(t.bootstrap.get(ck), _complex_boot(t))
     src = _src(t) + (f" (interval: {note})" if ci else "")
     out.append(
         row(
@@ -107,7 +122,7 @@ def _rotational(claim, t: ModelTables) -> list[dict]:
             value,
             ci,
             source=src,
-            verdict=vd.compare(value, ">", 0.0, deciding(ci, t.bootstrap.get(ck), "complex_fraction_early_minus_late")),
+            verdict=vd.compare(value, ">", 0.0, deciding(ci, t.bootstrap.get(ck), _complex_boot(t))),
         )
     )
     return out
@@ -156,7 +171,7 @@ def _step0_symmetric(claim, t: ModelTables) -> list[dict]:
 def _pulls_rotational(claim, t: ModelTables) -> list[dict]:
     first, ck = str(t.ckpts[0]), final(t)
     out = []
-    for col, what in (("symmetry_minus_identity", "symmetry index of J − I"), (_complex_col(t), "complex fraction")):
+    for col, what in (("symmetry_minus_identity", "symmetry index of J − I"), (_complex_col(t), _complex_what(t))):
         m = f"{what}, mean over the early and middle sublayers: final − first checkpoint"
         if len(t.ckpts) < 2:
             out.append(row(claim, t.model, ck, m, source=_src(t), reason="only one checkpoint (no step 0)"))

@@ -32,7 +32,8 @@ class ModelTables:
     the bootstrap (config ``bootstrap.complex_tol``), so value and interval count the same
     eigenvalues; ``coupling``, ``schur``: ``coupling.tsv`` and ``schur.tsv`` of the final
     checkpoint; ``partitions``: ``partition_similarity.tsv``; ``lens_metrics`` of the lens
-    checkpoint; ``n_samples``: config ``samples.n``.
+    checkpoint; ``n_samples``: config ``samples.n``; ``complex_rule``: config ``spectra.complex_rule``
+    (``beyond_noise``: the share above the noise bound τ, ``tolerance``: the ``complex_tol`` rule).
     """
 
     model: str
@@ -51,6 +52,7 @@ class ModelTables:
     partitions: pd.DataFrame | None = None
     lens_metrics: pd.DataFrame | None = None
     n_samples: int | None = None
+    complex_rule: str = "beyond_noise"
 
 
 def row(

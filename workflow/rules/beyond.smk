@@ -169,6 +169,7 @@ rule paper_comparison:
         groups=config["scaling"]["groups"],
         studies=sorted(config["studies"]),
         complex_tol=config["bootstrap"]["complex_tol"],
+        complex_rule=config["spectra"]["complex_rule"],
         n_samples=config["samples"]["n"],
         claims=CLAIMS_SHA256,
         code=code("paper_comparison"),

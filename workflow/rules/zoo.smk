@@ -88,6 +88,6 @@ rule checkpoint_integrity:
                 for c in ckpts_through(w.model, w.ckpt)[:-1]
             ]
         ),
-        code=code("checkpoint_integrity"),
+        code=code("checkpoint_integrity", family=model_family),
     script:
         "../scripts/checkpoint_integrity.py"

@@ -46,6 +46,7 @@ with sidecars.step(snakemake) as step:
             geometry=tables["geometry"].get(m),
             phase_metrics=tables["phase_metrics"].get(m),
             complex_tol=p.complex_tol,
+            complex_rule=p.complex_rule,
             coupling=tables["coupling"].get(m),
             schur=tables["schur"].get(m),
             partitions=tables["partitions"].get(m),
