@@ -334,7 +334,6 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
         "paper_comparison",
         "figure_lens",
         "figure_global",
-        "figure_lens_trajectory",
         "all",
     }
     assert jobs["phases"] == 1
@@ -620,8 +619,7 @@ B_RULES = {
     "causal",
     "figure_lens",
     "figure_global",
-    "figure_lens_trajectory",
-}
+}  # no figure_lens_trajectory: the smoke preset's lens is trained at one checkpoint
 A_FIGURES = {"eigenvalues", "operator", "funnel", "schur", "communities", "coupling", "coupling_henrici", "uncertainty"}
 B_FIGURES = {"lens", "rss", "resolution", "phase_metrics", "causal"}
 
@@ -679,7 +677,6 @@ def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
         "figure_zoo",
         "figure_global",
         "figure_trajectory",
-        "figure_lens_trajectory",
         "all",
     }
     snakemake(work, "--cores", "1")
