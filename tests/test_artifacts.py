@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,16 @@ def test_artifact_classes_register_themselves_and_are_re_exported():
 
     assert Elsewhere in A.base.registered() and Elsewhere not in A.artifact_classes()
     assert A.by_relpath("results/{model}/{ckpt}/rss.tsv") is A.RssProfile
+
+
+def test_the_catalogue_lists_every_artifact_class_and_its_path():
+    """docs/artifacts.md has one row per artifact class with a path, and the row gives that path."""
+
+    text = (Path(__file__).parents[1] / "docs" / "artifacts.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)`", text, re.M))
+    for cls in A.artifact_classes():
+        assert cls.__name__ in rows, f"docs/artifacts.md has no row for {cls.__name__}"
+        assert rows[cls.__name__] == cls.relpath, (cls.__name__, rows[cls.__name__], cls.relpath)
 
 
 def test_column_lists_have_one_home():

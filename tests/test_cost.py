@@ -110,10 +110,27 @@ def test_bootstrap_cost_is_linear_in_resamples(paper_a):
     assert b == pytest.approx(2 * a)
 
 
-def test_group_jackknife_cost_has_one_row_per_group(paper_a):
-    """With B group means: B + 2 rows, whatever n_resamples; the Jacobian job holds and writes the B means."""
+def test_the_first_n_second_method_adds_its_bootstrap_pass(paper_a):
+    """bootstrap.first_n with group means: the jackknife's work plus the first-n bootstrap's, the
+    memory of the larger pass."""
     cfg = copy.deepcopy(paper_a)
     cfg["jacobian"]["n_groups"] = 20
+    cfg["bootstrap"]["first_n"] = False
+    jack = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap"))
+    cfg["bootstrap"]["first_n"] = True
+    both = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap"))
+    cfg["jacobian"]["n_groups"] = 0
+    first = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap"))
+    assert both.work["eig"] == pytest.approx(jack.work["eig"] + first.work["eig"])
+    assert both.host_bytes == max(jack.host_bytes, first.host_bytes)
+
+
+def test_group_jackknife_cost_has_one_row_per_group(paper_a):
+    """With B group means: B + 2 rows, whatever n_resamples (the jackknife pass alone: bootstrap.first_n
+    off); the Jacobian job holds and writes the B means."""
+    cfg = copy.deepcopy(paper_a)
+    cfg["jacobian"]["n_groups"] = 20
+    cfg["bootstrap"]["first_n"] = False
     a = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     cfg["bootstrap"]["n_resamples"] = 98
     assert dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"] == pytest.approx(a)

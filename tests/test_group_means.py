@@ -139,3 +139,58 @@ def test_a_file_with_broken_group_means_is_refused(tmp_path):
         f["mlp"].create_dataset("group_means", data=np.zeros((4, 32, 32), np.float32))
     with pytest.raises(ValueError, match="group_means has shape"):
         artifacts.JacobianBlocks.read([tmp_path / "a"])
+
+
+def test_float16_group_means_store_deviations_and_read_back_the_means(tmp_path):
+    """float16 keeps G_g − J̄ (attr offset = mean): the means read back within half-precision rounding
+    of the deviations (relative to the spread between groups, not to J), and the jackknife agrees."""
+    run(tmp_path / "f32")
+    run(tmp_path / "f16", group_dtype="float16")
+    a, b = (artifacts.JacobianBlocks.read([tmp_path / x]) for x in ("f32", "f16"))
+    with h5py.File(tmp_path / "f16" / "layer001.h5") as f:
+        assert f["mlp/group_means"].dtype == np.float16 and f["mlp/group_means"].attrs["offset"] == "mean"
+    for key in a.group_means:
+        g32, g16 = a.group_means[key](), b.group_means[key]()
+        spread = np.abs(g32 - g32.mean(axis=0)).max()
+        assert 0 < np.abs(g16 - g32).max() <= 2**-10 * spread + 1e-7  # fp16: 11 significant bits
+    ja = bootstrap.jacobian_bootstrap_files([tmp_path / "f32"])[0].set_index(["metric", "layer", "kind", "s"])
+    jb = bootstrap.jacobian_bootstrap_files([tmp_path / "f16"])[0].set_index(["metric", "layer", "kind", "s"])
+    henrici = [k for k in ja.index if k[0] == "henrici"]
+    for col in ("ci_low", "ci_high"):
+        np.testing.assert_allclose(jb.loc[henrici, col], ja.loc[henrici, col], rtol=1e-2, atol=1e-6)
+
+
+def test_float16_group_means_halve_their_disk_in_the_plan():
+    from resdyn.cluster import cost
+
+    s = cost.Shape(n_layers=2, d=1024, n_heads=8, n_kv_heads=8, d_ff=4096, vocab=1000)
+    cfg = {"samples": {"n": 40, "length": 64}, "jacobian": {"positions": "last", "store_dtype": "float32"}}
+    base = {"store_first_n": 0, "n_groups": 20}
+    size = {
+        dt: cost.cost_jacobians({**cfg, "jacobian": {**cfg["jacobian"], **base, "group_dtype": dt}}, s, [0], False)
+        for dt in (None, "float16")
+    }
+    groups32 = size[None].disk_bytes - 2 * 4.0 * 1024**2  # two kinds' means
+    groups16 = size["float16"].disk_bytes - 2 * 4.0 * 1024**2
+    assert groups16 == pytest.approx(groups32 / 2)
+
+
+def test_the_first_n_bootstrap_is_the_second_method_beside_the_jackknife(tmp_path):
+    """With groups: bootstrap_first_n.tsv equals the per-sample bootstrap of the same files without
+    their groups, every row labelled; without groups, or switched off: one row saying why."""
+    run(tmp_path / "a")
+    files = artifacts.JacobianBlocks.read([tmp_path / "a"])
+    spectra, _ = spectral.spectra_table(files.means, noise=spectral.noise_samples(files))
+    second = bootstrap.first_n_bootstrap_files([tmp_path / "a"], n_resamples=5, spectra=spectra)
+    direct = bootstrap.jacobian_bootstrap_files([tmp_path / "a"], n_resamples=5, spectra=spectra, groups=False)[0]
+    direct = direct[direct["bootstrapped"]].reset_index(drop=True)
+    assert len(second) == len(direct) > 0 and set(second["interval"]) == {"percentile"}
+    np.testing.assert_array_equal(second["ci_low"].to_numpy(), direct["ci_low"].to_numpy())
+    assert all(n.startswith(bootstrap.FIRST_N_NOTE) for n in second["note"])
+    artifacts.BootstrapFirstNTable.write(second, tmp_path / "b.tsv")
+    off = bootstrap.first_n_bootstrap_files([tmp_path / "a"], enabled=False)
+    assert len(off) == 1 and off["reason"][0] == "bootstrap.first_n is false"
+    run(tmp_path / "none", n_groups=0)
+    none = bootstrap.first_n_bootstrap_files([tmp_path / "none"])
+    assert len(none) == 1 and "bootstrap.tsv is this method" in none["reason"][0]
+    artifacts.BootstrapFirstNTable.write(none, tmp_path / "c.tsv")

@@ -17,6 +17,7 @@ __all__ = [
     "BridgeTable",
     "BridgeAlignment",
     "BootstrapTable",
+    "BootstrapFirstNTable",
     "BootstrapReplicates",
     "ScorecardTable",
     "ClaimsTable",
@@ -112,6 +113,15 @@ class BootstrapTable(TsvArtifact):
         "seed:int bootstrapped:bool note:str reason:str method:str interval:str"
     )
     allow_nan = ("layer", "s")
+
+
+class BootstrapFirstNTable(BootstrapTable):
+    """``results/{model}/{ckpt}/bootstrap_first_n.tsv``: the second method's intervals, the bootstrap of
+    the stored first n samples (:func:`resdyn.beyond.bootstrap.first_n_bootstrap_files`), beside the
+    all-sample group jackknife of ``bootstrap.tsv``; the columns of :class:`BootstrapTable`. Without
+    group means it holds one row saying why (``bootstrap.tsv`` is then this method)."""
+
+    relpath = CKPT_DIR + "bootstrap_first_n.tsv"
 
 
 class BootstrapReplicates(TsvArtifact):

@@ -86,6 +86,11 @@ def _jacobian_loader(path: Path, kind: str, name: str, shape: tuple[int, ...], a
     return load
 
 
+def _offset_loader(deviations: Any, mean: Any) -> Any:
+    """A loader of G_g = J̄ + Δ_g from loaders of the deviations Δ (B, d, d) and the mean J̄ (d, d)."""
+    return lambda: deviations() + mean()[None]
+
+
 def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
     """Shapes and sample bookkeeping of one group, validated (ValueError naming file and group)."""
     import h5py
@@ -110,6 +115,9 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
             f"{path}: {kind}/per_sample has shape {per_shape}; expected (n, P, {d}, {d}) with 1 <= n <= count = {count}"
         )
     group_shape = tuple(g["group_means"].shape) if "group_means" in g else None
+    group_offset = g["group_means"].attrs.get("offset") if group_shape is not None else None
+    if group_offset not in (None, "mean"):
+        raise ValueError(f"{path}: {kind}/group_means has offset {group_offset!r}; allowed: none or 'mean'")
     if group_shape is not None and (
         len(group_shape) != 3 or group_shape[1:] != (d, d) or not 2 <= group_shape[0] <= count or count % group_shape[0]
     ):
@@ -117,7 +125,14 @@ def _jacobian_group_index(f: Any, path: Path, kind: str) -> dict[str, Any]:
             f"{path}: {kind}/group_means has shape {group_shape}; expected (B, {d}, {d}) with B ≥ 2 dividing "
             f"count = {count}"
         )
-    return {"d": d, "count": count, "ids": ids, "per_shape": per_shape, "group_shape": group_shape}
+    return {
+        "d": d,
+        "count": count,
+        "ids": ids,
+        "per_shape": per_shape,
+        "group_shape": group_shape,
+        "group_offset": group_offset,
+    }
 
 
 class _JacobianIndex:
@@ -164,11 +179,12 @@ class _JacobianIndex:
                 f"{where} has group_means {g['group_shape']}, but {ref_where} has {ref['group_shape']}; "
                 "all files must come from one run"
             )
-        if g["group_shape"]:
-            self.groups[(layer, kind)] = _jacobian_loader(path, kind, "group_means", g["group_shape"])
         if (layer, kind) in self.means:
             raise ValueError(f"{where}: sublayer ({layer}, {kind!r}) appears in two files")
-        self.means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+        mean = self.means[(layer, kind)] = _jacobian_loader(path, kind, "mean", (g["d"], g["d"]))
+        if g["group_shape"]:
+            groups = _jacobian_loader(path, kind, "group_means", g["group_shape"])
+            self.groups[(layer, kind)] = _offset_loader(groups, mean) if g["group_offset"] == "mean" else groups
         if n:
             self.per[(layer, kind)] = _jacobian_loader(path, kind, "per_sample", g["per_shape"], average_positions=True)
 
@@ -287,12 +303,15 @@ class JacobianBlocks(Artifact):
         attrs: Mapping[str, Any],
         family: str,
         spectral_norm_method: str,
+        group_dtype: str | None = None,
     ) -> None:
         """Write layer ``layer``'s file from the finished ``sums`` atomically (schema above).
 
         ``mean`` = sum / (N·P) cast to ``store_dtype``; ``per_sample`` only when ``sums`` keeps
-        whole Jacobians (n > 0); ``group_means`` (B, d, d) in ``store_dtype``, with attribute
-        ``group_size`` N/B, only when ``sums`` has B > 0 groups.
+        whole Jacobians (n > 0); ``group_means`` (B, d, d), with attribute ``group_size`` N/B, only
+        when ``sums`` has B > 0 groups: in ``group_dtype`` (default ``store_dtype``), or for
+        ``float16`` as the deviations G_g − J̄ from the float64 mean (attribute ``offset`` =
+        ``"mean"``), whose half-precision rounding is relative to the sampling spread, not to J.
         """
         import h5py
 
@@ -328,9 +347,8 @@ class JacobianBlocks(Artifact):
             f.create_dataset("sample_ids", data=ids)
             for kind in kinds:
                 g = f.create_group(kind)
-                g.create_dataset(
-                    "mean", data=(sums.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype)
-                )
+                mean = (sums.sums[(layer, kind)] / (n_samples * n_positions)).astype(store_dtype)
+                g.create_dataset("mean", data=mean)
                 g.create_dataset("count", data=np.int64(n_samples))
                 g["count"].attrs["n_jacobians"] = n_samples * n_positions
                 g.create_dataset("sample_ids", data=ids)
@@ -340,9 +358,25 @@ class JacobianBlocks(Artifact):
                 if first.shape[0]:
                     g.create_dataset("per_sample", data=first, chunks=(1, 1, d, d), compression="gzip")
                 if sums.n_groups:
-                    groups = sums.groups[(layer, kind)].astype(store_dtype)
-                    g.create_dataset("group_means", data=groups, chunks=(1, d, d), compression="gzip")
-                    g["group_means"].attrs["group_size"] = sums.group_size
+                    cls._write_group_means(g, path, layer, kind, sums, mean, group_dtype or store_dtype)
+
+    @staticmethod
+    def _write_group_means(
+        g: Any, path: PathLike, layer: int, kind: str, sums: JacobianSums, mean: np.ndarray, dtype: str
+    ) -> None:
+        """Dataset ``group_means`` of one sublayer group ``g`` beside its stored ``mean`` (:meth:`write_layer`)."""
+        groups = np.asarray(sums.groups[(layer, kind)], dtype=np.float64)
+        offset = dtype == "float16"  # deviations from the stored mean: the reader adds it back exactly
+        data = (groups - mean.astype(np.float64) if offset else groups).astype(dtype)
+        if not np.isfinite(data).all():
+            raise FloatingPointError(
+                f"{path}: layer {layer} {kind}: group means overflow {dtype} (largest |value| "
+                f"{float(np.abs(groups).max()):.3g}); set jacobian.group_dtype to float32"
+            )
+        g.create_dataset("group_means", data=data, chunks=(1, sums.d, sums.d), compression="gzip")
+        g["group_means"].attrs["group_size"] = sums.group_size
+        if offset:
+            g["group_means"].attrs["offset"] = "mean"
 
     @classmethod
     def read(cls, folders: Sequence[PathLike]) -> JacobianFiles:

@@ -1039,17 +1039,18 @@ def jacobian_bootstrap_files(
     interval: str = "percentile",
     spectra: pd.DataFrame | None = None,
     per_depth_erank: bool = True,
+    groups: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``bootstrap.tsv`` and ``bootstrap_replicates.tsv`` from Jacobian block folders.
 
-    With group means in the files (``jacobian.n_groups``), the delete-one-group jackknife over all
-    N samples (``interval`` ``jackknife``); else the bootstrap of the stored first n samples
+    With group means in the files (``jacobian.n_groups``) and ``groups``, the delete-one-group
+    jackknife over all N samples (``interval`` ``jackknife``); else the bootstrap of the stored first n samples
     (:meth:`resdyn.artifacts.JacobianBlocks.read_per_sample`). The noise bounds τ of the complex
     share are the ``imag_noise_bound`` column of the checkpoint's ``spectra`` table, when it has
     one. Then :func:`jacobian_bootstrap` + :func:`not_bootstrapped_rows`.
     """
     files = artifacts.JacobianBlocks.read(folders)
-    if files.n_groups >= 2:
+    if groups and files.n_groups >= 2:
         per, interval = files.group_means, JACKKNIFE
     else:
         per = artifacts.JacobianBlocks.read_per_sample(folders)[0]
@@ -1074,3 +1075,41 @@ def jacobian_bootstrap_files(
     for c in ("layer", "s", "seed"):
         both[c] = both[c].astype("Int64")
     return both, reps
+
+
+#: The note every row of the second method's table carries (``bootstrap_first_n.tsv``).
+FIRST_N_NOTE = "second method: bootstrap of the stored first n samples; bootstrap.tsv holds the all-sample jackknife"
+
+
+def first_n_missing_rows(reason: str, level: float = 0.95) -> pd.DataFrame:
+    """The second method's table when it is not computed: one row (metric ``first_n_bootstrap``) with ``reason``."""
+    table = not_bootstrapped_rows(level).iloc[:1].copy()
+    table["metric"], table["note"], table["reason"] = "first_n_bootstrap", reason, reason
+    return table.reset_index(drop=True)
+
+
+def first_n_bootstrap_files(
+    folders: Sequence[os.PathLike | str], enabled: bool = True, level: float = 0.95, **options: Any
+) -> pd.DataFrame:
+    """``bootstrap_first_n.tsv``: the per-sample bootstrap of the stored first n samples, as a second
+    method beside the group jackknife of ``bootstrap.tsv`` (same columns and statistics, every row's
+    note :data:`FIRST_N_NOTE`; intervals centred on the n-sample estimate). ``options``: those of
+    :func:`jacobian_bootstrap_files`.
+
+    Computed only where it is a second method: with group means in the files (``jacobian.n_groups``),
+    ``enabled`` (``bootstrap.first_n``) and n ≥ 2 stored samples. Otherwise one row
+    (:func:`first_n_missing_rows`) says why: without group means ``bootstrap.tsv`` is this method.
+    """
+    files = artifacts.JacobianBlocks.read(folders)
+    if files.n_groups < 2:
+        return first_n_missing_rows("no group means (jacobian.n_groups): bootstrap.tsv is this method", level)
+    if not enabled:
+        return first_n_missing_rows("bootstrap.first_n is false", level)
+    if files.n_stored < 2:
+        return first_n_missing_rows(
+            f"jacobian.store_first_n keeps {files.n_stored} per-sample Jacobians; the bootstrap needs at least 2", level
+        )
+    table, _ = jacobian_bootstrap_files(folders, level=level, groups=False, **options)
+    table = table[table["bootstrapped"].astype(bool)].reset_index(drop=True)
+    table["note"] = [FIRST_N_NOTE if not n else f"{FIRST_N_NOTE}; {n}" for n in table["note"].fillna("")]
+    return table

@@ -260,7 +260,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     The benchmark measured 41-46 MiB of working memory at d = 1024 (T = 64-256) against 44 by
     this formula; the engine's own chunk budget (≈ 4·(8·H·(T+1) + 8·H·hd) per direction) is a
     bound, not the resident size. Disk per layer:
-    2 kinds × ((1 + B) means d² in ``store_dtype`` + per-sample n·P·d²·4, gzip ≈ incompressible).
+    2 kinds × (the mean d² in ``store_dtype`` + B group means d² in ``group_dtype`` + per-sample
+    n·P·d²·4, gzip ≈ incompressible).
     """
     jc, N, T = config["jacobian"], config["samples"]["n"], config["samples"]["length"]
     P, n_first = _n_positions(config), jc["store_first_n"]
@@ -293,7 +294,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     work = copies + stage + 8.0 * d * d * P + boundaries + one_sample
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
-    means = (1 + B) * DTYPE_BYTES[jc["store_dtype"]] * d * d
+    group_bytes = DTYPE_BYTES[jc.get("group_dtype") or jc["store_dtype"]]  # float16: the deviations from the mean
+    means = (DTYPE_BYTES[jc["store_dtype"]] + B * group_bytes) * d * d
     c.disk_bytes = L * s.jacobian_groups * (means + n_first * P * 4.0 * d * d)
     return c
 
@@ -523,12 +525,27 @@ def cost_bootstrap(config: dict, s: Shape, gpu: bool) -> Cost:
     product (2 d³ fp64) and its singular values (``cum_erank`` of P_s; the last is
     ``cum_erank_full_depth``).
     The per-sample Jacobians n·d² float32 are decompressed (gzip) once per pass over the files;
-    a pass holds as many rows as fit in the memory budget (2·8·d² per row)."""
-    n = config["jacobian"]["store_first_n"]
-    R = config["bootstrap"]["n_resamples"] + 2
-    if config["jacobian"].get("n_groups", 0):  # the group jackknife: B group means, B + 2 rows
-        n = config["jacobian"]["n_groups"]
-        R = n + 2
+    a pass holds as many rows as fit in the memory budget (2·8·d² per row).
+
+    With group means (``jacobian.n_groups`` B) the pass is the group jackknife (B means, B + 2 rows),
+    and with ``bootstrap.first_n`` the first-n bootstrap follows as a second pass (the work adds up,
+    the memory is the larger pass's)."""
+    first_n = config["jacobian"]["store_first_n"]
+    R_boot = config["bootstrap"]["n_resamples"] + 2
+    B = config["jacobian"].get("n_groups", 0)
+    if not B:
+        return _bootstrap_pass(config, s, gpu, first_n, R_boot)
+    c = _bootstrap_pass(config, s, gpu, B, B + 2)
+    if config["bootstrap"].get("first_n", True) and first_n >= 2:
+        second = _bootstrap_pass(config, s, gpu, first_n, R_boot)
+        for op, amount in second.work.items():
+            c.add(op, amount)
+        c.host_bytes, c.device_bytes = max(c.host_bytes, second.host_bytes), max(c.device_bytes, second.device_bytes)
+    return c
+
+
+def _bootstrap_pass(config: dict, s: Shape, gpu: bool, n: int, R: int) -> Cost:
+    """One pass of :func:`cost_bootstrap`: R rows resampling n stored matrices per sublayer."""
     S, d = _n_sublayers(s), s.d
     c = Cost(gpu=gpu, host_ops=("stream",))  # the resampled means are formed on the host
     eig_op = "eig" if gpu else "schur"

@@ -713,6 +713,7 @@ def write_layer_block(
     method: str = "structured",
     batch_size: int | None = None,
     n_groups: int = 0,
+    group_dtype: str | None = None,
 ) -> None:
     """Accumulate the sublayer Jacobians of a block of layers over N samples into HDF5 files.
 
@@ -729,7 +730,9 @@ def write_layer_block(
     ``chunk_size``/``method``: see :class:`JacobianEngine`. ``batch_size``: samples per batched
     forward (:meth:`JacobianEngine.compute_batch`; default :func:`default_batch_size`).
     ``n_groups`` B > 0 also keeps the mean of each of B equal groups of consecutive samples
-    (:class:`resdyn.artifacts.JacobianSums`; B must divide N), for intervals from all samples.
+    (:class:`resdyn.artifacts.JacobianSums`; B must divide N), for intervals from all samples;
+    ``group_dtype`` (default ``store_dtype``) is how they are stored (``float16``: as deviations
+    from the mean, :meth:`resdyn.artifacts.JacobianBlocks.write_layer`).
     """
     attrs = dict(attrs or {})
     samples, ids, layers = _check_block_args(
@@ -740,8 +743,6 @@ def write_layer_block(
     engine = JacobianEngine(model, layers, chunk_size, method)
     device = structure.input_device(model)
     d = engine.d
-    fam = decompose.family(model)
-
     batch = int(batch_size or default_batch_size(device, d))
     if batch < 1:
         raise ValueError(f"batch_size={batch_size}: must be ≥ 1")
@@ -770,9 +771,10 @@ def write_layer_block(
                 acc.save(ckpt, fingerprint)
     finally:
         bar.close()
+    fam = decompose.family(model)
     for layer in layers:
         JacobianBlocks.write_layer(
-            out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, spectral_norm_method(d)
+            out_paths[layer], layer, acc, ids, pos, store_dtype, attrs, fam, spectral_norm_method(d), group_dtype
         )
     JacobianSums.remove(ckpt)
 

@@ -93,6 +93,17 @@ rule bootstrap:
             labels={"model": "{model}", "checkpoint": "{ckpt}", "table": "bootstrap"},
         ),
         replicates="results/{model}/{ckpt}/bootstrap_replicates.tsv",
+        first_n=report(
+            "results/{model}/{ckpt}/bootstrap_first_n.tsv",
+            caption="../report/bootstrap_first_n.rst",
+            category="Beyond the studies",
+            subcategory="uncertainty",
+            labels={
+                "model": "{model}",
+                "checkpoint": "{ckpt}",
+                "table": "bootstrap_first_n",
+            },
+        ),
     log:
         "logs/bootstrap/{model}/{ckpt}.log",
     benchmark:
@@ -112,6 +123,7 @@ rule bootstrap:
         method=config["bootstrap"]["method"],
         interval=config["bootstrap"]["interval"],
         per_depth_erank=config["bootstrap"]["per_depth_erank"],
+        first_n=config["bootstrap"]["first_n"],
         device=setting(lambda w: rcost.linalg_device(model_cfg(w))),
         code=code("bootstrap"),
     script:

@@ -24,6 +24,7 @@ rule jacobians:
         store_dtype=config["jacobian"]["store_dtype"],
         store_first_n=of_model("jacobian", "store_first_n"),
         n_groups=of_model("jacobian", "n_groups"),
+        group_dtype=of_model("jacobian", "group_dtype"),
         checkpoint_every=setting(config["jacobian"]["checkpoint_every"]),
         device=setting(of_model("device")),
         code=code("jacobians", family=model_family),

@@ -28,6 +28,7 @@ with sidecars.step(snakemake) as step:
         store_first_n=p.store_first_n,
         checkpoint_every=p.checkpoint_every,
         n_groups=p.n_groups,
+        group_dtype=p.group_dtype,
         attrs={**models.model_attrs(record), "samples_hash": sattrs["samples_hash"], "code_version": p.code},
     )
     artifacts.JacobianBlocks.publish(staging, out)
