@@ -96,7 +96,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from resdyn.pipeline import config as rc
 
     try:
-        gpu_kinds.check_gpu_kind(args.gpu, "--gpu")
+        if args.gpu != calibrate.CPU_KIND:
+            gpu_kinds.check_gpu_kind(args.gpu, "--gpu")
         run = Path(args.run)
         if not run.is_dir():
             raise calibrate.CalibrationError(f"{run}: no such run folder")
@@ -225,7 +226,12 @@ def _add_calibrate(sub) -> None:
     )
     ca.add_argument("run", help="the run's folder (where Snakemake ran: benchmarks/out/, logs/)")
     ca.add_argument("--configfile", required=True, help="the config the run used")
-    ca.add_argument("--gpu", default="h100", metavar="KIND", help="GPU kind the run's GPU jobs ran on (default h100)")
+    ca.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="KIND",
+        help="GPU kind the run's GPU jobs ran on (default h100), or cpu for a run whose GPU rules ran on CPUs",
+    )
     ca.add_argument(
         "--write", default=str(gpu_rates_default()), metavar="PATH", help="rates file to write (default %(default)s)"
     )

@@ -171,3 +171,59 @@ def test_the_efficiency_report_is_summarised_per_rule(tmp_path):
     assert calibrate.efficiency_reports(tmp_path) == [report]
     lines = calibrate.efficiency_lines(report)
     assert lines[1:] == ["  jacobians\t2\t30\t70", "  spectra\t1\t90\t10"]
+
+
+def test_a_run_whose_gpu_rules_ran_on_cpus_calibrates_the_cpu_row(tmp_path, capsys):
+    """--gpu cpu: a config whose GPU rules are GPU jobs, run on CPUs (every log says cpu), is priced
+    as a CPU run and fitted to the cpu row; the plan of that run's config moves to within 25 %."""
+    cfg = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    cfg["device"] = "auto"
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    as_run = calibrate.cpu_config(rc.load_config(str(path)))
+    assert not any(dag.job_cost(as_run, r, w).gpu for r, w in dag.unique_jobs(as_run))
+    truth = _plant_run(tmp_path / "run", as_run, device="cpu", jac=1.5)
+    rates = tmp_path / "rates.yaml"
+    args = ["calibrate", str(tmp_path / "run"), "--configfile", str(path), "--gpu", "cpu", "--write", str(rates)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr()[0]
+    assert out.startswith("source of the fit: the benchmark files") and "sacct: no SLURM job ids" in out
+    assert set(yaml.safe_load(rates.read_text())["kinds"]) == {"cpu"}
+    cpu_path = tmp_path / "cpu.yaml"
+    cpu_path.write_text(yaml.safe_dump({**cfg, "device": "cpu"}))
+    before, after = _plan_seconds(cpu_path, "none"), _plan_seconds(cpu_path, str(rates))
+    assert max(abs(before[r] / truth[r] - 1) for r in truth) > 0.25
+    assert all(abs(after[r] / truth[r] - 1) <= 0.25 for r in truth), {r: after[r] / truth[r] for r in truth}
+
+
+def test_cpu_mode_refuses_a_job_that_ran_on_a_gpu(tmp_path, capsys):
+    cfg = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    _plant_run(tmp_path / "run", rc.load_config(str(path)), device="cuda:NVIDIA H100 80GB HBM3")
+    args = ["calibrate", str(tmp_path / "run"), "--configfile", str(path), "--gpu", "cpu"]
+    assert cli.main([*args, "--write", str(tmp_path / "r.yaml")]) == 2
+    err = capsys.readouterr()[1].strip()
+    assert len(err.splitlines()) == 1 and "ran on cuda:NVIDIA H100 80GB HBM3, not a CPU" in err, err
+    assert not (tmp_path / "r.yaml").exists()
+
+
+def test_sacct_output_is_summarised_per_rule(tmp_path):
+    """Allocation lines give rule, elapsed and CPU seconds; the steps' MaxRSS gives the job's peak."""
+    text = (
+        "101|rule_jacobians_wildcards_m_c_layers000-003|COMPLETED|00:01:30|00:02:00.500|\n"
+        "101.batch||COMPLETED|00:01:30|00:00:01|2048K\n"
+        "101.0||COMPLETED|00:01:29|00:01:59|1536M\n"
+        "102|rule_spectra_wildcards_m_c|COMPLETED|1-00:00:02|00:00:03|\n"
+        "102.0||COMPLETED|00:00:02|00:00:03|1.5G\n"
+        "103|rule_jacobians_wildcards_m_d_layers000-003|COMPLETED|01:00|00:50|\n"
+    )
+    table = calibrate.sacct_table(text)
+    assert table.loc["jacobians"].tolist() == [2, 150.0, 170.5, 1536.0]
+    assert table.loc["spectra"].tolist() == [1, 86402.0, 3.0, 1536.0]
+    (tmp_path / ".snakemake" / "log").mkdir(parents=True)
+    assert calibrate.sacct_lines(tmp_path) == ["sacct: no SLURM job ids in the run's .snakemake/log/ (not a SLURM run)"]
+    (tmp_path / ".snakemake" / "log" / "x.snakemake.log").write_text(
+        "Job 0 has been submitted with SLURM jobid 7 (log: a).\n"
+    )
+    assert calibrate.submitted_job_ids(tmp_path) == ["7"]

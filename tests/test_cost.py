@@ -127,9 +127,10 @@ def test_the_first_n_second_method_adds_its_bootstrap_pass(paper_a):
 
 def test_group_jackknife_cost_has_one_row_per_group(paper_a):
     """With B group means: B + 2 rows, whatever n_resamples (the jackknife pass alone: bootstrap.first_n
-    off); the Jacobian job holds and writes the B means."""
+    off); the Jacobian job holds and writes the B means (float32 here)."""
     cfg = copy.deepcopy(paper_a)
     cfg["jacobian"]["n_groups"] = 20
+    cfg["jacobian"]["group_dtype"] = "float32"
     cfg["bootstrap"]["first_n"] = False
     a = dag.job_cost(cfg, "bootstrap", _w(cfg, "bootstrap")).work["eig"]
     cfg["bootstrap"]["n_resamples"] = 98

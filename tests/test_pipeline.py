@@ -363,7 +363,7 @@ def test_leiden_resolution_reruns_only_topology(smoke):
 
 
 def test_sample_count_reruns_everything_downstream_of_samples(smoke):
-    cfg = with_config(smoke, "n", lambda c: c["samples"].update(n=5))
+    cfg = with_config(smoke, "n", lambda c: c["samples"].update(n=9))  # 3 groups of 3 (jacobian.n_groups)
     jobs = planned_jobs(smoke, cfg)
     assert {
         "samples",

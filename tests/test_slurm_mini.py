@@ -298,6 +298,57 @@ def test_paper_mini_through_slurm(tmp_path, mini_hf_home):
     assert not pd.read_csv(wd / "results" / "qwen25_8l" / "main" / "causal.tsv", sep="\t").empty
     again = _run(["snakemake", *MINI_TARGETS, "--configfile", "configs/paper-mini.yaml", "-n"], wd, env, 300)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    _calibrate_and_plan_again(wd, env, tmp_path)
+
+
+#: Per rule, over the jobs of the config that left a benchmark file in the run (argv: config, run):
+#: Σ measured wall seconds and Σ planned seconds (resdyn.pipeline.plan.job_row).
+_PER_RULE = """
+import json, sys
+from pathlib import Path
+import pandas as pd
+from resdyn.pipeline import calibrate, dag, plan, config as rc
+cfg, run = rc.load_config(sys.argv[1]), Path(sys.argv[2])
+out = {"measured": {}, "planned": {}}
+for rule, w in dag.unique_jobs(cfg):
+    bench = run / calibrate.job_files(rule, w)[0]
+    if bench.is_file():
+        out["measured"][rule] = out["measured"].get(rule, 0.0) + float(pd.read_csv(bench, sep="\\t").iloc[-1]["s"])
+        out["planned"][rule] = out["planned"].get(rule, 0.0) + plan.job_row(cfg, rule, w)["seconds"]
+print(json.dumps(out))
+"""
+
+
+def _calibrate_and_plan_again(wd: Path, env: dict, tmp_path: Path) -> None:
+    """`resdyn calibrate --gpu cpu` on the run (its GPU rules ran on the node's CPUs), then the plan
+    of the same config on CPUs, in a fresh process reading the rates file: every rule's planned
+    seconds within 25 % of its measured ones (the benchmark files' Σ wall seconds)."""
+    rates = tmp_path / "rates.yaml"
+    cal = _run(
+        [sys.executable, "-m", "resdyn.cli", "calibrate", ".", "--configfile", "configs/paper-mini.yaml"]
+        + ["--gpu", "cpu", "--write", str(rates)],
+        wd,
+        env,
+        300,
+    )
+    assert cal.returncode == 0, cal.stderr[-3000:]
+    print(f"\n[resdyn calibrate --gpu cpu]\n{cal.stdout}")
+    assert "source of the fit: the benchmark files" in cal.stdout and "sacct" in cal.stdout
+    cpu_cfg = tmp_path / "paper-mini-cpu.yaml"
+    mini = yaml.safe_load((wd / "configs" / "paper-mini.yaml").read_text())
+    cpu_cfg.write_text(yaml.safe_dump({**mini, "device": "cpu"}, sort_keys=False))
+    planned = {}
+    for name, value in (("before", "none"), ("after", str(rates))):
+        proc = _run(
+            [sys.executable, "-c", _PER_RULE, str(cpu_cfg), str(wd)], wd, {**env, "RESDYN_GPU_RATES": value}, 300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        planned[name] = json.loads(proc.stdout)
+    measured = planned["after"]["measured"]
+    rows = [(r, measured[r], planned["before"]["planned"][r], planned["after"]["planned"][r]) for r in sorted(measured)]
+    print("rule\tmeasured_s\tplanned_before_s\tplanned_after_s")
+    print("\n".join(f"{r}\t{m:.1f}\t{b:.1f}\t{a:.1f}" for r, m, b, a in rows))
+    assert all(abs(a / m - 1) <= 0.25 for r, m, _, a in rows), rows
 
 
 def _logged_peak_mb(log: Path) -> float:

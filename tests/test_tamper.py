@@ -188,11 +188,11 @@ def test_non_utf8_corpus_names_the_file(work):
 
 def test_more_samples_than_the_corpus_holds(work):
     cfg = yaml.safe_load((work / T.CONFIG).read_text())
-    cfg["samples"]["n"] = 100000
+    cfg["samples"]["n"] = 99999  # 3 groups of 33,333 (jacobian.n_groups)
     (work / "configs" / "big.yaml").write_text(yaml.safe_dump(cfg))
     proc = T.snakemake(work, "--cores", "1", f"results/{T.MODEL}/samples.h5", config="configs/big.yaml")
     assert proc.returncode != 0
-    line = _one_line(work, proc, "asked for 100000 samples")
+    line = _one_line(work, proc, "asked for 99999 samples")
     assert "dataset 'txt'" in line and "lower samples.n (at most" in line
     _no_leftovers(work / "results" / T.MODEL, "samples.h5")
 

@@ -289,7 +289,7 @@ GPU_HOST_THREADS = 8
 
 
 #: Fixed seconds per job: interpreter start and imports, the model class and its setup (docs/speed.md,
-#: "Fixed cost of a model job", has the measured parts); reading weights is priced on its own.
+#: "Fixed cost of a job"; ``resdyn calibrate`` fits a site's factor); reading weights is priced on its own.
 STARTUP_S = 15.0
 
 

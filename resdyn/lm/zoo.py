@@ -13,7 +13,7 @@ Resume: a training state (weights, optimiser, RNG, step, curve) is saved atomica
 ``state_every`` steps; a killed job restarts from it and produces the same checkpoints.
 
 Speed (CPU, measured in docs/speed.md): ``precision: bfloat16`` runs the decoder's linear
-layers under bfloat16 autocast (AVX512-BF16 doubles the matmul rate) while attention, norms,
+layers under bfloat16 autocast (native bfloat16 instructions raise the matmul rate) while attention, norms,
 the residual stream, the logits and the cross-entropy stay float32; the unembedding and the
 loss are one chunked, fused function (:func:`linear_cross_entropy`) that never materialises the
 full (tokens × vocabulary) logits; AdamW is the fused kernel. Held-out losses are always float32.

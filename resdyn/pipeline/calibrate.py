@@ -13,6 +13,13 @@ jobs are mostly start-up: its other classes cannot be measured and keep the tabl
 ``time_factor = Σ measured / Σ predicted`` over the rule's jobs (after the rate fit), and
 ``mem_factor = max_j measured peak / planned host memory``. ``resdyn plan`` and the SLURM
 resources multiply by them (:func:`resdyn.cluster.gpu_kinds.measured_factor`).
+
+Kind ``cpu`` (:data:`CPU_KIND`) calibrates a run whose GPU rules ran on CPUs (a CPU-only
+cluster, the local test SLURM): every job is priced as a CPU job (the config's ``device: cpu``)
+and fitted to the ``cpu`` row; a job whose log names a GPU is refused, so kinds never mix.
+Beside the fit, SLURM's accounting (``sacct``, for the job ids Snakemake's log records) and the
+plugin's efficiency report are summarised per rule where the run has them; the fit itself reads
+the benchmark files (each job's own wall seconds and peak memory), and the printed table says so.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ MIN_SHARE = 0.1
 MAX_CHANGE = 10.0
 #: The plugin's efficiency report (``--slurm-efficiency-report``): CSV files of this pattern.
 EFFICIENCY_GLOB = "efficiency_report_*.csv"
+
+#: The kind that calibrates a run whose GPU rules ran on CPUs.
+CPU_KIND = "cpu"
+#: What sacct reports per job (``sacct -P -n -o``): the plugin names each job's comment ``rule_{rule}_...``.
+SACCT_FIELDS = ("JobID", "Comment", "State", "Elapsed", "TotalCPU", "MaxRSS")
+#: Snakemake's log line of each SLURM submission.
+SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+)")
 
 _DEVICE = re.compile(r"; device (cpu|cuda:[^;]+?)(?:,|;|$)", re.M)
 
@@ -81,7 +95,7 @@ def device_kind(device: str | None, gpu: bool, kind: str | None) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def measured_jobs(run: Path, config: dict, kind: str) -> pd.DataFrame:
+def measured_jobs(run: Path, config: dict, kind: str | None) -> pd.DataFrame:
     """One row per priced job of ``config`` with a benchmark file under ``run``: rule, wildcards,
     gpu, device kind, threads, measured seconds and peak bytes, and its :class:`resdyn.cluster.cost.Cost`.
 
@@ -116,15 +130,36 @@ def measured_jobs(run: Path, config: dict, kind: str) -> pd.DataFrame:
 
 
 def check_kind(jobs: pd.DataFrame, kind: str) -> None:
-    """Every GPU job ran on ``kind``: else one line naming a job, its device and the kind."""
+    """Every GPU job ran on ``kind`` (kind ``cpu``: every job ran on a CPU): else one line naming
+    a job, its device and the kind."""
+    if kind == CPU_KIND:
+        other = jobs[jobs.log_device.str.startswith("cuda")]
+        if len(other):
+            j = other.iloc[0]
+            raise CalibrationError(
+                f"job {j.rule} {j.job} ran on {j.log_device}, not a CPU ({len(other)} of {len(jobs)} jobs): "
+                "--gpu cpu calibrates a run whose jobs all ran on CPUs; for a GPU run name its kind "
+                "(--gpu KIND, a kind of resdyn/data/gpus.yaml)"
+            )
+        return
     other = jobs[jobs.gpu & (jobs.device != kind)]
     if len(other):
         j = other.iloc[0]
         raise CalibrationError(
             f"job {j.rule} {j.job} ran on {j.log_device or 'an unknown device'}, not GPU kind {kind!r} "
             f"({len(other)} of {int(jobs.gpu.sum())} GPU jobs): calibrate one GPU kind at a time "
-            "(--gpu KIND, a kind of resdyn/data/gpus.yaml) on a run whose GPU jobs all ran on it"
+            "(--gpu KIND, a kind of resdyn/data/gpus.yaml, or --gpu cpu for a run on CPUs) on a run "
+            "whose GPU jobs all ran on it"
         )
+
+
+def cpu_config(config: dict) -> dict:
+    """``config`` as a run on CPUs prices it: ``device: cpu`` globally and in every model's overrides."""
+    models = {}
+    for name, entry in config["models"].items():
+        over = {k: v for k, v in (entry.get("overrides") or {}).items() if k != "device"}
+        models[name] = {**entry, "overrides": over} if "overrides" in entry else entry
+    return {**config, "device": "cpu", "models": models}
 
 
 def _speedup(device: str, op: str, threads: int) -> float:
@@ -236,6 +271,78 @@ def calibrate(jobs: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
     return kinds, pd.DataFrame(rows)
 
 
+def submitted_job_ids(run: Path) -> list[str]:
+    """The SLURM job ids Snakemake's logs in the run folder (``.snakemake/log/``) record."""
+    ids: list[str] = []
+    for log in sorted(Path(run).glob(".snakemake/log/*.snakemake.log")):
+        ids += SUBMITTED.findall(log.read_text(encoding="utf-8", errors="replace"))
+    return list(dict.fromkeys(ids))
+
+
+def sacct_table(text: str) -> pd.DataFrame:
+    """Per rule, from ``sacct -P -n -o`` :data:`SACCT_FIELDS` output (allocation lines only): jobs,
+    Σ elapsed seconds, Σ CPU seconds and the largest MaxRSS (MB) of a job's steps."""
+    rows, peak = [], {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != len(SACCT_FIELDS):
+            continue
+        rec = dict(zip(SACCT_FIELDS, parts))
+        base = rec["JobID"].split(".")[0]
+        peak[base] = max(peak.get(base, 0.0), _sacct_mb(rec["MaxRSS"]))
+        m = re.match(r"'?rule_(\w+?)(?:_wildcards_|'?$)", rec["Comment"])
+        if "." not in rec["JobID"] and m:
+            rows.append(
+                {"job": base, "rule": m[1], "elapsed_s": _sacct_s(rec["Elapsed"]), "cpu_s": _sacct_s(rec["TotalCPU"])}
+            )
+    table = pd.DataFrame(rows, columns=["job", "rule", "elapsed_s", "cpu_s"])
+    table["max_rss_mb"] = [peak.get(j, 0.0) for j in table.job]
+    return table.groupby("rule", sort=True).agg(
+        jobs=("job", "size"), elapsed_s=("elapsed_s", "sum"), cpu_s=("cpu_s", "sum"), max_rss_mb=("max_rss_mb", "max")
+    )
+
+
+def _sacct_s(value: str) -> float:
+    """sacct's [D-][HH:]MM:SS[.fff] in seconds."""
+    days, _, hms = value.strip().rpartition("-")
+    parts = [float(p) for p in hms.split(":") if p] or [0.0]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    return 86400 * float(days or 0) + 3600 * parts[0] + 60 * parts[1] + parts[2]
+
+
+def _sacct_mb(value: str) -> float:
+    m = re.fullmatch(r"([\d.]+)([KMGT]?)", value.strip())
+    return float(m[1]) * {"K": 1 / 1024, "": 1 / 1024**2, "M": 1, "G": 1024, "T": 1024**2}[m[2]] if m else 0.0
+
+
+def sacct_lines(run: Path) -> list[str]:
+    """SLURM's accounting of the run's jobs per rule (``sacct``), or one line saying why there is none."""
+    import shutil
+    import subprocess
+
+    ids = submitted_job_ids(run)
+    if not ids:
+        return ["sacct: no SLURM job ids in the run's .snakemake/log/ (not a SLURM run)"]
+    if shutil.which("sacct") is None:
+        return [f"sacct: not on PATH; {len(ids)} SLURM jobs not read from accounting"]
+    cmd = ["sacct", "-P", "-n", "-j", ",".join(ids), "-o", ",".join(SACCT_FIELDS)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return [f"sacct: no answer within 60 s; {len(ids)} SLURM jobs not read from accounting"]
+    if res.returncode != 0:
+        why = (res.stderr.strip().splitlines() or ["exit status %d" % res.returncode])[-1]
+        return [f"sacct: {why} ({len(ids)} SLURM jobs not read from accounting)"]
+    table = sacct_table(res.stdout)
+    if table.empty:
+        return [f"sacct: no records of the run's {len(ids)} SLURM jobs (accounting storage off or purged)"]
+    lines = ["sacct (SLURM accounting; shown beside the fit, which reads the benchmark files):"]
+    return lines + [
+        "  " + ln for ln in table.reset_index().to_string(index=False, float_format=lambda x: f"{x:.3g}").splitlines()
+    ]
+
+
 def efficiency_reports(run: Path) -> list[Path]:
     """The SLURM plugin's efficiency reports in the run folder (``--slurm-efficiency-report``)."""
     return sorted(Path(run).glob(EFFICIENCY_GLOB)) + sorted(Path(run).glob(f"logs/**/{EFFICIENCY_GLOB}"))
@@ -280,16 +387,22 @@ def render(table: pd.DataFrame) -> str:
 
 
 def run_command(run: Path, config: dict, kind: str, write: Path, source: str) -> str:
-    """``resdyn calibrate``: measure, check the GPU kind, fit, write the rates file; the printed text."""
-    jobs = measured_jobs(run, config, kind)
+    """``resdyn calibrate``: measure, check the device kind, fit, write the rates file; the printed text."""
+    cpu = kind == CPU_KIND
+    jobs = measured_jobs(run, cpu_config(config) if cpu else config, None if cpu else kind)
     check_kind(jobs, kind)
     kinds, table = calibrate(jobs)
     write_rates(write, kinds, source)
-    lines = [render(table), ""]
+    lines = [
+        f"source of the fit: the benchmark files under {run / 'benchmarks/out'} ({len(jobs)} jobs)",
+        render(table),
+        "",
+    ]
     for device, entry in kinds.items():
         fitted = ", ".join(f"{op} {rate:.3g}" for op, rate in entry["rates"].items()) or "none (start-up bound)"
         lines.append(f"{device}: start-up x{entry['startup_factor']:.3g}; fitted rates: {fitted}")
     lines.append(f"wrote {write}: `resdyn plan` and the SLURM resources use it (RESDYN_GPU_RATES=none: off)")
+    lines += sacct_lines(run)
     reports = efficiency_reports(run)
     for report in reports:
         lines += efficiency_lines(report)

@@ -135,8 +135,8 @@ class _FlashHeadKL(torch.autograd.Function):
     are what attention computes with queries y, keys W, values W and scale 1: the output
     ``softmax(y Wᵀ) W`` and the logsumexp of the scores. PyTorch's CPU flash-attention kernel
     computes them in tiles (online softmax, float32 accumulation), so the (tokens × V) logits
-    never reach memory; measured 2.3× faster per chunk than matmul + softmax + matmul at
-    d = 64, V = 2048 on one core (docs/speed.md). The gradient is computed in the forward (the
+    never reach memory (``benchmarks/lens.py`` times it against matmul + softmax + matmul,
+    docs/speed.md). The gradient is computed in the forward (the
     loss is summed per token) and the backward only scales it.
     Shapes: y (..., N, d), w (V, d) of y's dtype, m (N, d), neg_entropy (N,) → (..., N) in y's dtype.
     """
