@@ -55,7 +55,10 @@ TWO_GPU_RTOL = 1e-5
 AUTOGRAD_PROBES = 4
 #: The three priced rules timed here and the config model each runs on.
 TIMED = {"jacobians": "check4", "lens": "check4", "spectra": "check1"}
-INSTALL = "a CUDA build of torch (e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128)"
+INSTALL = (
+    "a CUDA build of torch (make setup TORCH_BUILD=cuda, or pip install torch --index-url "
+    "https://download.pytorch.org/whl/cu128)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,9 +237,9 @@ class Report:
         measured here) and, on a GPU, peak device memory vs the plan's."""
         self.timings.append(t)
         planned_s = cost.seconds(t.price, kind) - t.price.fixed_s
-        self.row(f"{t.rule}: {t.unit} (work only)", t.amount / t.seconds, t.unit, t.amount / planned_s)
+        self.row(f"{t.rule} job: {t.unit} (work only)", t.amount / t.seconds, t.unit, t.amount / planned_s)
         if np.isfinite(t.peak):
-            self.row(f"{t.rule}: peak device memory", t.peak / 1e9, "GB", t.price.device_bytes / 1e9)
+            self.row(f"{t.rule} job: peak device memory", t.peak / 1e9, "GB", t.price.device_bytes / 1e9)
 
 
 def time_jacobians(model, config: dict, kind: str, dev: torch.device, work: Path, report: Report) -> Path:

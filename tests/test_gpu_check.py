@@ -59,7 +59,7 @@ def test_the_dry_run_times_each_priced_rule_and_passes_its_checks(dry_run):
     assert stdout.startswith("numerics: TF32 off (fp32_precision {'global': 'ieee'"), stdout[:300]
     rows = _rows(stdout)
     for rule, unit in (("jacobians", "samples/s"), ("lens", "tokens/s"), ("spectra", "sublayers/s")):
-        measured, got_unit, planned, ratio = rows[f"{rule}: {unit} (work only)"]
+        measured, got_unit, planned, ratio = rows[f"{rule} job: {unit} (work only)"]
         assert got_unit == unit and float(measured) > 0 and float(planned) > 0 and float(ratio) > 0, rule
     autograd = [v for k, v in rows.items() if k.startswith("autograd: ")]
     assert len(autograd) == 2 and all(float(v[0]) <= gpu_check.AUTOGRAD_RTOL for v in autograd), autograd
