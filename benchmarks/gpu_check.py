@@ -190,13 +190,14 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def priced_job(config: dict, rule: str, kind: str) -> tuple[dict, cost.Cost]:
-    """(wildcards, price) of the one job of ``rule`` on its :data:`TIMED` model."""
+def priced_job(config: dict, rule: str, kind: str) -> tuple[dict, cost.Cost, int]:
+    """(wildcards, price, CPU threads) of the one job of ``rule`` on its :data:`TIMED` model, as the
+    plan and ``resdyn calibrate`` price it."""
     from resdyn.pipeline import dag
 
     for r, w in dag.unique_jobs(config):
         if r == rule and w["model"] == TIMED[rule]:
-            return w, dag.job_cost(config, rule, w, kind)
+            return w, dag.job_cost(config, rule, w, kind), dag.threads_for(config, rule, w, kind)
     raise KeyError(f"the check's config has no {rule} job for model {TIMED[rule]}")
 
 
@@ -207,6 +208,7 @@ class Timing:
     rule: str
     wildcards: dict
     price: cost.Cost
+    threads: int
     seconds: float
     peak: float
     amount: float
@@ -236,7 +238,7 @@ class Report:
         """Rows of a timed job: rate measured vs planned (work only: the plan's start-up is not
         measured here) and, on a GPU, peak device memory vs the plan's."""
         self.timings.append(t)
-        planned_s = cost.seconds(t.price, kind) - t.price.fixed_s
+        planned_s = cost.seconds(t.price, kind, t.threads) - t.price.fixed_s
         self.row(f"{t.rule} job: {t.unit} (work only)", t.amount / t.seconds, t.unit, t.amount / planned_s)
         if np.isfinite(t.peak):
             self.row(f"{t.rule} job: peak device memory", t.peak / 1e9, "GB", t.price.device_bytes / 1e9)
@@ -248,7 +250,7 @@ def time_jacobians(model, config: dict, kind: str, dev: torch.device, work: Path
     own folder (the spectra job's input). Returns that folder."""
     from resdyn.study_a import jacobian
 
-    w, price = priced_job(config, "jacobians", kind)
+    w, price, threads = priced_job(config, "jacobians", kind)
     n, length, jc = config["samples"]["n"], config["samples"]["length"], config["jacobian"]
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(1)).numpy()
@@ -264,7 +266,7 @@ def time_jacobians(model, config: dict, kind: str, dev: torch.device, work: Path
         )  # fmt: skip
 
     seconds, peak, _ = measured_peak(job, dev)
-    report.job(Timing("jacobians", w, price, seconds, peak, n, "samples/s"), kind)
+    report.job(Timing("jacobians", w, price, threads, seconds, peak, n, "samples/s"), kind)
     return paths[0].parent
 
 
@@ -272,7 +274,7 @@ def time_lens(model, config: dict, kind: str, dev: torch.device, report: Report)
     """The ``lens`` job of the 4-layer model as workflow/scripts/lens.py runs it (bfloat16 readout)."""
     from resdyn.study_b import lens
 
-    w, price = priced_job(config, "lens", kind)
+    w, price, threads = priced_job(config, "lens", kind)
     lc, length = config["lens"], config["samples"]["length"]
     skip = ("checkpoints", "n_train_blocks", "n_heldout_blocks", "checkpoint_every", "source", "path", "repo")
     opts = {k: v for k, v in lc.items() if k not in (*skip, "repo_type", "revision")}
@@ -291,7 +293,8 @@ def time_lens(model, config: dict, kind: str, dev: torch.device, report: Report)
         )
 
     seconds, peak, _ = measured_peak(job, dev)
-    report.job(Timing("lens", w, price, seconds, peak, lc["steps"] * lc["tokens_per_step"], "tokens/s"), kind)
+    tokens = lc["steps"] * lc["tokens_per_step"]
+    report.job(Timing("lens", w, price, threads, seconds, peak, tokens, "tokens/s"), kind)
 
 
 def time_spectra(config: dict, kind: str, gpu: bool, dev: torch.device, folder: Path, report: Report) -> None:
@@ -301,7 +304,7 @@ def time_spectra(config: dict, kind: str, gpu: bool, dev: torch.device, folder: 
     from resdyn.lm import models
     from resdyn.study_a import spectral
 
-    w, price = priced_job(config, "spectra", kind)
+    w, price, threads = priced_job(config, "spectra", kind)
     sc = config["spectra"]
     device = models.device_name(cost.linalg_device(config, kind if gpu else None))
 
@@ -314,7 +317,7 @@ def time_spectra(config: dict, kind: str, gpu: bool, dev: torch.device, folder: 
         spectral.bottleneck_table(files.means, spectra=arrays)
 
     seconds, peak, _ = measured_peak(job, dev)
-    report.job(Timing("spectra", w, price, seconds, peak, 2, "sublayers/s"), kind)
+    report.job(Timing("spectra", w, price, threads, seconds, peak, 2, "sublayers/s"), kind)
 
 
 def hf_vjp_rows(layer, call: tuple, h: torch.Tensor, t: int, probes: torch.Tensor, m: torch.Tensor | None = None):
@@ -374,12 +377,11 @@ def autograd_errors(model, ids: torch.Tensor, jacs: dict, t: int) -> dict[str, f
     return errors
 
 
-def check_jacobians(model, dev: torch.device, report: Report) -> None:
+def check_jacobians(model, length: int, dev: torch.device, report: Report) -> None:
     """Layer 0's Jacobians of one sample against autograd (:func:`autograd_errors`, fails above
     :data:`AUTOGRAD_RTOL`), and computed twice: bit-identical or not (reported)."""
     from resdyn.study_a import jacobian
 
-    length = PAPER.length if dev.type == "cuda" else DRY.length
     ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(2)).to(dev)
     engine = jacobian.JacobianEngine(model, [0])
     first = engine.compute(ids, "last")
@@ -620,7 +622,7 @@ def single_gpu_check(args: argparse.Namespace, dev: torch.device, report: Report
     model = build_model(sh, 4, torch.bfloat16, dev)
     with tempfile.TemporaryDirectory() as work:  # the Jacobian files (GBs at paper shapes) are not kept
         folder = time_jacobians(model, config, kind, dev, Path(work), report)
-        check_jacobians(model, dev, report)
+        check_jacobians(model, sh.length, dev, report)
         time_lens(model, config, kind, dev, report)
         del model
         time_spectra(config, kind, cuda, dev, folder, report)

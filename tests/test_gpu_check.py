@@ -107,7 +107,7 @@ def test_the_autograd_check_fails_on_a_planted_wrong_jacobian(monkeypatch):
     monkeypatch.setattr(jacobian.JacobianEngine, "compute", planted)
     report = gpu_check.Report()
     big = gpu_check.build_model(gpu_check.DRY, 4, torch.bfloat16, torch.device("cpu"))
-    gpu_check.check_jacobians(big, torch.device("cpu"), report)
+    gpu_check.check_jacobians(big, gpu_check.DRY.length, torch.device("cpu"), report)
     assert len(report.failures) == 1 and "layer 0 attention Jacobian" in report.failures[0], report.failures
     monkeypatch.setattr(gpu_check, "single_gpu_check", lambda args, dev, rep: rep.fail("planted"))
     before = precision.fp32_precision()
