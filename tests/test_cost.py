@@ -491,31 +491,6 @@ def test_every_submitted_rule_takes_its_resources_from_the_cost_model_and_no_oth
     assert "?site.set_resources(" in (REPO / "profiles" / "slurm" / "config.yaml").read_text()
 
 
-@pytest.mark.slow
-def test_gpu_check_dry_run_prints_its_table_and_the_rates_for_cost_py(hub_env):
-    """benchmarks/gpu_check.sh --dry checks its results and ends with MEASURED_RATES.
-
-    The dry run is the CPU fallback at d = 256 (seconds): the Jacobians of both engines agree and
-    the eigen-analyses agree with the host.
-    """
-    res = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh", "--dry"],
-        capture_output=True,
-        text=True,
-        env={**hub_env, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable},
-        cwd=REPO,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = res.stdout
-    table = {line.split("  ")[0].strip(): line for line in out.splitlines()}
-    for what in ("jacobians: max |Δ| attn", "jacobians: max |Δ| mlp", "eigvals: max |Δλ|", "eig with vectors: max"):
-        line = next(v for k, v in table.items() if k.startswith(what))
-        assert float(re.split(r"\s{2,}", line)[1]) < 1e-5, line  # the measured column
-    rates = out[out.index("MEASURED_RATES = {") :]
-    assert all(f'"{op}"' in rates for op in ("gemm32", "gemm64", "eig", "svd", "svdvals", "stream"))
-
-
 def test_short_jobs_get_one_thread_long_gpu_jobs_the_host_threads(paper_a):
     config = rc.load_config(REPO / "config.yaml")
     # the zoo's GPU-capable linear algebra (device: auto) is seconds of work: one thread, so that a

@@ -684,3 +684,76 @@ def test_iter_batch_frees_each_samples_jacobians_before_the_next():
         seen += 1
         del out
     assert seen == 3
+
+
+#: Tensor methods that read a value back to the host (on a GPU each waits for the device to finish).
+HOST_READS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__index__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """A Counter of the host reads (:data:`HOST_READS`) made while ``counting`` is true."""
+    import collections
+
+    counts: collections.Counter = collections.Counter()
+    counts.counting = False
+
+    def wrap(name, original):
+        def method(self, *args, **kwargs):
+            if counts.counting:
+                counts[name] += 1
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, wrap(name, getattr(torch.Tensor, name)))
+    return counts
+
+
+@pytest.mark.parametrize("name", ["llama", "olmo2", "gemma4", "gpt2", "gpt_neox"])
+def test_the_jacobian_loop_reads_nothing_back_to_the_host(name, host_reads):
+    """Every layer's and position's Jacobians are computed without one host read (norm scales,
+    Gemma 4's per-layer input and the residual branches stay device tensors)."""
+    model = make_model(name)
+    engine = jacobian.JacobianEngine(model)
+    batch = torch.stack([sample_ids(seed=3), sample_ids(seed=4)])
+    host_reads.counting = True
+    out = list(engine.iter_batch(batch, POSITIONS))
+    host_reads.counting = False
+    assert len(out) == 2 and all(torch.isfinite(j).all() for o in out for j in o.values())
+    assert not host_reads, dict(host_reads)
+
+
+def test_the_block_writer_reads_back_once_per_sample_and_sublayer(tmp_path, host_reads):
+    """Per sample: one copy of every sublayer's finiteness flag and summaries, then each sublayer's
+    float64 sum (the d × d data): 1 + K host reads for K sublayers, whatever the positions."""
+    model = make_model("llama")
+    paths = {layer: tmp_path / f"layer{layer:03d}.h5" for layer in (0, 1)}
+    n, kinds = 3, 4
+    host_reads.counting = True
+    jacobian.write_layer_block(model, _samples(n), [1, 2, 3], [0, 1], paths, POSITIONS, attrs=ATTRS, progress=False)
+    host_reads.counting = False
+    assert dict(host_reads) == {"cpu": n * (1 + kinds)}
+
+
+def test_the_gpu_tangent_chunk_covers_d_in_one_pass_at_paper_shapes():
+    """Llama 3.1 8B (d 4,096, 32 heads of 128) at T = 128: one vmap pass on a GPU; the CPU's 1 GiB
+    budget needs two (4,080 directions); at T = 2,048 the GPU chunk stays within its budget."""
+    from types import SimpleNamespace
+
+    from resdyn.numerics import sizes
+
+    llama8b = SimpleNamespace(n_heads=32, head_dim=128)
+    assert jacobian._attn_chunk(llama8b, 128, 4096, gpu=True) == 4096
+    assert jacobian._attn_chunk(llama8b, 128, 4096, gpu=False) == 4080
+    long = jacobian._attn_chunk(llama8b, 2048, 4096, gpu=True)
+    assert 1 <= long < 4096 and long * sizes.attention_tangent_bytes(32, 128, 2048) <= sizes.TANGENT_BUDGET_GPU_BYTES
+    assert (long + 1) * sizes.attention_tangent_bytes(32, 128, 2048) > sizes.TANGENT_BUDGET_GPU_BYTES
+
+
+def test_spectral_norm_of_a_non_finite_matrix_is_nan():
+    j = torch.eye(4)[None].repeat(2, 1, 1)
+    j[1, 0, 1] = float("nan")
+    got = jacobian.spectral_norm(j)
+    assert got[0] == pytest.approx(1.0) and torch.isnan(got[1])

@@ -485,3 +485,44 @@ def test_a_job_given_gpus_never_falls_back_to_the_cpu_silently(monkeypatch, var,
         RuntimeError, match="config device: 'cuda' but no CUDA device is available: .*CONDA_OVERRIDE_CUDA"
     ):
         models.device_name("cuda")
+
+
+def test_a_zoo_training_state_from_other_numerics_is_ignored_with_one_line(tmp_path, tok_dir, monkeypatch, caplog):
+    """The training state's fingerprint carries the numerics record (GPU model, versions, fp32
+    precision): a state saved under another record is ignored with one line naming both, and training
+    starts over; under the same record it resumes."""
+    from resdyn.numerics import precision
+
+    def numerics_of(gpu: str) -> None:
+        record = {**precision.numerics_record("cpu"), "device": "cuda", "gpus": [gpu], "torch": "2.13.0+cu128"}
+        monkeypatch.setattr(precision, "numerics_record", lambda device: dict(record))
+
+    class Stop(Exception):
+        pass
+
+    save = zoo._save_training_state
+
+    def save_then_stop(*args, **kwargs):
+        save(*args, **kwargs)
+        raise Stop
+
+    reference = _train(tok_dir, tmp_path, "ref", steps=8)
+    for resumed_on, resumes in (("NVIDIA H100 80GB HBM3", True), ("NVIDIA A100-SXM4-80GB", False)):
+        numerics_of("NVIDIA H100 80GB HBM3")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(zoo, "_save_training_state", save_then_stop)
+            with pytest.raises(Stop):
+                _train(tok_dir, tmp_path, resumed_on, steps=8, state_every=4)
+        numerics_of(resumed_on)
+        caplog.clear()
+        with caplog.at_level("INFO", logger=zoo.log.name):
+            curve = _train(tok_dir, tmp_path, resumed_on, steps=8, state_every=4)
+        ignored = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+        resumed = [r.getMessage() for r in caplog.records if "resuming training from step 4" in r.getMessage()]
+        if resumes:
+            assert not ignored and len(resumed) == 1, caplog.text
+        else:
+            assert len(ignored) == 1 and not resumed, caplog.text
+            line = ignored[0]
+            assert "\n" not in line and "NVIDIA H100 80GB HBM3" in line and "NVIDIA A100-SXM4-80GB" in line, line
+        np.testing.assert_allclose(curve["heldout_loss"], reference["heldout_loss"], rtol=0, atol=0)

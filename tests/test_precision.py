@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from resdyn import artifacts
-from resdyn.artifacts.base import resume_mismatch
+from resdyn.io import resume_mismatch
 from resdyn.lm import decompose, generic
 from resdyn.numerics import precision
 from resdyn.study_a import jacobian

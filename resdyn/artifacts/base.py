@@ -150,29 +150,3 @@ def kinds(spec: str) -> dict[str, str]:
         assert kind in _KINDS, kind
         out[name] = kind
     return out
-
-
-def resume_mismatch(saved: Any, wanted: str, otherwise: str) -> str:
-    """Why a checkpoint whose key is ``saved`` is not resumed by a job whose key is ``wanted``.
-
-    Keys are :func:`resdyn.numerics.precision.resume_key` JSON (``{"numerics": ..., "sha256": ...}``).
-    When both parse and their numerics differ (another GPU model, torch/CUDA/cuDNN/cuBLAS version
-    or fp32 precision setting), one line naming what each side had; else ``otherwise``.
-    """
-    import json
-
-    try:
-        was, now = json.loads(str(saved))["numerics"], json.loads(wanted)["numerics"]
-    except (TypeError, ValueError, KeyError):
-        return otherwise
-    if not isinstance(was, dict) or not isinstance(now, dict) or was == now:
-        return otherwise
-    keys = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
-
-    def side(rec: dict) -> str:
-        return ", ".join(f"{k} {rec.get(k)!r}" for k in keys)
-
-    return (
-        f"it was written with {side(was)} and this job runs with {side(now)}: "
-        "resuming would mix the numerics of two GPU/library setups"
-    )

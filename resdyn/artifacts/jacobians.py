@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from resdyn import io
-from resdyn.artifacts.base import CKPT_DIR, Artifact, resume_mismatch
+from resdyn.artifacts.base import CKPT_DIR, Artifact
 from resdyn.io import PathLike
 
 __all__ = ["Loaders", "JacobianFiles", "JacobianBlocks", "JacobianSums"]
@@ -592,7 +592,7 @@ class JacobianSums:
                 arrays = {k: data[k] for k in data.files}
             if str(arrays["fingerprint"]) != fingerprint:
                 generic = "it was written for other samples, layers, positions, options or attrs"
-                raise ValueError(resume_mismatch(arrays["fingerprint"], fingerprint, generic))
+                raise ValueError(io.resume_mismatch(arrays["fingerprint"], fingerprint, generic))
             if not 0 < int(arrays["next_index"]) <= n_samples:
                 raise ValueError(f"next sample index {int(arrays['next_index'])} outside 1..{n_samples}")
             acc.load(arrays)

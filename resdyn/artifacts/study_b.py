@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from resdyn import io
-from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact, kinds, resume_mismatch
+from resdyn.artifacts.base import CKPT_DIR, Artifact, ArtifactError, TsvArtifact, kinds
 from resdyn.io import PathLike
 
 __all__ = [
@@ -276,7 +276,7 @@ class LensCheckpoint(Artifact):
                 raise ValueError(f"it is not a {cls.FORMAT} file")
             if state.get("key") != key:
                 generic = "it was written for another model, other tokens or other options"
-                raise ValueError(resume_mismatch(state.get("key"), key, generic))
+                raise ValueError(io.resume_mismatch(state.get("key"), key, generic))
         except Exception as err:  # noqa: BLE001 — a corrupt or foreign file must not stop training
             warnings.warn(f"ignoring lens checkpoint {path}: {err}", stacklevel=stacklevel + 1)
             logging.getLogger(__name__).warning("ignoring lens checkpoint %s: %s", path, err)

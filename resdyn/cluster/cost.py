@@ -55,7 +55,7 @@ from resdyn.cluster.gpu_kinds import (
 )
 from resdyn.lm import families
 from resdyn.numerics.linalg import k_from_fraction
-from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, TANGENT_BUDGET_BYTES
+from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, attention_tangent_bytes, tangent_chunk
 
 WEIGHT_READ_BPS = 1.0e9
 
@@ -283,8 +283,8 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     B = jc.get("n_groups", 0)
     # float64 sums; the first n whole Jacobians; B group means (float32) and the current group's start
     acc = L * s.jacobian_groups * (8.0 * d * d + n_first * P * 4.0 * d * d + (B * 4.0 + 8.0) * d * d * (B > 0))
-    # tangent chunk of resdyn.study_a.jacobian._attn_chunk: ≤ 1 GiB by its per-direction bound
-    chunk = max(1, min(d, int(TANGENT_BUDGET_BYTES // (4 * (8 * s.n_heads * (T + 1) + 8 * s.d_q)))))
+    # the tangent chunk the engine runs (resdyn.study_a.jacobian._attn_chunk)
+    chunk = tangent_chunk(d, attention_tangent_bytes(s.n_heads, s.hd, T), gpu)
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
     stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
     # the batch's boundary states through the block (model dtype, then the fp32 copy) and one

@@ -293,7 +293,8 @@ def train_zoo_model(
     eval_ids = _eval_windows(heldout_stream, seq_len, n_eval_windows, seed)
     unigram = unigram_cross_entropy(train_stream, eval_ids.numpy()[:, 1:], len(tok))
     hparams = (steps, batch_size, seq_len, lr, warmup, weight_decay, eval_every, n_eval_windows, seed, precision)
-    fingerprint = _training_fingerprint(arch, train_stream, heldout_stream, checkpoint_dirs, hparams)
+    device = next(model.parameters()).device
+    fingerprint = _training_fingerprint(arch, train_stream, heldout_stream, checkpoint_dirs, hparams, device)
     state_path = Path(state_path)
     start, rows, running = _resume(state_path, fingerprint, model, opt)
 
@@ -367,10 +368,17 @@ def _training_fingerprint(
     heldout_stream: np.ndarray,
     checkpoint_dirs: dict[int, str | Path],
     hparams: tuple[Any, ...],
+    device: torch.device | str = "cpu",
 ) -> str:
-    """The training setup a saved state belongs to: sha256 of the two token streams + repr of the
-    architecture, checkpoint steps and hyperparameters (a state is only resumed under exactly this setup)."""
-    return io.sha256_array(train_stream, heldout_stream) + repr((arch, sorted(checkpoint_dirs), *hparams))
+    """The training setup a saved state belongs to, as a :func:`resdyn.numerics.precision.resume_key`:
+    sha256 of the two token streams and of the repr of the architecture, checkpoint steps and
+    hyperparameters, with the numerics of the device it trains on (a state is only resumed under
+    exactly this setup)."""
+    from resdyn.numerics import precision
+
+    setup = repr((arch, sorted(checkpoint_dirs), *hparams))
+    digest = io.sha256_array(train_stream, heldout_stream, np.frombuffer(setup.encode(), dtype=np.uint8))
+    return precision.resume_key(digest, precision.resume_numerics(device))
 
 
 def _resume(
@@ -387,7 +395,8 @@ def _resume(
             start, rows, running = state["step"], state["rows"], state["running"]
             log.info("resuming training from step %d (%s)", start, state_path)
         else:
-            log.warning("ignoring %s: made by a different training setup", state_path)
+            why = io.resume_mismatch(state.get("fingerprint"), fingerprint, "made by a different training setup")
+            log.warning("ignoring %s: %s", state_path, why)
     return start, rows, running
 
 

@@ -127,5 +127,5 @@ def resume_numerics(device: str | torch.device) -> dict[str, Any]:
 def resume_key(digest: str, numerics: dict[str, Any]) -> str:
     """A checkpoint's key: the SHA-256 ``digest`` of its inputs and options with the
     :func:`resume_numerics` it was computed under, as sorted JSON ``{"numerics": ..., "sha256": ...}``
-    (:func:`resdyn.artifacts.base.resume_mismatch` reads it back to name both setups)."""
+    (:func:`resdyn.io.resume_mismatch` reads it back to name both setups)."""
     return json.dumps({"numerics": numerics, "sha256": digest}, sort_keys=True, default=str)

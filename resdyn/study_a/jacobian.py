@@ -60,7 +60,13 @@ from resdyn.io import sha256_array
 from resdyn.lm import decompose, norms, structure, sublayers
 from resdyn.numerics import precision
 from resdyn.numerics.checks import is_int
-from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, POWER_ITERATIONS, TANGENT_BUDGET_BYTES
+from resdyn.numerics.sizes import (
+    EXACT_SPECTRAL_MAX_D,
+    JACOBIAN_GPU_BATCH,
+    POWER_ITERATIONS,
+    attention_tangent_bytes,
+    tangent_chunk,
+)
 
 # The file layout's group names, defined by the artifact class (see its docstring).
 KINDS = JacobianBlocks.KINDS
@@ -162,7 +168,8 @@ def rms_right(a: torch.Tensor, x: torch.Tensor, norm: nn.Module) -> torch.Tensor
     inv_r = torch.rsqrt(x.pow(2).mean() + eps)
     w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
     out = a * (w * inv_r)
-    return out.sub_(torch.outer(a @ (w * x), x), alpha=float(inv_r**3) / d)
+    # 1/(d r³) stays a device tensor (a Python float would sync the host once per norm)
+    return out.sub_(torch.outer(a @ (w * x), x * (inv_r.pow(3) / d)))
 
 
 def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -172,7 +179,7 @@ def rms_left(z: torch.Tensor, a: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     inv_r = torch.rsqrt(z.pow(2).mean() + eps)
     w = torch.ones_like(z) if weight is None else weight.to(z.dtype)
     out = a * (w * inv_r)[:, None]
-    return out.sub_(torch.outer(w * z, z @ a), alpha=float(inv_r**3) / d)
+    return out.sub_(torch.outer(w * z * (inv_r.pow(3) / d), z @ a))
 
 
 def _layer_norm_stats(x: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,7 +315,7 @@ def attn_jacobian(
     def column(*directions: torch.Tensor) -> torch.Tensor:
         return core.jvp(primals, directions)[1]  # constants as zero-tangent primals (arch.AttentionCore)
 
-    chunk = chunk_size or _attn_chunk(adapter, h.shape[0], x.shape[-1])
+    chunk = chunk_size or _attn_chunk(adapter, h.shape[0], x.shape[-1], x.is_cuda)
     heads = torch.func.vmap(column, chunk_size=chunk)(*tangents)  # (d, H·hd): row j = ∂o/∂x_j
     jac = nn.functional.linear(heads, adapter.out_weight()).transpose(0, 1)  # W_o ∂o/∂x
     if post is not None:
@@ -364,25 +371,21 @@ def mlp_jacobian(
     return jac
 
 
-def _attn_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
-    """Tangent chunk for the attention core within :data:`TANGENT_BUDGET_BYTES`.
-
-    Per tangent ≈ 4 bytes × (8·H·(T+1) + 8·H·hd) of activations.
-    """
-    heads = adapter.n_heads
-    per_tangent = 4 * (8 * heads * (length + 1) + 8 * heads * adapter.head_dim)
-    return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
+def _attn_chunk(adapter: sublayers.LayerSublayers, length: int, d: int, gpu: bool) -> int:
+    """Tangent chunk for the attention core: :func:`resdyn.numerics.sizes.tangent_chunk` of the
+    per-direction bound :func:`resdyn.numerics.sizes.attention_tangent_bytes` (one pass over d
+    where the budget of the device holds it)."""
+    return tangent_chunk(d, attention_tangent_bytes(adapter.n_heads, adapter.head_dim, length), gpu)
 
 
-def _jvp_chunk(adapter: sublayers.LayerSublayers, length: int, d: int) -> int:
-    """Tangent chunk for the reference forward-mode path within :data:`TANGENT_BUDGET_BYTES`.
+def _jvp_chunk(adapter: sublayers.LayerSublayers, length: int, d: int, gpu: bool) -> int:
+    """Tangent chunk for the reference forward-mode path (:func:`resdyn.numerics.sizes.tangent_chunk`).
 
     Per tangent ≈ 4 bytes × (8·d_ff + 8·d + 8·H·(T+1)).
     """
     d_ff = max(max(p.shape) for p in adapter.layer.parameters() if p.dim() == 2)
     heads = adapter.n_heads
-    per_tangent = 4 * (8 * d_ff + 8 * d + 8 * heads * (length + 1))
-    return int(max(1, min(d, TANGENT_BUDGET_BYTES // per_tangent)))
+    return tangent_chunk(d, 4 * (8 * d_ff + 8 * d + 8 * heads * (length + 1)), gpu)
 
 
 METHODS = ("structured", "jvp")
@@ -547,7 +550,7 @@ class JacobianEngine:
             full = ja + jm
             full.diagonal(dim1=-2, dim2=-1).add_(1.0)
         else:
-            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d)
+            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d, h.is_cuda)
             ja = torch.stack([forward_jacobian(adapter.attn_update_token_fn(h, t, ctx), h[t], chunk) for t in pos])
             jm = torch.stack([forward_jacobian(adapter.mlp_branch, h[t], chunk) for t in pos])
             full = torch.stack([forward_jacobian(adapter.layer_token_fn(h, t, ctx), h[t], chunk) for t in pos])
@@ -558,7 +561,7 @@ class JacobianEngine:
         if adapter.parallel:
             return self._parallel_layer(layer, states, ctx, pos)
         if self.generic:  # no explicit projections: forward mode through HF's modules
-            chunk = self.chunk_size or _jvp_chunk(adapter, states.shape[1], self.d)
+            chunk = self.chunk_size or _jvp_chunk(adapter, states.shape[1], self.d, states.is_cuda)
             h, m = states[2 * layer], states[2 * layer + 1]
             attn = [forward_jacobian(adapter.attn_token_fn(h, t, ctx), h[t], chunk) for t in pos]
             mlp = [forward_jacobian(adapter.mlp_token_fn(m, t, ctx), m[t], chunk) for t in pos]
@@ -572,7 +575,7 @@ class JacobianEngine:
             attn = [attn_jacobian(adapter, h, t, ctx, kv, self.chunk_size) for t in pos]
             mlp = [mlp_jacobian(adapter, m, t, ctx) for t in pos]
         else:
-            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d)
+            chunk = self.chunk_size or _jvp_chunk(adapter, h.shape[0], self.d, h.is_cuda)
             attn = [forward_jacobian(adapter.attn_token_fn(h, t, ctx, kv=kv), h[t], chunk) for t in pos]
             mlp = [forward_jacobian(adapter.mlp_token_fn(m, t, ctx), m[t], chunk) for t in pos]
         return {(layer, "attn"): torch.stack(attn), (layer, "mlp"): torch.stack(mlp)}
@@ -594,7 +597,7 @@ def sublayer_jacobians(
     layers: {"layer", "attn_branch", "mlp_branch"}, see :data:`PARALLEL_KINDS`) and J of shape
     (P, d, d), fp32, ``J[p] = ∂ out[t_p] / ∂ in[t_p]`` with the other positions frozen (see the
     module docstring). ``layers`` restricts the layers (default all); ``chunk_size`` is the
-    number of tangent directions per vmap batch (default: sized to ~1 GiB of activations);
+    number of tangent directions per vmap batch (default: :func:`resdyn.numerics.sizes.tangent_chunk`);
     ``method`` "structured" (default) or "jvp" (see :class:`JacobianEngine`).
     """
     return JacobianEngine(model, layers, chunk_size, method).compute(input_ids, positions)
@@ -609,12 +612,14 @@ def spectral_norm(jac: torch.Tensor) -> torch.Tensor:
     """σ_max of each (d, d) matrix in a (P, d, d) batch, float64.
 
     Exact (SVD) for d ≤ :data:`EXACT_SPECTRAL_MAX_D`; otherwise :data:`POWER_ITERATIONS` steps of
-    power iteration on JᵀJ from a fixed seeded start (deterministic; converges from below).
+    power iteration on JᵀJ from a fixed seeded start (deterministic; converges from below). NaN for
+    a matrix with a non-finite entry (decided on the device: no host read).
     """
     j = jac.double()
     d = j.shape[-1]
-    if d <= EXACT_SPECTRAL_MAX_D:
-        return torch.linalg.matrix_norm(j, ord=2)
+    if d <= EXACT_SPECTRAL_MAX_D:  # the SVD refuses non-finite input: NaN there instead
+        finite = torch.isfinite(j).all(-1).all(-1)
+        return torch.linalg.matrix_norm(j.nan_to_num(0.0, 0.0, 0.0), ord=2).where(finite, torch.nan)
     gen = torch.Generator(device="cpu").manual_seed(0)
     v = torch.randn(j.shape[0], d, 1, generator=gen, dtype=torch.float64).to(j.device)
     v = v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
@@ -631,15 +636,23 @@ def spectral_norm_method(d: int) -> str:
     return f"power iteration on J^T J, {POWER_ITERATIONS} steps, fixed seed 0, float64 (lower bound)"
 
 
-def summaries(jac: torch.Tensor) -> dict[str, np.ndarray]:
-    """Per-position scalars of a (P, d, d) batch: ‖J − I‖_F, tr J, σ_max (float64 arrays (P,))."""
+def summary_tensor(jac: torch.Tensor) -> torch.Tensor:
+    """Per-position scalars of a (P, d, d) batch as one float64 (3, P) tensor on J's device.
+
+    Rows in the order of :attr:`resdyn.artifacts.JacobianBlocks.SUMMARIES`: ‖J − I‖_F, tr J, σ_max
+    (:func:`spectral_norm`). Nothing is read back to the host.
+    """
     j = jac.double()
     eye = torch.eye(j.shape[-1], dtype=torch.float64, device=j.device)
-    return {
-        "fro_minus_identity": torch.linalg.matrix_norm(j - eye).cpu().numpy(),
-        "trace": torch.diagonal(j, dim1=-2, dim2=-1).sum(-1).cpu().numpy(),
-        "spectral_norm": spectral_norm(j).cpu().numpy(),
-    }
+    return torch.stack(
+        (torch.linalg.matrix_norm(j - eye), torch.diagonal(j, dim1=-2, dim2=-1).sum(-1), spectral_norm(j))
+    )
+
+
+def summaries(jac: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per-position scalars of a (P, d, d) batch: ‖J − I‖_F, tr J, σ_max (float64 arrays (P,);
+    :func:`summary_tensor` on the host)."""
+    return dict(zip(JacobianBlocks.SUMMARIES, summary_tensor(jac).cpu().numpy()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -688,6 +701,7 @@ def _fingerprint(
 
 
 def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_id: Any) -> None:
+    """FloatingPointError naming the model, sublayer and sample when ``jac`` has a NaN or Inf entry."""
     if not bool(torch.isfinite(jac).all()):
         n_nan = int(torch.isnan(jac).sum())
         n_inf = int(torch.isinf(jac).sum())
@@ -695,6 +709,16 @@ def _check_finite(jac: torch.Tensor, attrs: dict, layer: int, kind: str, sample_
             f"{_describe_model(attrs)}: layer {layer} sublayer {kind!r} sample id {sample_id!r}: the Jacobian has "
             f"{n_nan} NaN and {n_inf} Inf entries (allowed: finite values only)"
         )
+
+
+def _sample_scalars(jacs: dict[tuple[int, str], torch.Tensor]) -> np.ndarray:
+    """(K, 4, P) float64 on the host for a sample's K sublayers, in one device-to-host copy: per
+    sublayer a finiteness flag (1.0: every entry finite, repeated over P) and :func:`summary_tensor`."""
+    rows = []
+    for jac in jacs.values():
+        finite = torch.isfinite(jac).all().double().expand(1, jac.shape[0])
+        rows.append(torch.cat((finite, summary_tensor(jac))))
+    return torch.stack(rows).cpu().numpy()
 
 
 def write_layer_block(
@@ -834,17 +858,22 @@ def _accumulate_batch(
 ) -> None:
     """Add each sample's sublayer Jacobians to the running sums ``acc``, in sample order.
 
-    ``jacobians`` yields (sample index i, {(layer, kind): (P, d, d) Jacobian}). Per sublayer:
-    a finite check (FloatingPointError naming the sample id), the float64 sum over positions,
-    the per-position summaries, and the whole Jacobian when i < ``store_first_n``. After each
-    sample ``acc.next_index`` = i + 1 and ``bar`` advances by one.
+    ``jacobians`` yields (sample index i, {(layer, kind): (P, d, d) Jacobian}). Per sample the
+    finiteness flags and per-position summaries of every sublayer come to the host in one copy
+    (:func:`_sample_scalars`; a non-finite sublayer raises FloatingPointError naming the sample id
+    before anything is added); then per sublayer the float64 sum over positions (one d × d copy)
+    and the whole Jacobian when i < ``store_first_n``. After each sample ``acc.next_index`` = i + 1
+    and ``bar`` advances by one.
     """
     for i, jacs in jacobians:
-        for (layer, kind), jac in jacs.items():
-            _check_finite(jac, attrs, layer, kind, ids[i].item())
+        scalars = _sample_scalars(jacs)  # the sample's one host sync before its data is copied
+        for ((layer, kind), jac), flag in zip(jacs.items(), scalars[:, 0, 0]):
+            if flag != 1.0:
+                _check_finite(jac, attrs, layer, kind, ids[i].item())
+        for ((layer, kind), jac), values in zip(jacs.items(), scalars[:, 1:]):
             acc.sums[(layer, kind)] += jac.double().sum(0).cpu().numpy()
-            for s, values in summaries(jac).items():
-                acc.per[(layer, kind, s)][i] = values
+            for s, row in zip(JacobianBlocks.SUMMARIES, values):
+                acc.per[(layer, kind, s)][i] = row
             if i < store_first_n:
                 acc.first[(layer, kind)][i] = jac.cpu().numpy()
         del jacs  # the device copy goes before the next sample's Jacobians are computed
