@@ -110,6 +110,18 @@ CASES = [
     ("zero Leiden resolution", _set("topology.resolution", 0), "topology.resolution"),
     ("model name with a space", lambda c: c["models"].update({"my model": c["models"].pop("tiny_llama")}), "'models'"),
     ("lens.checkpoints unknown", _set("lens.checkpoints", "some"), "lens.checkpoints"),
+    ("lens.train_tokens negative", _set("lens.train_tokens", -1), "lens.train_tokens"),
+    (
+        "fresh lens tokens fewer than its steps use",
+        _set("lens.train_tokens", 2559),
+        "'lens.train_tokens': 2,559 (model tiny_llama) is less than lens.steps × lens.tokens_per_step = 20 × 128 = "
+        "2,560 tokens",
+    ),
+    (
+        "a model's fresh lens tokens fewer than its steps use",
+        _set(f"{M}.overrides", {"lens": {"steps": 21}}),
+        "(model tiny_llama) is less than lens.steps × lens.tokens_per_step = 21 × 128",
+    ),
     ("skip_positions leaves no token", _set("activations.skip_positions", 16), "activations.skip_positions"),
     ("vocab below the byte alphabet", _set("tokenizer.vocab_size", 100), "tokenizer.vocab_size"),
     ("section is not a mapping", _set("samples", 5), "'samples'"),

@@ -104,6 +104,8 @@ from resdyn.study_b.lens.stream import (  # noqa: F401
     TokenStream,
     as_batches,
     layer_major_states,
+    shuffled_rows,
+    stream_source,
     token_batches,
 )
 from resdyn.study_b.lens.trainer import (  # noqa: F401
