@@ -242,6 +242,7 @@ def _lens_arrays(n=3, d=4, seed=0):
     curves = pd.DataFrame(
         {
             "step": [0, 0, 5],
+            "tokens_seen": [0, 0, 640],
             "layer": [0, 1, 0],
             "split": ["heldout", "heldout", "train"],
             "kl": [1 / 3, np.pi * 1e-9, 2.0**-40 + 1.0],
@@ -319,7 +320,7 @@ def _nan_weight(folder):
         (
             lambda f: (f / "curves.tsv").write_text("step\tkl\n0\t1.0\n"),
             A.ArtifactError,
-            r"lens/curves.tsv: columns \['step', 'kl'\], expected \['step', 'layer', 'split', 'kl'\]",
+            r"lens/curves.tsv: columns \['step', 'kl'\], expected \['step', 'tokens_seen', 'layer', 'split', 'kl'\]",
         ),
         (lambda f: (f / "curves.tsv").write_text(""), ValueError, r"lens/curves.tsv: not a readable curves table"),
     ],

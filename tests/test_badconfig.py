@@ -110,6 +110,18 @@ CASES = [
     ("zero Leiden resolution", _set("topology.resolution", 0), "topology.resolution"),
     ("model name with a space", lambda c: c["models"].update({"my model": c["models"].pop("tiny_llama")}), "'models'"),
     ("lens.checkpoints unknown", _set("lens.checkpoints", "some"), "lens.checkpoints"),
+    ("lens.train_tokens negative", _set("lens.train_tokens", -1), "lens.train_tokens"),
+    (
+        "fresh lens tokens fewer than its steps use",
+        _set("lens.train_tokens", 2559),
+        "'lens.train_tokens': 2,559 (model tiny_llama) is less than lens.steps × lens.tokens_per_step = 20 × 128 = "
+        "2,560 tokens",
+    ),
+    (
+        "a model's fresh lens tokens fewer than its steps use",
+        _set(f"{M}.overrides", {"lens": {"steps": 21}}),
+        "(model tiny_llama) is less than lens.steps × lens.tokens_per_step = 21 × 128",
+    ),
     ("skip_positions leaves no token", _set("activations.skip_positions", 16), "activations.skip_positions"),
     ("vocab below the byte alphabet", _set("tokenizer.vocab_size", 100), "tokenizer.vocab_size"),
     ("section is not a mapping", _set("samples", 5), "'samples'"),
@@ -223,6 +235,35 @@ def test_snakemake_refuses_a_duplicate_key(tmp_path):
     hits = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "duplicate key 'samples'" in ln]
     assert len(hits) == 1 and "configs/bad.yaml:" in hits[0], proc.stderr[-2000:]
     assert not (tmp_path / "wf" / "results").exists()
+
+
+@pytest.mark.slow
+def test_lens_train_tokens_beyond_the_split_stop_its_job_with_one_line(tmp_path):
+    """More fresh lens tokens than the train split holds: the lens_tokens job stops with one line
+    naming the key, the tokens asked and held, and the split; it writes no lens_tokens.h5."""
+    cfg = copy.deepcopy(SMOKE)
+    cfg["lens"].update(train_tokens=10**9)
+    work = tmp_path / "wf"
+    ignore = __import__("shutil").ignore_patterns(
+        ".venv", ".git", "results", "models", "logs", ".snakemake", "__pycache__", "*.egg-info", "benchmarks", "tests"
+    )
+    __import__("shutil").copytree(ROOT, work, ignore=ignore)
+    (work / "configs" / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    target = "results/tiny_llama/lens_tokens.h5"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), target, "--cores", "1", "--configfile", "configs/bad.yaml"],
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": str(work)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0
+    log = (work / "logs" / "lens_tokens" / "tiny_llama.log").read_text()
+    hits = [ln for ln in log.splitlines() if "config key 'lens.train_tokens'" in ln]
+    assert len(hits) == 1, log[-3000:]
+    assert "1,000,000,000 tokens (62,500,000 windows of 16) plus lens.n_heldout_blocks=4" in hits[0], hits[0]
+    assert "the train split of dataset 'kjv' (results/data/kjv/train.jsonl) holds " in hits[0], hits[0]
+    assert not (work / target).exists()
 
 
 LLAMA_JSON = {

@@ -69,6 +69,7 @@ ZOO_OVERRIDES = {
     ("lens", "checkpoints"),
     ("lens", "lr"),
     ("lens", "tokens_per_step"),
+    ("lens", "train_tokens"),
     ("scaling", "groups"),
 }
 

@@ -240,12 +240,13 @@ def test_plan_is_complete_and_within_targets(paper_a, paper_b, which):
     t = plan.totals(jobs, gpus=1, cores=64, device="h100")
     assert all(np.isfinite([t.gpu_hours, t.cpu_hours, t.disk_gb, t.critical_h, t.wall_low_h]))
     assert t.critical_h <= t.wall_low_h <= t.wall_high_h
-    # budgets the paper presets stay within (paper-a ≤ 100 CPU-hours, paper-b ≤ 60 GPU-hours on H100s),
-    # at the calibrated CPU rates and the assumed H100 rates
+    # budgets the paper presets stay within (paper-a ≤ 100 CPU-hours, paper-b ≤ 80 GPU-hours on H100s,
+    # two thirds of it the lenses on tuned-lens's 65.5M fresh tokens), at the calibrated CPU rates and
+    # the assumed H100 rates
     if which == "a":
         assert t.cpu_hours <= 100, t
     else:
-        assert t.gpu_hours <= 60, t
+        assert t.gpu_hours <= 80, t
     text = plan.render(cfg, "h100", 1, 64)
     for word in ("GPU-hours", "CPU-hours", "critical path", "wall time", "host_gb", "device_gb", "disk_gb", "jobs"):
         assert word in text

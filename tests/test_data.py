@@ -106,3 +106,50 @@ def test_draw_blocks_deterministic_nonoverlapping():
     assert not np.array_equal(corpus.draw_blocks(stream, 10, 16, seed=1)[1], sids)
     with pytest.raises(ValueError, match="only 1000 tokens"):
         corpus.draw_blocks(stream, 100, 16, seed=0)
+
+
+class _Numbers:
+    """A stand-in tokenizer: a document of space-separated integers encodes to them; EOS is -1."""
+
+    eos_token_id = -1
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [int(t) for t in text.split()]}
+
+
+def test_fresh_lens_blocks_are_disjoint_from_heldout_and_analysis_and_used_once():
+    """Every token id of the corpus is unique (but EOS), so blocks share a token only where they
+    overlap in text. The lens's fresh training windows (⌈train_tokens / length⌉ of them, shuffled)
+    share no token with each other, with the lens's held-out windows, or with the analysis samples
+    drawn from the held-out documents."""
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(20, 200, size=300)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    docs = [" ".join(map(str, range(s, s + n))) for s, n in zip(starts, sizes)]
+    train_docs, held_docs = corpus.split_documents(docs, 0.1, seed=0)
+    tok, length, train_tokens, n_heldout = _Numbers(), 16, 20_000, 8
+    samples, _ = corpus.draw_blocks(corpus.token_stream(tok, held_docs), 50, length, seed=0)
+    stream = corpus.token_stream(tok, train_docs)
+    corpus.check_lens_stream(len(stream), train_tokens, n_heldout, length, "the test corpus")
+    n_train = corpus.lens_train_blocks({"train_tokens": train_tokens, "n_train_blocks": 3}, length)
+    assert n_train == 1250 and corpus.lens_train_blocks({"train_tokens": 0, "n_train_blocks": 3}, length) == 3
+    ids, offsets = corpus.draw_blocks(stream, n_train + n_heldout, length, seed=1)
+    from resdyn.study_b.lens import shuffled_rows
+
+    train = shuffled_rows(ids[:n_train], seed=1)
+    assert sorted(map(tuple, train)) == sorted(map(tuple, ids[:n_train])) and not np.array_equal(train, ids[:n_train])
+    tokens = train[train >= 0]
+    assert len(np.unique(tokens)) == len(tokens)  # no token in two training windows: each used once
+    assert np.all(np.diff(offsets) >= length)  # non-overlapping windows of the stream
+    for other in (ids[n_train:], samples):
+        assert not np.intersect1d(tokens, other[other >= 0]).size
+
+
+def test_lens_stream_larger_than_the_split_names_key_numbers_and_split():
+    corpus.check_lens_stream(1000, 960, 2, 16, "x")  # 60 + 2 windows of 62: fits
+    with pytest.raises(ValueError) as err:
+        corpus.check_lens_stream(1000, 961, 2, 16, "dataset 'kjv' (results/data/kjv/train.jsonl)")
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("config key 'lens.train_tokens': 961 tokens (61 windows"), msg
+    assert "the train split of dataset 'kjv' (results/data/kjv/train.jsonl) holds 1,000 tokens (62 windows)" in msg
+    assert "lower lens.train_tokens to at most 960" in msg

@@ -673,6 +673,110 @@ def test_foreign_checkpoint_is_ignored(llama, train_data, heldout_data, tmp_path
         train_pinned(llama, train_data[:6], checkpoint=path, checkpoint_every=0, **RESUME)
 
 
+# --- fresh tokens (lens.train_tokens): each training token used once ---------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh_data():
+    """30 distinct batches of 256 tokens (7,680 tokens)."""
+    return synthetic_batches(30, seed=5)
+
+
+def test_fresh_tokens_serve_every_batch_once_in_order(llama, fresh_data, heldout_data, monkeypatch):
+    """70 steps × 100 tokens take the first ⌈7000 / 256⌉ = 28 batches, each run through the model once,
+    in order; tokens_seen counts them. Oracle: until a cycled stream wraps it serves the same tokens,
+    so it gives the same bits; and the held-out KL falls at every layer."""
+    from resdyn.study_b.lens import stream as S
+
+    served = []
+    forward = S.layer_major_states
+    monkeypatch.setattr(S, "layer_major_states", lambda model, ids: served.append(ids) or forward(model, ids))
+    kw = dict(steps=70, eval_every=10, tokens_per_step=100, progress=False)
+    fresh = train_pinned(llama, fresh_data, heldout_batches=heldout_data, fresh_tokens=True, **kw)
+    assert len(served) == 28 and all(a is b for a, b in zip(served, fresh_data))
+    assert len({tuple(b.flatten().tolist()) for b in served}) == 28  # distinct blocks
+    assert (fresh.curves["tokens_seen"] == 100 * fresh.curves["step"]).all()
+    cycled = train_pinned(llama, fresh_data, heldout_batches=heldout_data, **kw)
+    assert torch.equal(fresh.weight, cycled.weight) and torch.equal(fresh.bias, cycled.bias)
+    pd.testing.assert_frame_equal(fresh.curves, cycled.curves, check_exact=True)
+    curve = heldout_curve(fresh)
+    assert (curve.iloc[-1] < 0.9 * curve.iloc[0]).all(), f"{curve.iloc[0].values} → {curve.iloc[-1].values}"
+
+
+def test_fresh_tokens_refuse_a_stream_too_short(llama, fresh_data):
+    with pytest.raises(
+        ValueError,
+        match=r"^lens.train_tokens: lens.steps × lens.tokens_per_step = 77 × 100 = "
+        r"7,700 tokens, but the fresh-token stream holds 30 batches \(7,680 tokens\)",
+    ):
+        train_pinned(llama, fresh_data, fresh_tokens=True, steps=77, tokens_per_step=100, progress=False)
+    with pytest.raises(ValueError, match=r"31 steps of one batch each need 31 batches, .* holds 30 batches"):
+        train_pinned(llama, fresh_data, fresh_tokens=True, steps=31, progress=False)
+    train_pinned(llama, fresh_data, fresh_tokens=True, steps=30, progress=False)  # exactly the stream: fine
+    stream = L.TokenStream(llama, fresh_data[:2], k=300, cycle=False)
+    stream.take()
+    with pytest.raises(ValueError, match=r"ran out after its 2 batches \(512 tokens\)"):
+        stream.take()
+
+
+def _stop_at(monkeypatch, step: int) -> None:
+    """Make the lens checkpoint saver raise :class:`_Stop` once it has saved the state of ``step``."""
+    save = LT._Checkpointer.save
+
+    def save_then_stop(self, state):
+        save(self, state)
+        if state["step"] == step:
+            raise _Stop
+
+    monkeypatch.setattr(LT._Checkpointer, "save", save_then_stop)
+
+
+def test_fresh_resume_continues_the_stream_bit_identically(llama, fresh_data, heldout_data, tmp_path, monkeypatch):
+    kw = dict(heldout_batches=heldout_data, fresh_tokens=True, **RESUME)
+    ref = train_pinned(llama, fresh_data[:24], **kw)
+    path = tmp_path / "lens.partial.pt"
+    with monkeypatch.context() as m:
+        _stop_at(m, 28)
+        with pytest.raises(_Stop):
+            train_pinned(llama, fresh_data[:24], checkpoint=path, checkpoint_every=7, **kw)
+    state = torch.load(path, weights_only=True)
+    assert state["stream"] == (11, 2800 - 10 * 256) and state["tokens"] == 2800  # inside batch 11
+    assert state["stream_source"]["batches"] == 24 and state["stream_source"]["cycle"] is False
+    got = train_pinned(llama, fresh_data[:24], checkpoint=path, checkpoint_every=7, **kw)
+    assert not path.exists()
+    assert torch.equal(got.weight, ref.weight) and torch.equal(got.bias, ref.bias)
+    pd.testing.assert_frame_equal(got.curves, ref.curves, check_exact=True)
+    pd.testing.assert_frame_equal(got.convergence, ref.convergence, check_exact=True)
+
+
+def test_resume_on_another_stream_stops_with_one_line(llama, fresh_data, heldout_data, tmp_path, monkeypatch):
+    """A checkpoint of one stream, resumed on other tokens or past the end of its stream, stops the
+    job with one line naming the key and both streams, and is left in place."""
+    kw = dict(heldout_batches=heldout_data, fresh_tokens=True, checkpoint_every=7, **RESUME)
+    path = tmp_path / "lens.partial.pt"
+    with monkeypatch.context() as m:
+        _stop_at(m, 28)
+        with pytest.raises(_Stop):
+            train_pinned(llama, fresh_data[:24], checkpoint=path, **kw)
+    other = synthetic_batches(25, seed=6)
+    with pytest.raises(ValueError) as err:
+        train_pinned(llama, other, checkpoint=path, **kw)
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("lens.train_tokens: the checkpoint "), msg
+    assert "stands at batch 11 of a stream of 24 batches (6,144 tokens" in msg, msg
+    assert "this job's stream has 25 batches (6,400 tokens" in msg and "delete the checkpoint" in msg, msg
+    assert path.exists()
+    with pytest.raises(ValueError, match="stream of 24 batches .* this job's stream has 24 batches"):
+        train_pinned(llama, fresh_data[:24], checkpoint=path, **{**kw, "fresh_tokens": False})  # cycled: not it
+    state = torch.load(path, weights_only=True)  # a position past the end of its own stream
+    key = state.pop("key")
+    state.pop("format")
+    artifacts.LensCheckpoint.save(path, key, {**state, "stream": (25, 0)})
+    with pytest.raises(ValueError, match="stands at batch 25 of a stream of 24 batches"):
+        train_pinned(llama, fresh_data[:24], checkpoint=path, **kw)
+
+
+# fresh: 24 batches of 256 tokens hold the 60 steps × 100 tokens, each used once; else 6, cycled
 _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
     from helpers.lens_models import PINNED_RESUME, build, synthetic_batches
     from resdyn import artifacts
@@ -682,16 +786,17 @@ _LENS_RUNNER = sigkill.RUNNER_HEADER + textwrap.dedent("""
         hold.hold_at_first_save(artifacts.LensCheckpoint, "save", out)
     model = build("llama", pretrain_steps=20)
     fitted = L.train_lens(
-        model, synthetic_batches(6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
-        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, **PINNED_RESUME,
+        model, synthetic_batches(24 if {fresh} else 6, seed=1), heldout_batches=synthetic_batches(2, seed=2),
+        checkpoint=out + "/.lens.partial.pt", checkpoint_every=7, fresh_tokens={fresh}, **PINNED_RESUME,
     )
     fitted.save(out + "/lens")
     """)
 
 
-def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True], ids=["cycled", "fresh"])
+def test_lens_resume_after_sigkill_equals_uninterrupted_run(tmp_path, fresh):
     script = tmp_path / "runner.py"
-    script.write_text(_LENS_RUNNER.format(tests=str(Path(__file__).parent)))
+    script.write_text(_LENS_RUNNER.format(tests=str(Path(__file__).parent), fresh=fresh))
     resumed, reference = tmp_path / "resumed", tmp_path / "reference"
     resumed.mkdir()
     reference.mkdir()

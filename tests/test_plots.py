@@ -241,6 +241,19 @@ def similarity_df(ckpts=("step0", "mid", "final"), n_layers: int = 3) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def curves_df(n: int = 4, evals: int = 3, per_eval: int = 640) -> pd.DataFrame:
+    """A lens's curves.tsv: held-out KL (L + 1)/(e + 1) at eval e, train KL twice that (no train row at e = 0)."""
+    rows = []
+    for e in range(evals):
+        for split in ("train", "heldout"):
+            if split == "train" and e == 0:
+                continue
+            for L in range(n):
+                kl = (L + 1) / (e + 1) * (2.0 if split == "train" else 1.0)
+                rows.append({"step": 10 * e, "tokens_seen": per_eval * e, "layer": L, "split": split, "kl": kl})
+    return pd.DataFrame(rows)
+
+
 def lens_df(n: int = 4) -> pd.DataFrame:
     rows = []
     for lens in ("tuned", "logit"):
@@ -603,13 +616,27 @@ def test_partition_similarity_plot_draws_each_pair_once():
 
 def test_lens_curves():
     df = lens_df()
-    axes = _check(plots.lens_curves(df, "zoo-8 / final"), 4, "zoo-8 / final")
+    axes = _check(plots.lens_curves(df, curves_df(), "zoo-8 / final"), 6, "zoo-8 / final")
     for ax, col in zip(axes, ["kl", "ce", "hit1", "hit5"]):
         _eq(_line(ax, "tuned lens").get_ydata(), df.loc[df["lens"] == "tuned", col])
         _eq(_line(ax, "logit lens").get_ydata(), df.loc[df["lens"] == "logit", col])
         assert _line(ax, "logit lens").get_linestyle() == "--"
     with pytest.raises(ValueError, match="hit5"):
-        plots.lens_curves(df.drop(columns="hit5"), "t")
+        plots.lens_curves(df.drop(columns="hit5"), None, "t")
+    # held-out KL per layer and the layer mean of both splits against tokens seen
+    curves = curves_df()
+    held = curves[curves.split == "heldout"]
+    for L in range(4):
+        line = _line(axes[4], f"L = {L}")
+        _eq(line.get_xdata(), held[held.layer == L]["tokens_seen"])
+        _eq(line.get_ydata(), held[held.layer == L]["kl"])
+    _eq(_line(axes[5], "heldout").get_xdata(), [0, 640, 1280])
+    _eq(_line(axes[5], "heldout").get_ydata(), [2.5, 1.25, 2.5 / 3])
+    _eq(_line(axes[5], "train").get_ydata(), [2.5, 5 / 3])
+    imported = plots.lens_curves(df, None, "t").get_axes()
+    assert "imported lens" in imported[4].texts[0].get_text() and not imported[4].get_lines()
+    with pytest.raises(ValueError, match="tokens_seen"):
+        plots.lens_curves(df, curves.drop(columns="tokens_seen"), "t")
 
 
 def test_rss_profile_with_phases():
@@ -800,7 +827,7 @@ def _one_row_cases():
         "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(coupling_df().head(1), "m"),
         "significant_counts": lambda: plots.significant_counts(counts_df().head(1), "m"),
         "partition_similarity_plot": lambda: plots.partition_similarity_plot(similarity_df().head(2), "m"),
-        "lens_curves": lambda: plots.lens_curves(lens_df().head(1), "m"),
+        "lens_curves": lambda: plots.lens_curves(lens_df().head(1), curves_df().head(1), "m"),
         "rss_profile_plot": lambda: plots.rss_profile_plot(rss_df().head(1), {"b1": 0, "b2": 0, "peak": 0}, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(resolution_df().head(1), "m"),
         "phase_metric_profiles": lambda: plots.phase_metric_profiles(
@@ -838,7 +865,7 @@ def _nan_cases():
         "coupling_vs_henrici": lambda: plots.coupling_vs_henrici(_nan(coupling_df()), "m"),
         "significant_counts": lambda: plots.significant_counts(_nan(counts_df()), "m"),
         "partition_similarity_plot": lambda: plots.partition_similarity_plot(_nan(similarity_df()), "m"),
-        "lens_curves": lambda: plots.lens_curves(_nan(lens_df()), "m"),
+        "lens_curves": lambda: plots.lens_curves(_nan(lens_df()), _nan(curves_df()), "m"),
         "rss_profile_plot": lambda: plots.rss_profile_plot(_nan(rss_df(), keep=("k",)), PHASES, "m"),
         "resolution_frontier": lambda: plots.resolution_frontier(_nan(resolution_df()), "m"),
         "phase_metric_profiles": lambda: plots.phase_metric_profiles(
@@ -874,7 +901,7 @@ def test_every_figure_function_is_covered():
 
 
 def test_empty_tables_give_a_figure_and_bad_types_a_message():
-    fig = plots.lens_curves(pd.DataFrame(columns=["lens", "layer"]), "m")
+    fig = plots.lens_curves(pd.DataFrame(columns=["lens", "layer"]), None, "m")
     assert "no data" in fig.get_axes()[0].texts[0].get_text()
     _render(fig)
     with pytest.raises(ValueError, match="DataFrame"):

@@ -67,7 +67,7 @@ _ROUND_TRIP: dict[str, str] = {} if int(pd.__version__.split(".")[0]) >= 3 else 
 @dataclass(frozen=True)
 class LensFiles:
     """What :meth:`LensFolder.read` returns: ``weight`` (n, d, d) float32 = W_L stacked, ``bias``
-    (n, d) float32 = b_L, ``curves`` (step, layer, split, kl) and ``config`` (config.json)."""
+    (n, d) float32 = b_L, ``curves`` (step, tokens_seen, layer, split, kl) and ``config`` (config.json)."""
 
     weight: np.ndarray
     bias: np.ndarray
@@ -83,8 +83,9 @@ class LensFolder(Artifact):
 
     * ``translators.safetensors``: ``weight`` (n, d, d) float32 = W_L stacked, ``bias`` (n, d)
       float32 = b_L (translator T_L(h) = h + W_L h + b_L); metadata ``format``;
-    * ``curves.tsv``: ``step`` int, ``layer`` int, ``split`` (train | heldout), ``kl`` float64
-      written with 17 significant digits (read back exactly);
+    * ``curves.tsv``: ``step`` int, ``tokens_seen`` int (training tokens served before the eval),
+      ``layer`` int, ``split`` (train | heldout), ``kl`` float64 written with 17 significant digits
+      (read back exactly);
     * ``config.json``: ``format`` = "resdyn.lens/1", ``model_id``/``model_revision``/``model_hash``,
       ``d_model``, ``n_layers``, ``vocab_size``, ``unembed_hash``, ``softcap``, ``translator``,
       ``training`` (options), ``steps_trained``, ``stop_reason``, ``convergence`` (records of
@@ -107,7 +108,7 @@ class LensFolder(Artifact):
     TUNED_LENS_DIR = "tuned_lens"
     #: The two files of tuned-lens's format (its ``TunedLens.save``).
     TUNED_LENS_CONFIG, TUNED_LENS_PARAMS = "config.json", "params.pt"
-    CURVE_COLUMNS: ClassVar[list[str]] = ["step", "layer", "split", "kl"]
+    CURVE_COLUMNS: ClassVar[list[str]] = ["step", "tokens_seen", "layer", "split", "kl"]
     CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("format", "d_model", "n_layers", "vocab_size", "unembed_hash")
 
     @classmethod
@@ -190,14 +191,20 @@ class LensFolder(Artifact):
         bad = [name for name, a in (("weight", weight), ("bias", bias)) if not np.isfinite(a).all()]
         if bad:
             raise ArtifactError(f"{directory / cls.TRANSLATORS_FILE}: {bad[0]} holds NaN/Inf")
-        path = directory / cls.CURVES_FILE
+        return LensFiles(weight=weight, bias=bias, curves=cls.read_curves(directory), config=cfg)
+
+    @classmethod
+    def read_curves(cls, directory: PathLike) -> pd.DataFrame:
+        """``curves.tsv`` alone (the training log: KL per eval, layer and split against steps and
+        tokens seen), read exactly, its columns checked; the lens figure reads only this."""
+        path = Path(directory) / cls.CURVES_FILE
         try:
             curves = pd.read_csv(path, sep="\t", **_ROUND_TRIP)
         except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
             raise ValueError(f"{path}: not a readable curves table ({err})") from err
         if list(curves.columns) != cls.CURVE_COLUMNS:
             raise ArtifactError(f"{path}: columns {list(curves.columns)}, expected {cls.CURVE_COLUMNS}")
-        return LensFiles(weight=weight, bias=bias, curves=curves, config=cfg)
+        return curves
 
     @classmethod
     def read_translator_matrices(cls, directory: PathLike) -> list[np.ndarray]:
@@ -232,14 +239,15 @@ class LensCheckpoint(Artifact):
     """``.lens.partial.pt`` beside the lens folder: the resumable state of a lens training.
 
     A ``torch.save`` dict (loaded with ``weights_only=True``): ``format`` =
-    "resdyn.lens-checkpoint/1", ``key`` (the fingerprint of everything the trajectory depends on,
+    "resdyn.lens-checkpoint/2", ``key`` (the fingerprint of everything the trajectory depends on,
     :func:`resdyn.study_b.lens.trainer._fingerprint`), and the training loop's state (translators, optimizer state,
-    step, curve rows, held-out history, convergence counters, stream position;
+    step, training tokens served, curve rows, held-out history, convergence counters, stream position
+    and ``stream_source``, the training stream it belongs to;
     :func:`resdyn.study_b.lens.trainer._fit`). :meth:`load` returns None for a missing file and, with a warning
     naming the file and the fault, for one of another format or key or that does not load.
     """
 
-    FORMAT = "resdyn.lens-checkpoint/1"
+    FORMAT = "resdyn.lens-checkpoint/2"
 
     @staticmethod
     def path(out: PathLike) -> Path:

@@ -54,10 +54,15 @@ from resdyn.cluster.gpu_kinds import (
     measured_factor,
 )
 from resdyn.lm import families
+from resdyn.lm.corpus import lens_train_blocks
 from resdyn.numerics.linalg import k_from_fraction
 from resdyn.numerics.sizes import EXACT_SPECTRAL_MAX_D, JACOBIAN_GPU_BATCH, attention_tangent_bytes, tangent_chunk
 
 WEIGHT_READ_BPS = 1.0e9
+
+#: Tokens per second :func:`resdyn.lm.corpus.token_stream` encodes on one thread (measured: the
+#: embedded KJV, 1.0M tokens of a zoo BPE tokenizer, in 2.8 s on the loaded CI machine).
+TOKENIZE_TPS = 3.5e5
 
 
 #: Resident memory of a Python process with torch, numpy, scipy, h5py imported (the process baseline
@@ -331,7 +336,10 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     rate on an H100; float32 by default; the readout dominates: V ≫ d); the fused KL streams the logits ≈ 3 times in
     fp32 (12·B·n·V bytes) plus
     the bf16 logits and their gradient (4·B·n·V). Held-out evaluation every ``eval_every`` steps:
-    forward only, on n_heldout·T tokens. Device: weights + translators, gradients, momentum
+    forward only, on n_heldout·T tokens. Every step runs its frozen forward, on fresh tokens
+    (``lens.train_tokens``) as on reused ones (their states are cached only below 1 GiB, never at
+    hub scale), so fresh tokens cost the steps they add. Host: the token windows (int64), twice
+    for fresh ones (shuffled copy). Device: weights + translators, gradients, momentum
     (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
     """
     lc, T = config["lens"], config["samples"]["length"]
@@ -353,7 +361,9 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     c.add(head, evals * (_forward_flops(s, held, n, T) + 2.0 * held * d * V * (n + 1) + 2.0 * held * n * d * d))
     c.add("stream", steps * 16.0 * B * n * V + evals * 12.0 * held * n * V)
     c.add("calls", steps * (n + 4) + evals * (n + 1))
-    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * (lc["n_train_blocks"] + lc["n_heldout_blocks"]) * T
+    n_train = lens_train_blocks(lc, T)
+    windows = (2 if lc.get("train_tokens") else 1) * n_train + lc["n_heldout_blocks"]
+    c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * windows * T
     # logits chunk (resdyn.study_b.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
     # logits, softmax and gradient in fp32
     chunk = min(B * n * V, 2**27 if gpu else 2**22)
@@ -680,14 +690,21 @@ def cost_zoo_train(config: dict, model: str, s: Shape) -> Cost:
     return c
 
 
-def cost_light(config: dict) -> Cost:
+def cost_light(config: dict, rule: str = "") -> Cost:
     """Rules that only read, tokenize, sample or resolve: a minute and a gigabyte.
 
     They are corpus, tokenizer, samples, lens_tokens, resolve_checkpoint and resolve_tokenizer;
-    that budget covers them at every scale the presets reach.
+    that budget covers them at every scale the presets reach, but for the windows ``lens_tokens``
+    draws (``config`` as the model sees it): W·T tokens at least to encode, at :data:`TOKENIZE_TPS`,
+    held as int32 pieces, their concatenation and the int64 windows (16 bytes a token).
     """
     c = Cost(fixed_s=60.0)
     c.host_bytes = BASE_HOST_BYTES + 1.0 * GB
+    if rule == "lens_tokens":
+        lc, T = config["lens"], config["samples"]["length"]
+        tokens = (lens_train_blocks(lc, T) + lc["n_heldout_blocks"]) * T
+        c.fixed_s += tokens / TOKENIZE_TPS
+        c.host_bytes += 16.0 * tokens
     return c
 
 

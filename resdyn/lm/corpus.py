@@ -145,8 +145,13 @@ def _hf_documents(spec: dict, base_dir: str | Path = ".") -> list[str]:
         raise ValueError(
             f"dataset {where!r}: no text field {field!r}; its columns are {ds.column_names} (set text_field)"
         )
-    texts = [t for t in ds[field] if t and t.strip()]
+    # Read in batches up to max_documents: a whole hub split's text column may not fit in memory.
     limit = spec.get("max_documents")
+    texts: list[str] = []
+    for batch in ds.select_columns([field]).iter(batch_size=4096):
+        texts += [t for t in batch[field] if t and t.strip()]
+        if limit and len(texts) >= limit:
+            break
     return texts[:limit] if limit else texts
 
 
@@ -268,6 +273,32 @@ def draw_blocks(
     starts = chosen * length
     ids = np.stack([stream[s : s + length] for s in starts]).astype(np.int64)
     return ids, starts.astype(np.int64)
+
+
+def lens_train_blocks(lens: dict, length: int) -> int:
+    """Training windows of ``length`` tokens a lens is fitted on.
+
+    ``lens.train_tokens`` T > 0 (fresh tokens, each used once): ⌈T / length⌉ windows; else
+    ``lens.n_train_blocks`` (cached windows, reused across steps).
+    """
+    tokens = int(lens.get("train_tokens") or 0)
+    return -(-tokens // length) if tokens > 0 else int(lens["n_train_blocks"])
+
+
+def check_lens_stream(stream_tokens: int, train_tokens: int, n_heldout: int, length: int, where: str) -> None:
+    """Raise ValueError naming ``lens.train_tokens`` when the train split cannot hold the fresh
+    stream: ⌈train_tokens / length⌉ + n_heldout disjoint windows of ``length`` tokens, out of
+    ⌊stream_tokens / length⌋. ``where``: the split (dataset and file) the message names."""
+    n_train = -(-train_tokens // length)
+    windows = stream_tokens // length
+    if n_train + n_heldout > windows:
+        most = max(0, windows - n_heldout) * length
+        raise ValueError(
+            f"config key 'lens.train_tokens': {train_tokens:,} tokens ({n_train:,} windows of {length}) plus "
+            f"lens.n_heldout_blocks={n_heldout} need {(n_train + n_heldout) * length:,} tokens, but the train split "
+            f"of {where} holds {stream_tokens:,} tokens ({windows:,} windows); lower lens.train_tokens to at most "
+            f"{most:,} or give the dataset more documents"
+        )
 
 
 #: tokenizer_config.json classes that run tokenizer.json as it is (no Python-side pre-processing)

@@ -17,7 +17,7 @@ import yaml
 
 from resdyn import io
 from resdyn.cluster import gpu_kinds
-from resdyn.lm import hub, revisions
+from resdyn.lm import corpus, hub, revisions
 
 # Package data, so that an installed (non-editable) resdyn validates configs too.
 SCHEMA_PATH = io.CONFIG_SCHEMA_PATH
@@ -207,6 +207,8 @@ def _semantic_errors(config: dict, base: Path) -> list[str]:
             out += _dataset_errors(f"datasets.{name}", ds, base)
     out += _section_errors(config)
     out += _override_errors(config)
+    if not any(".overrides." in e for e in out):
+        out += _lens_stream_errors(config)
     if not any(e.startswith("config key 'models.") and ".overrides." in e for e in out):
         out += _lens_import_errors(config, base)
     for group, members in config["scaling"]["groups"].items():
@@ -616,6 +618,33 @@ def lens_checkpoints(config: dict, model: str) -> list[str]:
     """Checkpoints that get a tuned lens: the final one, or all (config lens.checkpoints, per model)."""
     ckpts = checkpoints(config, model)
     return ckpts if model_config(config, model)["lens"]["checkpoints"] == "all" else ckpts[-1:]
+
+
+def lens_train_blocks(config: dict, model: str) -> int:
+    """Training windows of the lens of ``model`` (its overrides count): ⌈lens.train_tokens /
+    samples.length⌉ fresh ones, or lens.n_train_blocks cached ones (:func:`resdyn.lm.corpus.lens_train_blocks`)."""
+    cfg = model_config(config, model)
+    return corpus.lens_train_blocks(cfg["lens"], cfg["samples"]["length"])
+
+
+def _lens_stream_errors(config: dict) -> list[str]:
+    """A fresh-token lens (lens.train_tokens > 0) must not outrun its stream: every training token
+    is used once, so lens.steps × lens.tokens_per_step ≤ lens.train_tokens (per model, overrides
+    included; a lens imported with lens.source tuned_lens trains nothing)."""
+    out: list[str] = []
+    for name in config["models"] if runs(config, "B") else ():
+        lens = model_config(config, name)["lens"]
+        tokens = lens.get("train_tokens", 0)
+        if not tokens or lens.get("source", "train") != "train":
+            continue
+        need = lens["steps"] * lens["tokens_per_step"]
+        if need > tokens:
+            out.append(
+                f"config key 'lens.train_tokens': {tokens:,} (model {name}) is less than lens.steps × "
+                f"lens.tokens_per_step = {lens['steps']} × {lens['tokens_per_step']} = {need:,} tokens; each "
+                f"fresh token is used once: raise lens.train_tokens to ≥ {need:,} or lower lens.steps"
+            )
+    return out
 
 
 def lens_import_spec(config: dict, model: str, ckpt: str) -> dict | None:

@@ -80,7 +80,7 @@ def job_cost(config: dict, rule: str, wildcards: Mapping[str, str] | None = None
     """
     w = dict(wildcards or {})
     if rule in LIGHT_RULES:
-        return cost_light(config)
+        return cost_light(model_config_kind(config, w, kind)[0], rule)
     if rule not in RULES:
         raise KeyError(f"rule {rule!r} has no cost function; priced rules: {RULES}")
     config, kind = model_config_kind(config, w, kind)

@@ -222,9 +222,10 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "lens",
         "lens",
-        (f"{_CKPT}/lens_metrics.tsv",),
+        (f"{_CKPT}/lens_metrics.tsv", f"{_CKPT}/lens"),
         "study_b:lens_curves",
-        "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer",
+        "Tuned vs logit lens: KL, cross-entropy, Hit@1, Hit@5 per layer; the fit's held-out KL against "
+        "training tokens seen (converged when flat at its end)",
         "Study B",
         "lens",
         B,

@@ -132,7 +132,8 @@ def add_legend(ax, **kwargs: Any) -> None:
         ax.legend(handles, labels, **kwargs)
 
 
-def _note(ax, text: str) -> None:
+def note(ax, text: str) -> None:
+    """Grey text centred in the axes (why it has no data)."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.35")
 
 
@@ -140,7 +141,7 @@ def empty_figure(title: str, xlabel: str, ylabel: str, what: str) -> Figure:
     fig, (ax,) = new_figure(1, panel=(4.5, 3.0))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    _note(ax, f"no data: {what} is empty")
+    note(ax, f"no data: {what} is empty")
     fig.suptitle(title)
     return fig
 

@@ -32,8 +32,11 @@ from resdyn.plots import catalogue
 
 def load(path: str | Path, template: str) -> Any:
     """A figure input read by the artifact class of its catalogue path ``template``: a table
-    (DataFrame), ``phases.json`` (dict) or ``spectra.h5`` (its arrays), validated."""
+    (DataFrame), ``phases.json`` (dict), ``spectra.h5`` (its arrays) or a lens folder (its
+    ``curves.tsv`` alone: the translators are not drawn), validated."""
     cls = artifacts.by_relpath(template)
+    if cls is artifacts.LensFolder:
+        return cls.read_curves(path)
     data = cls.read(path)
     return data[0] if cls is artifacts.SpectraArrays else data  # spectra.h5: arrays; its attrs are provenance
 

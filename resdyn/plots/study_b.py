@@ -19,6 +19,7 @@ from resdyn.plots.common import (
     finite_values,
     fmt_num,
     metric_label,
+    note,
     num,
     opt_int,
     ordered_unique,
@@ -44,11 +45,16 @@ _LENS_STYLE = {"tuned": (PALETTE[0], "-", "o"), "logit": (PALETTE[1], "--", "s")
 
 
 @styled
-def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
-    """KL, cross-entropy, Hit@1 and Hit@5 vs layer; tuned lens solid, logit lens dashed.
+def lens_curves(metrics_df: pd.DataFrame, curves_df: pd.DataFrame | None, title: str) -> Figure:
+    """KL, cross-entropy, Hit@1 and Hit@5 vs layer (tuned lens solid, logit lens dashed), and the
+    held-out KL of the fit against training tokens seen.
 
-    Columns (``lens_metrics.tsv``, :func:`resdyn.study_b.lens.lens_metrics`): ``lens``, ``layer``,
-    ``kl``, ``ce``, ``hit1``, ``hit5``. Four axes (2 × 2).
+    Columns of ``metrics_df`` (``lens_metrics.tsv``, :func:`resdyn.study_b.lens.lens_metrics`):
+    ``lens``, ``layer``, ``kl``, ``ce``, ``hit1``, ``hit5``. ``curves_df`` (the lens folder's
+    ``curves.tsv``, :meth:`resdyn.artifacts.LensFolder.read_curves`): ``tokens_seen``, ``layer``,
+    ``split``, ``kl``; None or empty (an imported lens) leaves a note. Six axes (3 × 2): the four
+    metrics, then the held-out KL per layer, and the mean over layers of held-out and train KL,
+    against tokens seen: a curve still falling at its end says the lens had not converged.
     """
     df = check_frame(metrics_df, "lens metrics")
     xl = "layer L (stream entering layer L; L = n: model output)"
@@ -57,7 +63,7 @@ def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
     cols = ["kl", "ce", "hit1", "hit5"]
     require(df, ["lens", "layer", *cols], "lens metrics")
     lenses = ordered_unique(df["lens"].astype(str))
-    fig, axes = new_figure(4, ncols=2, panel=(3.4, 2.4), sharex=True)
+    fig, axes = new_figure(6, ncols=2, panel=(3.4, 2.4))
     for ax, col in zip(axes, cols):
         for i, name in enumerate(lenses):
             g = df[df["lens"].astype(str) == name]
@@ -73,8 +79,37 @@ def lens_curves(metrics_df: pd.DataFrame, title: str) -> Figure:
         ax.set_xlabel(xl, fontsize=6.5)
         ax.set_ylabel(metric_label(col), fontsize=6.5)
     add_legend(axes[0], loc="best")
+    _fit_curves(axes[4], axes[5], curves_df)
     fig.suptitle(title)
     return fig
+
+
+def _fit_curves(ax_layers, ax_mean, curves_df: pd.DataFrame | None) -> None:
+    """Held-out KL per layer (sequential colours, layer 0 darkest) and the layer mean of held-out
+    (solid) and train (dashed) KL, against training tokens seen (``curves.tsv``)."""
+    xl = "training tokens seen"
+    for ax, yl in ((ax_layers, "held-out KL per layer"), (ax_mean, "KL, mean over layers")):
+        ax.set_xlabel(xl, fontsize=6.5)
+        ax.set_ylabel(yl, fontsize=6.5)
+    c = None if curves_df is None else check_frame(curves_df, "lens curves")
+    if c is None or c.empty:
+        for ax in (ax_layers, ax_mean):
+            note(ax, "no training curve (an imported lens)")
+        return
+    require(c, ["tokens_seen", "layer", "split", "kl"], "lens curves")
+    c = c.assign(_t=num(c["tokens_seen"]), _l=num(c["layer"]), _kl=num(c["kl"]))
+    held = c[c["split"].astype(str) == "heldout"]
+    layers = sorted(set(finite_values(held["_l"].to_numpy()).tolist()))
+    for layer, color in zip(layers, sequential_colors(len(layers))):
+        g = held[held["_l"] == layer].sort_values("_t", kind="stable")
+        ax_layers.plot(g["_t"].to_numpy(), g["_kl"].to_numpy(), color=color, lw=0.9, label=f"L = {layer:g}")
+    for split, ls, color in (("heldout", "-", PALETTE[0]), ("train", "--", PALETTE[1])):
+        g = c[c["split"].astype(str) == split].groupby("_t", sort=True)["_kl"].mean()
+        if len(g):
+            ax_mean.plot(g.index.to_numpy(), g.to_numpy(), color=color, ls=ls, marker="o", ms=2.5, lw=1.1, label=split)
+    if len(layers) <= 12:
+        add_legend(ax_layers, loc="best", fontsize=5)
+    add_legend(ax_mean, loc="best")
 
 
 @styled

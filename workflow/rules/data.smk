@@ -108,11 +108,12 @@ rule lens_tokens:
         mem_mb=cost("lens_tokens", "mem_mb"),
         runtime=cost("lens_tokens", "runtime"),
     params:
-        n=lambda w: model_cfg(w)["lens"]["n_train_blocks"]
+        n=lambda w: rc.lens_train_blocks(config, w.model)
         + model_cfg(w)["lens"]["n_heldout_blocks"],
         length=of_model("samples", "length"),
         seed=of_model("lens", "seed"),
         dataset=dataset_of,
+        train_tokens=of_model("lens", "train_tokens"),
         code=code("samples"),
     script:
         "../scripts/samples.py"

@@ -28,12 +28,14 @@ with sidecars.step(snakemake) as step:
         opts = dict(p.options)
         opts["warmup_steps"] = opts.pop("warmup")
         batch = max(1, opts["tokens_per_step"] // ids.shape[1])
+        train = lens.shuffled_rows(ids[: p.n_train], opts["seed"]) if p.fresh else ids[: p.n_train]
         fitted = lens.train_lens(
             model,
-            lens.token_batches(ids[: p.n_train], batch),
+            lens.token_batches(train, batch),
             heldout_batches=lens.token_batches(ids[p.n_train :], batch),
             checkpoint=artifacts.LensCheckpoint.path(out),
             checkpoint_every=p.checkpoint_every,
+            fresh_tokens=p.fresh,
             **meta,
             **opts,
         )

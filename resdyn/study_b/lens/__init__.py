@@ -32,10 +32,15 @@ eval where every layer has converged (windows must start after the LR warmup), o
 
 Resume: with ``checkpoint=PATH``, :func:`train_lens` saves the loop's whole state (translators,
 optimizer state, step, curves, held-out history, convergence counters, position in the token
-stream) atomically to PATH every ``checkpoint_every`` steps, and a rerun with the same model,
-tokens and options continues from it bit-identically (the cached states are recomputed by the
-same deterministic forward). A checkpoint written for other inputs is ignored with a warning;
-it is removed when training finishes.
+stream and the stream it belongs to) atomically to PATH every ``checkpoint_every`` steps, and a
+rerun with the same model, tokens and options continues from it bit-identically (the cached
+states are recomputed by the same deterministic forward). A checkpoint written for another model,
+other options or held-out tokens is ignored with a warning; one of another training stream (or a
+position past the end of a stream used once) stops the job with one line. It is removed when
+training finishes.
+
+Fresh tokens (``fresh_tokens=True``, config ``lens.train_tokens``): the training batches are a
+stream each token of which is used once, never cycled; ``curves`` log the tokens seen at each eval.
 
 Files: :meth:`Lens.save` writes a lens folder (translators, curves, config; format
 ``resdyn.lens/1``) and the training checkpoint is a file; both formats, their writers and readers
@@ -104,6 +109,8 @@ from resdyn.study_b.lens.stream import (  # noqa: F401
     TokenStream,
     as_batches,
     layer_major_states,
+    shuffled_rows,
+    stream_source,
     token_batches,
 )
 from resdyn.study_b.lens.trainer import (  # noqa: F401

@@ -1,8 +1,9 @@
 """Cached residual states as a token stream: token batches, layer-major states of a batch, and
-:class:`TokenStream` (consecutive fixed-size slices, resumable)."""
+:class:`TokenStream` (consecutive fixed-size slices, resumable; cycled, or each token used once)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -69,6 +70,23 @@ def token_batches(input_ids: np.ndarray | torch.Tensor, batch_size: int) -> list
     return [ids[i : i + batch_size] for i in range(0, ids.shape[0], batch_size)]
 
 
+def shuffled_rows(input_ids: np.ndarray, seed: int) -> np.ndarray:
+    """The rows of a (N, T) token array in a seeded random order: ``input_ids[π]``, π the
+    permutation ``np.random.default_rng(seed).permutation(N)`` (fresh blocks are drawn in
+    ascending stream order; a step of consecutive windows would fit a few documents at a time)."""
+    return np.asarray(input_ids)[np.random.default_rng(seed).permutation(len(input_ids))]
+
+
+def stream_source(batches: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """What a training stream is, for a resumed position to be checked against: the number of
+    batches, their tokens, and the SHA-256 of their shapes and ids in order."""
+    h = hashlib.sha256()
+    for b in batches:
+        h.update(str(tuple(b.shape)).encode())
+        h.update(b.cpu().numpy().astype(np.int64).tobytes())
+    return {"batches": len(batches), "tokens": int(sum(b.numel() for b in batches)), "hash": h.hexdigest()}
+
+
 def layer_major_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Residual states of a batch as a token stream: (n+1, B·T, d), layer-major.
 
@@ -84,7 +102,8 @@ class TokenStream:
     """Consecutive slices of exactly ``k`` tokens from the cycled batches' cached states.
 
     Each batch's frozen forward runs once; its tokens are served to as many steps as they fill.
-    The batch order is the given one (deterministic), cycled when the steps outrun the data.
+    The batch order is the given one (deterministic), cycled when the steps outrun the data; with
+    ``cycle=False`` (fresh tokens) each batch is served once and running out raises ValueError.
     ``take()`` returns the states (n+1, k, d) and the teacher statistics of those tokens
     (``teacher(final_states)``: a tuple of token-major tensors, or None). When every batch's
     states and statistics fit in ``cache_bytes`` they are kept, so later epochs run no forward
@@ -99,17 +118,25 @@ class TokenStream:
         k: int | None,
         teacher: Any = None,
         cache_bytes: int = 0,
+        cycle: bool = True,
     ):
-        self.model, self.batches, self.k, self.teacher = model, batches, k, teacher
+        self.model, self.batches, self.k, self.teacher, self.cycle = model, batches, k, teacher, cycle
         self.next_batch = 0
         self.buffer: tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None = None
         self.offset = 0  # tokens of the current buffer's batch already served
         info = model_info(model)
         per_token = (info["n_layers"] + 1) * info["d_model"] * dtype_of(model).itemsize + (info["d_model"] + 1) * 4
         total = sum(b.numel() for b in batches) * per_token
-        self.cache: dict[int, Any] | None = {} if total <= cache_bytes else None
+        # a batch used once is never served again: nothing to keep
+        self.cache: dict[int, Any] | None = {} if cycle and total <= cache_bytes else None
 
     def _fetch(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        if not self.cycle and self.next_batch >= len(self.batches):
+            tokens = sum(b.numel() for b in self.batches)
+            raise ValueError(
+                f"lens.train_tokens: the fresh-token stream ran out after its {len(self.batches)} batches "
+                f"({tokens:,} tokens); each token is used once"
+            )
         i = self.next_batch % len(self.batches)
         self.next_batch += 1
         self.offset = 0

@@ -43,7 +43,7 @@ from resdyn.study_b.lens.readout import (
     model_info,
     unembed_hash,
 )
-from resdyn.study_b.lens.stream import TokenStream, as_batches, layer_major_states
+from resdyn.study_b.lens.stream import TokenStream, as_batches, layer_major_states, stream_source
 from resdyn.study_b.lens.translators import CURVE_COLUMNS, Lens
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,7 @@ def train_lens(
     checkpoint: str | Path | None = None,
     checkpoint_every: int = SCHEMA_DEFAULTS["checkpoint_every"],
     cache_mb: int = 1024,
+    fresh_tokens: bool = False,
     **options: Any,
 ) -> Lens:
     """Train one affine translator per layer by distillation to the model's own output.
@@ -187,12 +188,16 @@ def train_lens(
     :mod:`resdyn.study_b.lens`); None: no checkpoints. ``cache_mb``: the training set's residual states and
     teacher statistics are kept across epochs when they fit in this many MiB (the results do
     not depend on it: a recomputed forward gives the same bits).
+    ``fresh_tokens``: each training token is used once, never cycled (``lens.train_tokens``); a
+    ValueError up front when ``steps`` steps need more tokens than the batches hold.
     ``options``: see :class:`LensOptions`. Loss per step: Σ_L mean_tokens KL(p_final ‖ p_lens,L),
     all layers from one cached frozen forward.
     """
     opt = LensOptions.from_kwargs(options)
     batches = as_batches(token_batches, "token_batches")
     heldout = None if heldout_batches is None else as_batches(heldout_batches, "heldout_batches")
+    if fresh_tokens:
+        _check_fresh_budget(batches, opt)
     info = model_info(model)
     n, d = info["n_layers"], info["d_model"]
     device = model_device(model)
@@ -200,7 +205,7 @@ def train_lens(
     if opt.chunk_elements is None:  # record the resolved value: chunking changes float rounding
         opt = dataclasses.replace(opt, chunk_elements=default_chunk_elements(device))
     meta = {"model_id": model_id, "model_revision": model_revision, "model_hash": model_hash}
-    saver = _make_saver(model, batches, heldout, opt, meta, checkpoint, checkpoint_every)
+    saver = _make_saver(model, batches, heldout, opt, meta, checkpoint, checkpoint_every, fresh_tokens)
     with frozen(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opt.seed)
         weight = nn.Parameter(torch.zeros(n, d, d, device=device))
@@ -213,7 +218,7 @@ def train_lens(
             _require_finite(heldout_states, where, "held-out residual state", 0)
         head_w = linear_readout_weight(model, READOUT_DTYPES[opt.readout_dtype])
         teacher = None if head_w is None else (lambda final: teacher_stats(model, head_w, final, opt.chunk_elements))
-        stream = TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20)
+        stream = TokenStream(model, batches, opt.tokens_per_step, teacher, int(cache_mb) << 20, cycle=not fresh_tokens)
         flash = _use_flash(opt, dtype_of(model), head_w)
         result = _fit(model, weight, bias, optimizer, stream, heldout_states, opt, saver, head_w, flash)
         _require_finite(
@@ -241,14 +246,19 @@ def _make_saver(
     meta: dict[str, Any],
     checkpoint: str | Path | None,
     checkpoint_every: int,
+    fresh_tokens: bool = False,
 ) -> _Checkpointer | None:
     """The resumable-state saver of a run (None without a ``checkpoint`` file), keyed by
-    :func:`_fingerprint`; a ValueError when ``checkpoint_every`` is not an integer ≥ 1."""
+    :func:`_fingerprint`, with the training stream's :func:`resdyn.study_b.lens.stream.stream_source`
+    and whether it is cycled (not with ``fresh_tokens``); a ValueError when ``checkpoint_every`` is
+    not an integer ≥ 1."""
     if not is_int(checkpoint_every) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every={checkpoint_every!r}; must be an integer ≥ 1")
     if checkpoint is None:
         return None
-    return _Checkpointer(Path(checkpoint), _fingerprint(model, batches, heldout, opt, meta), int(checkpoint_every))
+    key = _fingerprint(model, heldout, opt, meta)
+    source = {**stream_source(batches), "cycle": not fresh_tokens}
+    return _Checkpointer(Path(checkpoint), key, int(checkpoint_every), source)
 
 
 def _use_flash(opt: LensOptions, states_dtype: torch.dtype, head_w: torch.Tensor | None) -> bool:
@@ -261,6 +271,24 @@ def _use_flash(opt: LensOptions, states_dtype: torch.dtype, head_w: torch.Tensor
     if not ok:
         log.info("lens kl_kernel flash not used (%s): the chunked matmul path runs", why)
     return ok
+
+
+def _check_fresh_budget(batches: list[torch.Tensor], opt: LensOptions) -> None:
+    """ValueError naming ``lens.train_tokens`` when ``opt.steps`` steps of fresh tokens need more
+    than the batches hold (tokens_per_step tokens a step, or one batch a step when it is None)."""
+    have = sum(b.numel() for b in batches)
+    if opt.tokens_per_step is None:
+        need, what = opt.steps, f"{opt.steps} steps of one batch each need {opt.steps} batches"
+        ok = opt.steps <= len(batches)
+    else:
+        need = opt.steps * opt.tokens_per_step
+        what = f"lens.steps × lens.tokens_per_step = {opt.steps} × {opt.tokens_per_step} = {need:,} tokens"
+        ok = need <= have
+    if not ok:
+        raise ValueError(
+            f"lens.train_tokens: {what}, but the fresh-token stream holds {len(batches)} batches ({have:,} "
+            "tokens) and uses each token once; raise lens.train_tokens or lower lens.steps"
+        )
 
 
 def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
@@ -282,14 +310,16 @@ def _require_finite(x: torch.Tensor, where: str, what: str, step: int) -> None:
 class _Loop:
     """What the training loop carries from step to step, and a checkpoint saves.
 
-    ``rows``: curve rows (step, layer, split, kl); ``history``: held-out KL per eval (n,);
+    ``rows``: curve rows (step, tokens_seen, layer, split, kl); ``tokens``: training tokens
+    served so far; ``history``: held-out KL per eval (n,);
     ``since_converged``: per layer the step since which it has stayed converged (−1: not
     converged); ``train_kl``: the last logged step's training KL, written at the next eval.
     """
 
     n: int
     step: int = 0
-    rows: list[tuple[int, int, str, float]] = field(default_factory=list)
+    tokens: int = 0
+    rows: list[tuple[int, int, int, str, float]] = field(default_factory=list)
     history: list[np.ndarray] = field(default_factory=list)
     since_converged: np.ndarray | None = None
     train_kl: np.ndarray | None = None
@@ -313,8 +343,8 @@ def _restore(
         weight.copy_(state["weight"])
         bias.copy_(state["bias"])
     optimizer.load_state_dict(state["optimizer"])
-    loop.step = int(state["step"])
-    loop.rows = [(int(a), int(b), str(c), float(v)) for a, b, c, v in state["rows"]]
+    loop.step, loop.tokens = int(state["step"]), int(state["tokens"])
+    loop.rows = [(int(a), int(t), int(b), str(c), float(v)) for a, t, b, c, v in state["rows"]]
     loop.history = list(state["history"].numpy())
     loop.since_converged = state["since_converged"].numpy().copy()
     loop.train_kl = None if state["train_kl"] is None else state["train_kl"].numpy().copy()
@@ -330,6 +360,7 @@ def _snapshot(
         "bias": bias.detach().cpu().clone(),
         "optimizer": optimizer.state_dict(),
         "step": loop.step,
+        "tokens": loop.tokens,
         "rows": list(loop.rows),
         "history": (
             torch.from_numpy(np.stack(loop.history)) if loop.history else torch.zeros(0, loop.n, dtype=torch.float64)
@@ -351,13 +382,13 @@ def _evaluate(
 ) -> None:
     """Curve rows at ``step``: the pending training KL, then the held-out KL (kept in the history)."""
     if loop.train_kl is not None:
-        loop.rows.extend((step, L, "train", float(v)) for L, v in enumerate(loop.train_kl))
+        loop.rows.extend((step, loop.tokens, L, "train", float(v)) for L, v in enumerate(loop.train_kl))
         loop.train_kl = None
     if heldout_states is None:
         return
     kl = layer_kl(model, weight.detach(), bias.detach(), heldout_states, opt.chunk_elements)
     loop.history.append(kl)
-    loop.rows.extend((step, L, "heldout", float(v)) for L, v in enumerate(kl))
+    loop.rows.extend((step, loop.tokens, L, "heldout", float(v)) for L, v in enumerate(kl))
 
 
 def _window_ok(loop: _Loop, step: int, opt: LensOptions) -> bool:
@@ -396,7 +427,7 @@ def _optimizer_step(
         clip_grads_(weight, bias, opt.clip_grad_norm, opt.clip_scope)
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
-    loop.step = step + 1
+    loop.step, loop.tokens = step + 1, loop.tokens + states.shape[1]
 
 
 def _all_converged(loop: _Loop, opt: LensOptions) -> tuple[bool, int]:
@@ -445,6 +476,7 @@ def _fit(
     base_lrs = [g["lr"] for g in optimizer.param_groups]
     state = saver.load() if saver is not None else None
     if state is not None:
+        saver.check_stream(state)
         _restore(loop, state, weight, bias, optimizer, stream)
         log.info("resuming lens training from %s at step %d of %d", saver.path, loop.step, opt.steps)
     else:
@@ -477,15 +509,35 @@ def _fit(
 class _Checkpointer:
     """The training loop's resumable state at ``path`` (:class:`resdyn.artifacts.LensCheckpoint`).
 
-    ``key``: fingerprint of everything the trajectory depends on (:func:`_fingerprint`); a file
-    with another key or format is ignored with a warning, never resumed.
+    ``key``: fingerprint of everything the trajectory depends on but the training tokens
+    (:func:`_fingerprint`); a file with another key or format is ignored with a warning, never
+    resumed. ``source``: the training stream (:func:`resdyn.study_b.lens.stream.stream_source`),
+    saved with each state and checked on resume (:meth:`check_stream`).
     """
 
-    def __init__(self, path: Path, key: str, every: int):
-        self.path, self.key, self.every = path, key, every
+    def __init__(self, path: Path, key: str, every: int, source: dict[str, Any]):
+        self.path, self.key, self.every, self.source = path, key, every, source
 
     def save(self, state: dict[str, Any]) -> None:
-        LensCheckpoint.save(self.path, self.key, state)
+        LensCheckpoint.save(self.path, self.key, {**state, "stream_source": self.source})
+
+    def check_stream(self, state: dict[str, Any]) -> None:
+        """ValueError naming ``lens.train_tokens`` when a state's stream position does not fit this
+        run's training stream: another stream (batches, tokens, ids, cycled or not), or a position
+        past the end of a stream that is not cycled.
+
+        Resuming elsewhere in a stream would fit tokens other than the ones the saved translators
+        saw, and starting over would drop hours of fitting silently: the person decides."""
+        was, (pos, _) = state.get("stream_source") or {}, state["stream"]
+        now = self.source
+        if was == now and (now["cycle"] or pos <= now["batches"]):
+            return
+        raise ValueError(
+            f"lens.train_tokens: the checkpoint {self.path} stands at batch {pos} of a stream of "
+            f"{was.get('batches')} batches ({was.get('tokens', 0):,} tokens, ids {str(was.get('hash'))[:12]}), "
+            f"but this job's stream has {now['batches']} batches ({now['tokens']:,} tokens, ids {now['hash'][:12]}); "
+            "delete the checkpoint to fit from the start"
+        )
 
     def load(self) -> dict[str, Any] | None:
         return LensCheckpoint.load(self.path, self.key, stacklevel=4)  # the warning points at train_lens's caller
@@ -496,14 +548,14 @@ class _Checkpointer:
 
 def _fingerprint(
     model: nn.Module,
-    batches: list[torch.Tensor],
     heldout: list[torch.Tensor] | None,
     opt: LensOptions,
     meta: dict[str, Any],
 ) -> str:
-    """SHA-256 over the options, provenance, readout hash, the token ids and (without a given
-    ``model_hash``) every model parameter: what a resumed trajectory must share with the first, with
-    the device's numerics (:func:`resdyn.numerics.precision.resume_key`)."""
+    """SHA-256 over the options, provenance, readout hash, the held-out token ids and (without a
+    given ``model_hash``) every model parameter: what a resumed trajectory must share with the first,
+    with the device's numerics (:func:`resdyn.numerics.precision.resume_key`). The training stream is
+    not in it: a checkpoint records its own (:meth:`_Checkpointer.check_stream`)."""
     options = {k: v for k, v in opt.to_dict().items() if k != "progress"}
     numerics = precision.resume_numerics(model_device(model))
     h = hashlib.sha256(
@@ -524,9 +576,8 @@ def _fingerprint(
         for name, t in model.state_dict().items():
             h.update(name.encode())
             h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    for group, items in (("train", batches), ("heldout", heldout or [])):
-        h.update(group.encode())
-        for b in items:
-            h.update(str(tuple(b.shape)).encode())
-            h.update(b.cpu().numpy().astype(np.int64).tobytes())
+    h.update(b"heldout")
+    for b in heldout or []:
+        h.update(str(tuple(b.shape)).encode())
+        h.update(b.cpu().numpy().astype(np.int64).tobytes())
     return precision.resume_key(h.hexdigest(), numerics)

@@ -37,7 +37,7 @@ class Lens:
     """Trained (or loaded) translators bound to the model whose readout they use.
 
     ``weight (n, d, d)``, ``bias (n, d)``: float32 W_L, b_L on the model's device.
-    ``curves``: DataFrame(step, layer, split ∈ {train, heldout}, kl); train KL is that of the
+    ``curves``: DataFrame(step, tokens_seen, layer, split ∈ {train, heldout}, kl); train KL is that of the
     step's own training batch (before its update), held-out KL that of the held-out set after it. ``convergence``:
     DataFrame(layer, converged,
     converged_step, steps, final_heldout_kl, rel_change) — see :mod:`resdyn.study_b.lens`.
