@@ -117,3 +117,33 @@ def test_the_token_stream_lets_the_spent_batch_go_before_the_next_forward():
         stream.take()
     extra = live.peak["meta"] - s.weight_bytes
     assert 2 * states <= extra < 2.5 * states, extra / states
+
+
+def test_the_plan_says_which_memory_figures_are_traced():
+    from resdyn.pipeline import plan
+
+    line = plan.memory_line()
+    assert all(rule in line for rule in cost.GPU_RULES) and "spectra, bootstrap are formulas only" in line
+
+
+def test_gemma4_per_layer_input_embeddings_are_priced_as_weights():
+    """Oracle: the parameter count of Gemma 4's per-layer input matrices in transformers' own model
+    (their norms, d_ple values each, are left out)."""
+    from transformers import AutoConfig
+
+    text = {
+        "model_type": "gemma4_text",
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 128,
+        "vocab_size": 512,
+        "hidden_size_per_layer_input": 16,
+        "vocab_size_per_layer_input": 300,
+    }
+    model = memtrace.meta_model(AutoConfig.for_model(**text), torch.bfloat16)
+    names = ("embed_tokens_per_layer", "per_layer_model_projection", "per_layer_input_gate", "per_layer_projection")
+    want = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and any(k in n for k in names))
+    entry = {"d_per_layer_input": 16, "vocab_per_layer_input": 300}
+    assert cost._per_layer_input_params(entry, 4, 64, 512) == want

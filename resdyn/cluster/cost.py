@@ -760,6 +760,9 @@ GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics", "causal")
 #: Rules whose decompositions move to the GPU when ``device`` is cuda (torch.linalg on cuda).
 GPU_LINALG_RULES = ("spectra", "bootstrap")
 
+#: GPU rules whose device memory is traced on meta tensors against the plan (resdyn.beyond.memtrace)
+TRACED_MEMORY_RULES = GPU_RULES
+
 
 LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint", "resolve_tokenizer")
 
