@@ -78,8 +78,9 @@ def trace_jacobians(
     """Device peak of one Jacobian job's block: the engine's batched forward and each sample's
     Jacobians with the device-side part of :func:`resdyn.study_a.jacobian._accumulate_batch` (the
     float64 sum over positions and :func:`resdyn.study_a.jacobian.summaries`), for the first
-    ``samples`` samples of a batch (the second one runs with the first one's Jacobians gone: the
-    steady state of the job; later samples repeat it)."""
+    ``samples`` samples of a batch, fed through a zip over sample indices as
+    :func:`resdyn.study_a.jacobian.write_layer_block` feeds them (the second sample is the steady
+    state of the job; later samples repeat it)."""
     vocab = _vocab(model)
 
     def run() -> None:
