@@ -400,7 +400,7 @@ def lens_working_bytes(config: dict, s: Shape, gpu: bool) -> float:
 
     Held all along: the translators W, b with their gradients and optimizer state, (2 + m)·4·n·(d²
     + d) (m = 1 momentum buffer for SGD, 2 moments for Adam), and the held-out states
-    n_heldout·T·(n+1)·d in the model's dtype. On top, the largest of two moments of a step of
+    n_heldout·T·(n+1)·d in the model's dtype. On top, the largest of three moments of a step of
     B' = ⌊B/T⌋·T tokens (batches of ⌊B/T⌋ sequences, as the lens script makes them):
     * the fetch of the next batch (the spent one freed first,
       :class:`resdyn.study_b.lens.stream.TokenStream`): :func:`resdyn.lm.structure.residual_states`
