@@ -281,3 +281,30 @@ def test_a_run_whose_job_fits_no_node_stops_before_any_job(paper_b, paper_hub_ca
         timeout=300,
     )
     assert res.returncode != 0 and "fits no 8 x a100-40" in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("model,kind", [("qwen25_14b", "h100"), ("qwen25_32b", "h200")])
+def test_layers_per_job_0_gives_the_most_layers_one_gpu_of_the_priced_kind_holds(paper_b, monkeypatch, model, kind):
+    """jacobian.layers_per_job 0 on a GPU: blocks of K layers, every block's job fits one GPU of the
+    kind and K + 1 layers would not; on a CPU, all layers in one job."""
+    monkeypatch.setenv("RESDYN_GPU_KIND", kind)
+    cfg = {**paper_b, "jacobian": {**paper_b["jacobian"], "layers_per_job": 0}}
+    s, usable = cost.model_shape(cfg, model), gpu_kinds.GPU_KINDS[kind].usable_bytes
+    blocks = [rc.block_layers(b) for b in rc.layer_blocks(cfg, model)]
+    per = len(blocks[0])
+    assert 1 < per < s.n_layers and sum(map(len, blocks)) == s.n_layers
+    assert all(cost.cost_jacobians(cfg, s, b, True).device_bytes <= usable for b in blocks)
+    wider = [list(range(a, min(a + per + 1, s.n_layers))) for a in range(0, s.n_layers, per + 1)]
+    assert max(cost.cost_jacobians(cfg, s, b, True).device_bytes for b in wider) > usable
+    cpu = {**cfg, "device": "cpu"}
+    assert rc.layer_blocks(cpu, model) == [f"layers000-{s.n_layers - 1:03d}"]
+
+
+def test_a_jacobian_block_that_fits_no_gpu_names_the_most_layers_that_do(paper_b):
+    cfg = {**paper_b, "jacobian": {**paper_b["jacobian"], "layers_per_job": 32}}
+    w = {"model": "qwen25_32b", "ckpt": "main", "block": "layers000-031"}
+    most = cost.jacobian_block_size(cfg, cost.model_shape(cfg, "qwen25_32b"), gpu_kinds.GPU_KINDS["h200"].usable_bytes)
+    with pytest.raises(multigpu.FitError) as err:
+        dag.job_placement(cfg, "jacobians", w, "h200")
+    assert f"lower jacobian.layers_per_job to at most {most} (0: the most that fit)" in str(err.value)
+    assert "\n" not in str(err.value)

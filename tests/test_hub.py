@@ -99,6 +99,8 @@ def test_architecture_read_from_each_family_config(name):
         "d_ff": c["intermediate_size"],
         "vocab_size": c["vocab_size"],
         "max_position": c["max_position_embeddings"],
+        # Gemma 4's per-layer input embeddings (priced as weights)
+        **({"d_per_layer_input": 8, "vocab_per_layer_input": hubcache.VOCAB} if name == "gemma4" else {}),
     }
 
 

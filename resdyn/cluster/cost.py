@@ -96,6 +96,8 @@ class Shape:
     parallel: bool = False
     #: Jacobian work factor (family ``generic``: families.GENERIC_SLOWDOWN, else 1)
     jacobian_slowdown: float = 1.0
+    #: weights outside the decoder layers and the two embeddings (Gemma 4's per-layer inputs)
+    extra_params: int = 0
 
     @property
     def jacobian_groups(self) -> int:
@@ -125,8 +127,9 @@ class Shape:
 
     @property
     def params(self) -> int:
-        """Decoder layers plus embedding and unembedding (counted twice even when tied)."""
-        return self.n_layers * self.layer_params + 2 * self.vocab * self.d
+        """Decoder layers plus embedding and unembedding (counted twice even when tied) and
+        :attr:`extra_params`."""
+        return self.n_layers * self.layer_params + 2 * self.vocab * self.d + self.extra_params
 
     @property
     def weight_bytes(self) -> int:
@@ -185,7 +188,16 @@ def model_shape(config: dict, model: str) -> Shape:
         mlp_mats=families.mlp_matrices(family),
         parallel=families.is_parallel(family, {"use_parallel_residual": m.get("parallel_residual", True)}),
         jacobian_slowdown=families.GENERIC_SLOWDOWN if family == "generic" else 1.0,
+        extra_params=_per_layer_input_params(m, int(m["n_layers"]), int(m["d_model"]), int(vocab)),
     )
+
+
+def _per_layer_input_params(m: dict, n: int, d: int, vocab: int) -> int:
+    """Gemma 4's per-layer input weights: the embedding table (V_ple × n·d_ple), its projection from
+    the residual stream (d × n·d_ple) and each layer's gate and projection (2·d·d_ple); 0 without
+    ``d_per_layer_input``."""
+    ple = int(m.get("d_per_layer_input") or 0)
+    return n * ple * (int(m.get("vocab_per_layer_input") or vocab) + 3 * d)
 
 
 @dataclass
@@ -260,8 +272,10 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     three H × T score-sized fp32 arrays each (12·H·T·c bytes; c = the engine's chunk,
     ≤ d) and J_attn — plus the float64 copy of each position's J for the summaries (8·d²·P), the
     batch's boundary states through the block's last layer (batch·(2·(max L + 1) + 1)·T·d in the
-    model dtype and as fp32) and one sample's Jacobians of the block (L·kinds·P·4·d²: the engine
-    yields a sample's Jacobians and the job moves them to the host before the next sample).
+    model dtype and as fp32) and two samples' Jacobians of the block (2·L·kinds·P·4·d²: the engine
+    yields a sample's Jacobians and the job moves them to the host, but the zip over sample indices
+    that feeds the accumulation still holds the previous sample's while the next one runs; the
+    memory trace, docs/cost.md, measures it).
     The benchmark measured 41-46 MiB of working memory at d = 1024 (T = 64-256) against 44 by
     this formula; the engine's own chunk budget (≈ 4·(8·H·(T+1) + 8·H·hd) per direction) is a
     bound, not the resident size. Disk per layer:
@@ -292,10 +306,12 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     chunk = tangent_chunk(d, attention_tangent_bytes(s.n_heads, s.hd, T), gpu)
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
     stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
-    # the batch's boundary states through the block (model dtype, then the fp32 copy) and one
-    # sample's Jacobians of the block (JacobianEngine.iter_batch: moved to the host sample by sample)
+    # the batch's boundary states through the block (model dtype, then the fp32 copy) and two
+    # samples' Jacobians of the block: JacobianEngine.iter_batch yields them sample by sample, but
+    # the zip that feeds them to the accumulation (write_layer_block) keeps the previous sample's
+    # in its result tuple until the next sample's are computed
     boundaries = batch * (2 * (max(layers) + 1) + 1) * T * d * (4.0 + s.dtype_bytes)
-    one_sample = L * s.jacobian_groups * P * 4.0 * d * d
+    one_sample = 2 * L * s.jacobian_groups * P * 4.0 * d * d
     work = copies + stage + 8.0 * d * d * P + boundaries + one_sample
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0
@@ -303,6 +319,24 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     means = (DTYPE_BYTES[jc["store_dtype"]] + B * group_bytes) * d * d
     c.disk_bytes = L * s.jacobian_groups * (means + n_first * P * 4.0 * d * d)
     return c
+
+
+def jacobian_block_size(config: dict, s: Shape, usable_bytes: float) -> int:
+    """The most layers per Jacobian job whose every block fits ``usable_bytes`` of one GPU.
+
+    Blocks are contiguous runs of that many layers from layer 0 (the last one shorter); the
+    heaviest are the last full block and the last block (their boundary states run through the
+    deepest layers), so only those two are priced (:func:`cost_jacobians` on a GPU). n when the
+    whole model fits in one job; 1 when not even one layer fits (the plan's fit check then names
+    the job).
+    """
+    n = s.n_layers
+    for per in range(n, 0, -1):
+        last_full, last = (n // per - 1) * per, (n - 1) // per * per
+        heaviest = (list(range(last_full, last_full + per)), list(range(last, n)))
+        if all(cost_jacobians(config, s, block, True).device_bytes <= usable_bytes for block in heaviest):
+            return per
+    return 1
 
 
 def cost_activations(config: dict, s: Shape, gpu: bool) -> Cost:
@@ -339,8 +373,7 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     forward only, on n_heldout·T tokens. Every step runs its frozen forward, on fresh tokens
     (``lens.train_tokens``) as on reused ones (their states are cached only below 1 GiB, never at
     hub scale), so fresh tokens cost the steps they add. Host: the token windows (int64), twice
-    for fresh ones (shuffled copy). Device: weights + translators, gradients, momentum
-    (3·4·n·d²) + one chunk of logits (logits, softmax, gradient) + the cached states.
+    for fresh ones (shuffled copy). Device: the weights and :func:`lens_working_bytes`.
     """
     lc, T = config["lens"], config["samples"]["length"]
     B, steps, n, d, V = lc["tokens_per_step"], lc["steps"], s.n_layers, s.d, s.vocab
@@ -364,15 +397,48 @@ def cost_lens(config: dict, s: Shape, gpu: bool) -> Cost:
     n_train = lens_train_blocks(lc, T)
     windows = (2 if lc.get("train_tokens") else 1) * n_train + lc["n_heldout_blocks"]
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + 8.0 * windows * T
-    # logits chunk (resdyn.study_b.lens.default_chunk_elements: 2^27 on a GPU, 2^22 on a CPU) held as
-    # logits, softmax and gradient in fp32
-    chunk = min(B * n * V, 2**27 if gpu else 2**22)
-    dev = s.weight_bytes + 3 * 4.0 * n * d * d + 3 * 4.0 * chunk + 4.0 * B * (n + 1) * d + 2 * 4.0 * B * s.d_ff
+    dev = s.weight_bytes + lens_working_bytes(config, s, gpu)
     c.device_bytes = dev if gpu else 0.0
     if not gpu:
         c.host_bytes += dev - s.weight_bytes
     c.disk_bytes = 4.0 * n * d * (d + 1) * 2  # translators + the tuned-lens export
     return c
+
+
+def lens_working_bytes(config: dict, s: Shape, gpu: bool) -> float:
+    """Memory of lens training besides the weights (:func:`resdyn.study_b.lens.train_lens`).
+
+    Held all along: the translators W, b with their gradients and optimizer state, (2 + m)·4·n·(d²
+    + d) (m = 1 momentum buffer for SGD, 2 moments for Adam), and the held-out states
+    n_heldout·T·(n+1)·d in the model's dtype. On top, the largest of three moments of a step of
+    B' = ⌊B/T⌋·T tokens (batches of ⌊B/T⌋ sequences, as the lens script makes them):
+    * the fetch of the next batch (the spent one freed first,
+      :class:`resdyn.study_b.lens.stream.TokenStream`): :func:`resdyn.lm.structure.residual_states`
+      stacks the captured states and :func:`resdyn.study_b.lens.stream.layer_major_states` copies
+      them layer-major, two batch states 2·B'·(n+1)·d, beside the forward's MLP activations
+      2·4·B'·d_ff;
+    * the batch (states B'·(n+1)·d and teacher statistics 4·B'·(d+1)) with the teacher's fp32
+      copy of the head 4·V·d and one chunk in flight: logits, softmax and gradient, 3·4 bytes per
+      element (2^27 elements on a GPU, 2^22 on a CPU, :func:`resdyn.study_b.lens.default_chunk_elements`);
+    * the held-out evaluation (:func:`resdyn.study_b.lens.kl.layer_kl`, the spent batch still
+      referenced by the stream): per chunk of c tokens × l layers the target probabilities 4·c·V
+      and c·l·V logits in the model's dtype with two float32 arrays (log-softmax and its product
+      with p), c = min(n_heldout·T, ⌊budget/V⌋), l = min(n, ⌊budget/(c·V)⌋).
+    """
+    lc, T = config["lens"], config["samples"]["length"]
+    n, d, V = s.n_layers, s.d, s.vocab
+    tokens = max(1, lc["tokens_per_step"] // T) * T
+    moments = 2 if lc.get("optimizer") == "adam" else 1
+    translators = (2 + moments) * 4.0 * n * (d * d + d)
+    held = lc["n_heldout_blocks"] * T * (n + 1) * d * s.dtype_bytes
+    batch = tokens * (n + 1) * d * s.dtype_bytes + 4.0 * tokens * (d + 1)
+    budget = 2**27 if gpu else 2**22
+    chunk = 3 * 4.0 * min(tokens * n * V, budget)
+    fetch = 2 * tokens * (n + 1) * d * s.dtype_bytes + 2 * 4.0 * tokens * s.d_ff
+    eval_tokens = max(1, min(lc["n_heldout_blocks"] * T, budget // V))
+    eval_layers = max(1, min(n, budget // (eval_tokens * V)))
+    evaluation = batch + (s.dtype_bytes + 8.0) * eval_tokens * eval_layers * V + 4.0 * eval_tokens * V
+    return translators + held + max(fetch, batch + 4.0 * V * d + chunk, evaluation)
 
 
 def cost_lens_metrics(config: dict, s: Shape, gpu: bool) -> Cost:
@@ -714,6 +780,9 @@ GPU_RULES = ("jacobians", "activations", "lens", "lens_metrics", "causal")
 
 #: Rules whose decompositions move to the GPU when ``device`` is cuda (torch.linalg on cuda).
 GPU_LINALG_RULES = ("spectra", "bootstrap")
+
+#: GPU rules whose device memory is traced on meta tensors against the plan (resdyn.beyond.memtrace)
+TRACED_MEMORY_RULES = GPU_RULES
 
 
 LIGHT_RULES = ("corpus", "tokenizer", "samples", "lens_tokens", "resolve_checkpoint", "resolve_tokenizer")

@@ -26,6 +26,9 @@ SHAPE_FIELDS: dict[str, str] = {
     "d_ff": "intermediate_size",
     "vocab_size": "vocab_size",
     "max_position": "max_position_embeddings",
+    # Gemma 4: per-layer input embeddings (weights the decoder layers do not hold)
+    "d_per_layer_input": "hidden_size_per_layer_input",
+    "vocab_per_layer_input": "vocab_size_per_layer_input",
 }
 
 #: GPT-2's config.json field names for the standard ones in SHAPE_FIELDS
@@ -48,6 +51,8 @@ SHAPE_RANGES: dict[str, tuple[int, int]] = {
     "vocab_size": (1, 1 << 24),
     "max_position_embeddings": (1, 1 << 24),
     "head_dim": (1, 1 << 12),
+    "hidden_size_per_layer_input": (1, 1 << 17),
+    "vocab_size_per_layer_input": (1, 1 << 24),
 }
 
 _TRUE = ("1", "true", "yes", "on")

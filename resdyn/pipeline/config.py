@@ -708,10 +708,26 @@ def _lens_import_errors(config: dict, base: Path) -> list[str]:
 
 
 def layer_blocks(config: dict, model: str) -> list[str]:
-    """Names of the Jacobian/activation job blocks, ``layers{first:03d}-{last:03d}``."""
+    """Names of the Jacobian/activation job blocks, ``layers{first:03d}-{last:03d}``.
+
+    ``jacobian.layers_per_job`` layers each; 0: :func:`auto_layers_per_job`.
+    """
     n = config["models"][model]["n_layers"]
-    per = model_config(config, model)["jacobian"]["layers_per_job"] or n
+    per = model_config(config, model)["jacobian"]["layers_per_job"] or auto_layers_per_job(config, model)
     return [f"layers{a:03d}-{min(a + per, n) - 1:03d}" for a in range(0, n, per)]
+
+
+def auto_layers_per_job(config: dict, model: str) -> int:
+    """Layers per Jacobian job for ``jacobian.layers_per_job: 0``: all n on a CPU; on a GPU the most
+    that one GPU of the kind the jobs are priced for holds (the model's ``gpu_kind``, else
+    ``RESDYN_GPU_KIND``; :func:`resdyn.cluster.cost.jacobian_block_size`), all n when they fit."""
+    from resdyn.cluster import cost
+
+    mc = model_config(config, model)
+    kind = mc.get("gpu_kind") or gpu_kinds.gpu_kind()
+    if not cost.uses_gpu(mc, "jacobians", kind):
+        return int(config["models"][model]["n_layers"])
+    return cost.jacobian_block_size(mc, cost.model_shape(mc, model), gpu_kinds.GPU_KINDS[kind].usable_bytes)
 
 
 def block_layers(block: str) -> list[int]:

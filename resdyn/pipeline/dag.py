@@ -30,6 +30,7 @@ from resdyn.cluster.cost import (
     cost_schur,
     cost_spectra,
     cost_zoo_train,
+    jacobian_block_size,
     model_shape,
     seconds,
     uses_gpu,
@@ -227,10 +228,14 @@ def job_placement(config: dict, rule: str, wildcards: Mapping[str, str], kind: s
         if found is not None:
             return found
     if rule not in SPANNING_RULES:
+        fewer = ""
+        if rule == "jacobians":
+            most = jacobian_block_size(model_config_kind(config, wildcards, kind)[0], s, g.usable_bytes)
+            fewer = f"lower jacobian.layers_per_job to at most {most} (0: the most that fit), or "
         raise FitError(
             f"job {rule} {'/'.join(wildcards.values())}: {cost.device_bytes / GB:.1f} GB of device memory "
             f"> one {kind} ({g.usable_bytes / GB:.1f} GB usable) and {rule} runs on one GPU: "
-            + ("lower jacobian.layers_per_job, or " if rule == "jacobians" else "")
+            + fewer
             + "choose a GPU kind with more memory (RESDYN_GPU_KIND / --gpu)"
         )
     fits = [k for k, other in GPU_KINDS.items() if placement(s, other.max_per_node, other.usable_bytes, work)]

@@ -161,6 +161,7 @@ def render(config: dict, device: str = "h100", gpus: int = 1, cores: int = 64) -
             f"{', '.join(generic)} - Jacobians priced {GENERIC_SLOWDOWN:g}x the hand-written engines"
         )
     lines += fit_lines(jobs, device)
+    lines.append(memory_line())
     lines += override_lines(config)
     lines.append(
         "not priced (tables and figures from tables, run on the submit host in seconds): "
@@ -180,6 +181,19 @@ def rates_line() -> str:
         )
     kinds = ", ".join(f"{k} ({len(v.get('rules') or {})} rules)" for k, v in m["kinds"].items())
     return f"rates: MEASURED for {kinds} by resdyn calibrate from {m.get('source', '?')} ({m['path']})"
+
+
+def memory_line() -> str:
+    """Which device-memory figures are formulas checked against a trace of the code and which are
+    formulas only (docs/cost.md, "Memory trace")."""
+    traced = ", ".join(rcost.TRACED_MEMORY_RULES)
+    untraced = ", ".join(r for r in rcost.GPU_LINALG_RULES if r not in rcost.TRACED_MEMORY_RULES)
+    return (
+        f"GPU memory figures: {traced} are formulas held against the live bytes of their own code traced at "
+        f"the paper shapes (benchmarks/memory_trace.py, docs/cost.md); {untraced} are formulas only; neither "
+        f"sees the allocator's slack, library workspaces or the CUDA context (the "
+        f"{1 - gpu_kinds.GPU_USABLE_FRACTION:.0%} of a GPU kept free)"
+    )
 
 
 def fit_lines(jobs: pd.DataFrame, device: str) -> list[str]:

@@ -232,7 +232,11 @@ PAPER_STANDINS: dict[str, dict] = {
     "allenai/Olmo-3-1025-7B": _shape("olmo3", 32, 4096, 32, 32, 11008, 100278, 65536),
     "google/gemma-4-E4B": {
         "model_type": "gemma4",
-        "text_config": _shape("gemma4_text", 42, 2560, 8, 2, 10240, 262144, 131072),
+        "text_config": {
+            **_shape("gemma4_text", 42, 2560, 8, 2, 10240, 262144, 131072),
+            "hidden_size_per_layer_input": 256,
+            "vocab_size_per_layer_input": 262144,
+        },
     },
     "Qwen/Qwen2.5-0.5B": _shape("qwen2", 24, 896, 14, 2, 4864, 151936, 32768),
     "Qwen/Qwen2.5-1.5B": _shape("qwen2", 28, 1536, 12, 2, 8960, 151936, 131072),

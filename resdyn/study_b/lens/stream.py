@@ -159,6 +159,8 @@ class TokenStream:
         parts, have = [], 0
         while have < self.k:
             if self.buffer is None or self.buffer[0].shape[1] == 0:
+                # an empty slice still holds the whole spent batch: let it go before the next forward
+                self.buffer = None
                 self.buffer = self._fetch()
             part = self._slice(self.buffer, slice(0, self.k - have))
             n_part = part[0].shape[1]
