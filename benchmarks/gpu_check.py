@@ -276,7 +276,16 @@ def time_lens(model, config: dict, kind: str, dev: torch.device, report: Report)
 
     w, price, threads = priced_job(config, "lens", kind)
     lc, length = config["lens"], config["samples"]["length"]
-    skip = ("checkpoints", "n_train_blocks", "n_heldout_blocks", "checkpoint_every", "source", "path", "repo")
+    skip = (
+        "checkpoints",
+        "n_train_blocks",
+        "n_heldout_blocks",
+        "train_tokens",
+        "checkpoint_every",
+        "source",
+        "path",
+        "repo",
+    )
     opts = {k: v for k, v in lc.items() if k not in (*skip, "repo_type", "revision")}
     opts["warmup_steps"] = opts.pop("warmup")
     n_train = lc["n_train_blocks"]
