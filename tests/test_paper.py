@@ -2,7 +2,7 @@
 
 Two planted runs: in ``planted(True)`` every testable statement holds, in ``planted(False)``
 every one does not; the statements that no run of this size can test (setup figures,
-magnitudes of other models, no permutation null) are not testable in both.
+magnitudes of other models) are not testable in both.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ FINAL = "step1000"
 UNTESTABLE_HERE = {
     "n_samples",
     "resolution_range",
-    "communities_partly_architectural",
     "erank_single_layer",
     "erank_full_depth",
     "significant_layers_mid",
@@ -146,6 +145,14 @@ def widths(ok: bool) -> pd.DataFrame:
     )
 
 
+def partitions(ok: bool) -> pd.DataFrame:
+    # 4 boundaries of step 0 against the final: above the null in all (ok) or in 1 of 4
+    p = [0.005] * 4 if ok else [0.005, 0.3, 0.6, 1.0]
+    return pd.DataFrame(
+        {"ckpt": "step0", "reference": "final", "nmi": [0.4, 0.5, 0.45, 0.5], "nmi_null_q95": 0.1, "nmi_p": p}
+    )
+
+
 def planted(ok: bool, d: int = 8, rule: str = "tolerance") -> ModelTables:
     boot = pd.DataFrame(
         {
@@ -173,7 +180,7 @@ def planted(ok: bool, d: int = 8, rule: str = "tolerance") -> ModelTables:
         phase_metrics=phase_metrics(ok),
         coupling=coupling(ok),
         schur=schur(ok),
-        partitions=pd.DataFrame({"ckpt": "step0", "reference": "final", "nmi": [0.4, 0.5]}),
+        partitions=partitions(ok),
         lens_metrics=lens_metrics(ok),
         n_samples=6,
         complex_rule=rule,
@@ -309,3 +316,32 @@ def test_interval_from_few_samples_is_reported_but_does_not_decide():
     m.bootstrap = {FINAL: boot}
     r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "rotational_early_symmetric_late").iloc[1]
     assert r.verdict.startswith(vd.FAILS) and "reaches 0" in r.verdict
+
+
+def test_communities_against_the_permutation_null():
+    t = table(True)
+    r = rows_of(t, "communities_partly_architectural").iloc[0]
+    assert r.run_value == pytest.approx(0.4625) and "4 of 4 boundaries" in r.verdict and r.ckpt == f"step0,{FINAL}"
+    r = rows_of(table(False), "communities_partly_architectural").iloc[0]
+    assert r.verdict.startswith(vd.FAILS) and "1 of 4 boundaries" in r.verdict
+    # half the boundaries above the null is enough ("partly"); BH, not the raw p, decides
+    assert vd.above_null([0.5] * 4, [0.1] * 4, [0.01, 0.01, 0.5, 0.9]).startswith(vd.HOLDS)
+    assert vd.above_null([0.5] * 4, [0.1] * 4, [0.04, 0.5, 0.6, 0.9]).startswith(vd.FAILS)  # q = 0.16
+    m = planted(True)
+    m.partitions = m.partitions.drop(columns=["nmi_p"])
+    r = rows_of(paper.paper_comparison(CLAIMS, [m], ["A"]), "communities_partly_architectural").iloc[0]
+    assert "permutation null" in r.reason and r.verdict.startswith("not testable")
+
+
+def test_width_slopes_say_how_many_fallback_widths_were_left_out():
+    w = widths(True).assign(n_fallback=[0, 2, 0])
+    t = paper.paper_comparison(CLAIMS, [planted(True)], ["B"], w, {"g": ["a", "b", "c"]})
+    r = rows_of(t, "phase2_width_slope").iloc[0]
+    assert "2 width(s) from Kneedle fallback cuts left out of the fit" in r.measure
+    assert r.verdict == "holds: interval [0.7, 0.9] meets [0.6, 1]"
+    assert "fallback" not in rows_of(t, "phase1_width_slope").measure.iloc[0]
+    # the interval, not the point, meets the stated range
+    w.loc[w.phase == 2, ["slope", "slope_ci_low", "slope_ci_high"]] = (0.5, 0.45, 0.58)
+    t = paper.paper_comparison(CLAIMS, [planted(True)], ["B"], w, {"g": ["a", "b", "c"]})
+    want = "does not hold: interval [0.45, 0.58] lies outside [0.6, 1]"
+    assert rows_of(t, "phase2_width_slope").verdict.iloc[0] == want

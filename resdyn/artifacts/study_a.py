@@ -211,14 +211,15 @@ class PartitionSimilarity(TsvArtifact):
     One row per (ckpt, layer, boundary, reference) (:func:`resdyn.study_a.partitions.partition_similarity`):
     ``ckpt`` str, ``layer`` int, ``boundary`` str, ``reference_ckpt`` str, ``reference`` str
     (``final`` | ``first``), ``nmi``, ``ari`` (of the two partitions of the same units),
-    ``modularity`` (signed, of ``ckpt``'s partition) float, ``reason`` str (why a comparison is
-    missing; its numbers are then NaN).
+    ``nmi_null_q95``, ``nmi_p`` (the NMI's permutation null: its 95 % quantile and the one-sided
+    p-value, :func:`resdyn.study_a.partitions.nmi_permutation_null`), ``modularity`` (signed, of
+    ``ckpt``'s partition) float, ``reason`` str (why a comparison is missing; its numbers are then NaN).
     """
 
     relpath = "results/{model}/partition_similarity.tsv"
     columns = kinds(
         "ckpt:str layer:int boundary:str reference_ckpt:str reference:str nmi:float ari:float "
-        "modularity:float reason:str"
+        "nmi_null_q95:float nmi_p:float modularity:float reason:str"
     )
 
 

@@ -419,27 +419,18 @@ def _communities(claim, t: ModelTables) -> list[dict]:
     ps = t.partitions
     if len(t.ckpts) < 2:
         return [row(claim, t.model, first, m, source=src, reason="only one checkpoint (no step 0)")]
-    if ps is None or "nmi" not in ps.columns:
-        return [row(claim, t.model, first, m, source=src, reason="partition_similarity.tsv not available")]
+    if ps is None or not {"nmi", "nmi_p", "nmi_null_q95"} <= set(ps.columns):
+        why = "partition_similarity.tsv with the NMI's permutation null (nmi_p, nmi_null_q95) not available"
+        return [row(claim, t.model, first, m, source=src, reason=why)]
     sel = ps[(ps["ckpt"].astype(str) == first) & (ps["reference"].astype(str) == "final")]
     nmi = sel["nmi"].to_numpy(dtype=np.float64)
-    nmi = nmi[np.isfinite(nmi)]
-    if nmi.size == 0:
+    if not np.isfinite(nmi).any():
         return [
             row(claim, t.model, first, m, source=src, reason="no finite NMI of the first checkpoint against the final")
         ]
-    why = "partition_similarity.tsv has no permutation null (NMI of label-shuffled partitions); the NMI is reported"
-    return [
-        row(
-            claim,
-            t.model,
-            f"{first},{ck}",
-            f"{m} ({nmi.size} boundaries)",
-            float(nmi.mean()),
-            source=src,
-            verdict=vd.untestable(why),
-        )
-    ]
+    verdict = vd.above_null(nmi, sel["nmi_null_q95"].to_numpy(dtype=np.float64), sel["nmi_p"].to_numpy(dtype=float))
+    m += f" ({int(np.isfinite(nmi).sum())} boundaries, against a label-permutation null)"
+    return [row(claim, t.model, f"{first},{ck}", m, float(np.nanmean(nmi)), source=src, verdict=verdict)]
 
 
 #: claim id → the rows of one model (study A)

@@ -38,6 +38,7 @@ __all__ = [
     "layer_geometry",
     "phase_metrics",
     "depth_scaling",
+    "fallback_widths",
     "with_lens_hits",
     "hit_ratio",
     "phase_table",
@@ -669,7 +670,9 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     ----------
     widths : DataFrame with columns ``model``, ``n_layers``, ``phase``, ``width``
         One row per (model, phase); several rows per model (e.g. checkpoints) are separate
-        observations.
+        observations. An optional bool column ``fallback`` flags widths whose cut came from a
+        Kneedle fallback (:func:`fallback_widths`): they are left out of the fit and counted in
+        ``n_fallback``.
     alpha : float in (0, 1)
     min_depths : int ≥ 3
         Phases with fewer distinct ``n_layers`` values are not fitted.
@@ -679,7 +682,8 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     One row per phase (sorted): ``phase``, ``status`` (``"ok"`` or ``"too_few_depths"``),
     ``slope``, ``intercept``, ``slope_ci_low``, ``slope_ci_high``, ``slope_se``, ``p_value``
     (slope ≠ 0), ``r_squared``, ``n_models`` (distinct models), ``n_depths`` (distinct depths),
-    ``n_obs``; statistics NaN unless ``status == "ok"``. With 3 points the interval has 1
+    ``n_obs`` (rows fitted), ``n_fallback`` (fallback rows left out); statistics NaN unless
+    ``status == "ok"``. With 3 points the interval has 1
     degree of freedom (wide); an exact fit gives a zero-width interval.
 
     Examples
@@ -692,8 +696,29 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     import statsmodels.api as sm
 
     _check_widths(widths, alpha, min_depths)
-    rows = [_depth_fit_row(ph, g, alpha, min_depths, sm) for ph, g in widths.groupby("phase", sort=True)]
+    flag = widths["fallback"].astype(bool) if "fallback" in widths.columns else pd.Series(False, index=widths.index)
+    rows = []
+    for ph, g in widths.groupby("phase", sort=True):
+        row = _depth_fit_row(ph, g[~flag.loc[g.index]], alpha, min_depths, sm)
+        row["n_fallback"] = int(flag.loc[g.index].sum())
+        if row["n_fallback"] and row["reason"]:
+            row["reason"] += f" ({row['n_fallback']} fallback width(s) left out)"
+        rows.append(row)
     return pd.DataFrame(rows, columns=list(_DEPTH_SCALING_COLUMNS))
+
+
+def fallback_widths(b1_found: bool, b2_found: bool) -> tuple[bool, bool, bool]:
+    """Which of the three phase widths rest on a Kneedle fallback cut.
+
+    Phase 1 spans ``[0, b1]``, phase 2 ``(b1, b2]``, phase 3 ``(b2, end]``: width 1 depends on
+    b1, width 3 on b2, width 2 on both, so a fallback b1 (= peak) flags phases 1 and 2, a
+    fallback b2 (= peak) phases 2 and 3.
+
+    Example:
+        >>> fallback_widths(True, False)
+        (False, True, True)
+    """
+    return (not b1_found, not (b1_found and b2_found), not b2_found)
 
 
 #: The columns of :func:`depth_scaling`, in order.
@@ -710,6 +735,7 @@ _DEPTH_SCALING_COLUMNS = (
     "n_models",
     "n_depths",
     "n_obs",
+    "n_fallback",
     "reason",
 )
 

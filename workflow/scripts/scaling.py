@@ -1,4 +1,5 @@
-"""Phase width vs depth across models of one family: OLS slope with a 95% CI per phase."""
+"""Phase width vs depth across models of one family: OLS slope with a 95% CI per phase (widths from
+Kneedle fallback cuts flagged and left out of the fit)."""
 
 import pandas as pd
 
@@ -12,7 +13,8 @@ with sidecars.step(snakemake) as step:
     rows = []
     for model, path in zip(p.models, snakemake.input.phases, strict=True):
         cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
-        for phase, width in enumerate(cuts.widths, start=1):
+        flags = geometry.fallback_widths(cuts.b1_found, cuts.b2_found)
+        for phase, (width, fallback) in enumerate(zip(cuts.widths, flags, strict=True), start=1):
             rows.append(
                 {
                     "group": model_of[model],
@@ -20,6 +22,7 @@ with sidecars.step(snakemake) as step:
                     "n_layers": p.n_layers[model],
                     "phase": phase,
                     "width": width,
+                    "fallback": fallback,
                 }
             )
     widths = pd.DataFrame(rows, columns=list(artifacts.ScalingWidths.columns))
