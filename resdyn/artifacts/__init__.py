@@ -52,6 +52,7 @@ from resdyn.artifacts.beyond import (
     CausalTable,
     ClaimsTable,
     PaperComparison,
+    SensitivityTable,
     ScorecardTable,
 )
 from resdyn.artifacts.figures import Figure, FigureCache
@@ -110,6 +111,7 @@ __all__ = [
     "ScorecardTable",
     "ClaimsTable",
     "PaperComparison",
+    "SensitivityTable",
     "BOOTSTRAP_COLUMNS",
     "REPLICATE_COLUMNS",
     "CAUSAL_COLUMNS",

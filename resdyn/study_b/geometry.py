@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,8 @@ __all__ = [
     "phase_metrics",
     "depth_scaling",
     "fallback_widths",
+    "phase_widths",
+    "group_fits",
     "with_lens_hits",
     "hit_ratio",
     "phase_table",
@@ -705,6 +707,31 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
             row["reason"] += f" ({row['n_fallback']} fallback width(s) left out)"
         rows.append(row)
     return pd.DataFrame(rows, columns=list(_DEPTH_SCALING_COLUMNS))
+
+
+def phase_widths(
+    cuts: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]], n_layers: Mapping[str, int]
+) -> pd.DataFrame:
+    """``results/scaling/widths.tsv``: the three phase widths of every model of every scaling group.
+
+    ``cuts``: model → its ``phases.json`` object (``widths``, ``b1_found``, ``b2_found``);
+    ``groups``: group → models; ``n_layers``: model → depth. Columns ``group, model, n_layers,
+    phase, width, fallback`` (:func:`fallback_widths`).
+    """
+    rows = []
+    for group, members in groups.items():
+        for m in members:
+            flags = fallback_widths(bool(cuts[m]["b1_found"]), bool(cuts[m]["b2_found"]))
+            for phase, (width, fb) in enumerate(zip(cuts[m]["widths"], flags, strict=True), start=1):
+                rows.append([group, m, int(n_layers[m]), phase, int(width), fb])
+    return pd.DataFrame(rows, columns=["group", "model", "n_layers", "phase", "width", "fallback"])
+
+
+def group_fits(widths: pd.DataFrame) -> pd.DataFrame:
+    """``results/scaling/phase_widths.tsv``: :func:`depth_scaling` of each group of
+    :func:`phase_widths`, with its ``group`` (no group: the empty fit table with the column)."""
+    fits = [depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
+    return pd.concat(fits, ignore_index=True) if fits else depth_scaling(widths).assign(group=pd.Series(dtype=str))
 
 
 def fallback_widths(b1_found: bool, b2_found: bool) -> tuple[bool, bool, bool]:
