@@ -42,7 +42,7 @@ def read_model_tables(inputs: Mapping[str, Sequence[str]], params: Any) -> list[
     The final checkpoint's ``bottleneck`` and ``bootstrap`` are keyed by that checkpoint.
     """
     tables = {
-        key: {m: read(f) for m, f in zip(params.models, inputs[key], strict=True)}
+        key: {m: read(f) for m, f in zip(params.models, inputs.get(key), strict=True)}
         for key, read in PER_MODEL_READERS.items()
         if inputs.get(key) is not None
     }
