@@ -52,8 +52,8 @@ from resdyn.artifacts.beyond import (
     CausalTable,
     ClaimsTable,
     PaperComparison,
-    SensitivityTable,
     ScorecardTable,
+    SensitivityTable,
 )
 from resdyn.artifacts.figures import Figure, FigureCache
 from resdyn.artifacts.jacobians import JacobianBlocks, JacobianFiles, JacobianSums
