@@ -287,3 +287,17 @@ def test_unknown_choice_value_is_refused_in_one_line(root, section, key, value, 
         rc.validate_config(cfg, root)
     lines = [line for line in str(err.value).splitlines() if f"{section}.{key}" in line]
     assert len(lines) == 1 and repr(value) in lines[0] and allowed in lines[0]
+
+
+def test_costly_options_are_left_out_with_their_estimate():
+    """An option above config sensitivity.max_gflop is not computed; its rows carry the estimate."""
+    assert S.product_gflop(16, 64, 4096) == pytest.approx(64 * 40 * 4096**3 / 1e9)
+    assert S.readout_gflop(33, 4096) == pytest.approx(33 * 44 * 4096**3 / 1e9)
+    assert S.over_budget(S.product_gflop(2, 12, 32), 1000.0, "x") == ""
+    why = S.over_budget(S.product_gflop(16, 64, 4096), 1000.0, "the mean of the first n samples' products")
+    assert why.startswith("the mean of the first n samples' products is not computed: about ")
+    assert why.endswith("GFLOP > sensitivity.max_gflop 1000")
+    t = planted(True)
+    out = S.sensitivity_table(CLAIMS, [options_of(t, jacobian_product=S.product_options(t, why))], DEFAULTS)
+    r = out[(out.choice == "jacobian_product") & (out.option != "product_of_means")]
+    assert len(r) == 6 and (r.reason == why).all() and r.value.isna().all()

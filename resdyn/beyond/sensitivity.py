@@ -59,6 +59,9 @@ __all__ = [
     "readout_phases",
     "boundary_coupling",
     "width_fits",
+    "product_gflop",
+    "readout_gflop",
+    "over_budget",
 ]
 
 SENSITIVITY_COLUMNS = list(artifacts.SensitivityTable.columns)
@@ -377,3 +380,27 @@ def sensitivity_table(
 def _single_layer(claim: Mapping[str, str], t: ModelTables, option: str) -> list[dict]:
     """The single-layer row with P_1 or P_0 as the baseline."""
     return [paper_a.single_layer_row(claim, t, int(option[-1]))]
+
+
+def product_gflop(n: int, n_sublayers: int, d: int) -> float:
+    """Estimated GFLOP of :func:`resdyn.study_a.spectral.mean_of_products_bottleneck`: n products
+    of d × d per sublayer (2 n d³) and two singular-value decompositions (≈ 2 · 4 d³) each."""
+    return n_sublayers * (2.0 * n + 8.0) * d**3 / 1e9
+
+
+def readout_gflop(n_translators: int, d: int) -> float:
+    """Estimated GFLOP of :func:`readout_phases`: one SVD with vectors per translator for the RSS
+    profile and one for the resolution sweep (≈ 22 d³ each, Golub–Van Loan)."""
+    return n_translators * 2 * 22.0 * d**3 / 1e9
+
+
+def over_budget(gflop: float, max_gflop: float, what: str) -> str:
+    """Why ``what`` is not computed (its estimate exceeds config ``sensitivity.max_gflop``), or "".
+
+    Example:
+        >>> over_budget(5e3, 1e3, "the mean of per-sample products")
+        'the mean of per-sample products is not computed: about 5000 GFLOP > sensitivity.max_gflop 1000'
+    """
+    if gflop <= max_gflop:
+        return ""
+    return f"{what} is not computed: about {gflop:.4g} GFLOP > sensitivity.max_gflop {max_gflop:g}"

@@ -230,6 +230,7 @@ rule sensitivity:
         phase_k_fraction=config["readout"]["phase_k_fraction"],
         smoothing=config["phases"]["smoothing"],
         window=config["phases"]["window"],
+        max_gflop=config["sensitivity"]["max_gflop"],
         claims=CLAIMS_SHA256,
         code=code("sensitivity"),
     script:

@@ -30,9 +30,21 @@ with sidecars.step(snakemake) as step:
 
     def first_n(model):
         folders = blocks_of(model, p.ckpts[model][-1])
-        if artifacts.JacobianBlocks.read(folders).n_stored == 0:
+        jf = artifacts.JacobianBlocks.read(folders)
+        if jf.n_stored == 0:
             return "no per-sample Jacobians stored (config jacobian.store_first_n is 0)"
-        return spectral.mean_of_products_bottleneck(artifacts.JacobianBlocks.read_per_sample(folders)[0])
+        gflop = sv.product_gflop(jf.n_stored, len(jf.means), jf.d)
+        too_much = sv.over_budget(gflop, p.max_gflop, "the mean of the first n samples' products")
+        return too_much or spectral.mean_of_products_bottleneck(jf.per_sample)
+
+    def readout_alternative(model):
+        translators = artifacts.LensFolder.read_translator_matrices(inp.lens[p.models.index(model)])
+        gflop = sv.readout_gflop(len(translators), translators[0].shape[0])
+        too_much = sv.over_budget(gflop, p.max_gflop, f"the readout subspaces of {other['readout_matrix']}")
+        if too_much:
+            return too_much
+        args = (p.k_fractions, p.phase_k_fraction, p.window, p.smoothing)
+        return sv.readout_phases(translators, other["readout_matrix"], *args)
 
     options, alt_phases = [], {}
     for t in models:
@@ -46,23 +58,16 @@ with sidecars.step(snakemake) as step:
                 opts["boundary_rule"] = dict.fromkeys(sv.CHOICES["boundary_rule"], why)
             opts["jacobian_product"] = sv.product_options(t, first_n(t.model))
         if "B" in p.studies:
-            lens = inp.lens[p.models.index(t.model)]
-            alt_phases[t.model] = sv.readout_phases(
-                artifacts.LensFolder.read_translator_matrices(lens),
-                other["readout_matrix"],
-                p.k_fractions,
-                p.phase_k_fraction,
-                p.window,
-                p.smoothing,
-            )
+            alt_phases[t.model] = readout_alternative(t.model)
             opts["readout_matrix"] = sv.readout_options(t, other["readout_matrix"], alt_phases[t.model])
         options.append(opts)
     fits = None
     if "B" in p.studies and p.groups:
         widths = inp.get("phase_widths")
+        missing = [f"{m}: {why}" for m, why in alt_phases.items() if isinstance(why, str)]
         fits = {
             p.defaults["readout_matrix"]: None if widths is None else artifacts.ScalingFits.read(widths),
-            other["readout_matrix"]: sv.width_fits(alt_phases, p.groups, p.n_layers),
+            other["readout_matrix"]: missing[0] if missing else sv.width_fits(alt_phases, p.groups, p.n_layers),
         }
     table = sv.sensitivity_table(artifacts.ClaimsTable.load(), options, p.defaults, p.studies, fits, p.groups)
     artifacts.SensitivityTable.write(table, snakemake.output[0])
