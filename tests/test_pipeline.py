@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -820,3 +821,19 @@ def test_sensitivity_table_defaults_are_the_paper_table(smoke):
             assert (math.isnan(r.value) and math.isnan(p["run_value"])) or r.value == p["run_value"]
             checked += 1
     assert checked >= 30
+    # the other readout matrix is recomputed as the rss, resolution and phases rules would: with the
+    # configured one it gives the run's own phases.json (the profile up to rss.tsv's printed digits)
+    cfg = yaml.safe_load((smoke / "configs" / "smoke.yaml").read_text())
+    ph = S.readout_phases(
+        A.LensFolder.read_translator_matrices(smoke / "results" / "tiny_llama" / "step30" / "lens"),
+        "I_plus_W",
+        cfg["readout"]["k_fractions"],
+        cfg["readout"]["phase_k_fraction"],
+        cfg["phases"]["window"],
+        cfg["phases"]["smoothing"],
+    )
+    run = io.read_json(smoke / "results" / "tiny_llama" / "step30" / "phases.json")
+    assert {k: v for k, v in ph.items() if k not in ("profile", "smoothed", "stages")} == {
+        k: v for k, v in run.items() if k not in ("profile", "smoothed", "stages")
+    }
+    np.testing.assert_allclose(ph["profile"], run["profile"], atol=1e-9)
