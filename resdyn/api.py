@@ -315,13 +315,15 @@ def communities(
     seed: int = _SEED,
     boundary_rule: str = _TOPOLOGY["boundary_rule"],
     participation_quantile: float = _TOPOLOGY["participation_quantile"],
+    boundary_min_other: int = _TOPOLOGY["boundary_min_other"],
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Signed Leiden communities and boundary units of one boundary (:func:`resdyn.study_a.topology.analyse_boundary`).
 
     Pearson correlation of the units over tokens, sparsified to the top-k |r| per unit, signed;
     Leiden CPM on the positive layer with the negative layer weighted −1; a boundary unit has
-    positive neighbours in ≥ 2 other communities (``boundary_rule="participation"``: the top
-    participation-coefficient quantile). Defaults: the config's ``topology`` section.
+    positive neighbours in ≥ ``boundary_min_other`` (default 2) other communities
+    (``boundary_rule="participation"``: the top participation-coefficient quantile). Defaults: the
+    config's ``topology`` section.
 
     Args:
         activations: (tokens, units), e.g. one entry of :func:`boundary_activations`.
@@ -337,6 +339,7 @@ def communities(
         seed=seed,
         boundary_rule=boundary_rule,
         participation_quantile=participation_quantile,
+        min_other=boundary_min_other,
     )
 
 

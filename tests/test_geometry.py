@@ -11,6 +11,7 @@ import pytest
 from resdyn.study_b.geometry import (
     LAYER_COLUMNS,
     depth_scaling,
+    fallback_widths,
     hidden_effective_rank,
     hidden_singular_values,
     hit_ratio,
@@ -487,3 +488,28 @@ def test_hit_ratio_per_layer_and_phase():
     pt = phase_table(per_layer, {"b1": 0, "b2": 0})
     row = pt[(pt.phase == 1) & (pt.metric == "logit_hit5_over_hit1")].iloc[0]
     assert row["mean"] == pytest.approx(float(want.loc[0]))
+
+
+def test_fallback_widths_flag_the_phases_a_fallback_cut_bounds():
+    assert fallback_widths(True, True) == (False, False, False)
+    assert fallback_widths(False, True) == (True, True, False)
+    assert fallback_widths(True, False) == (False, True, True)
+    assert fallback_widths(False, False) == (True, True, True)
+
+
+def test_depth_scaling_leaves_fallback_widths_out():
+    """Planted: exact widths 0.5·n − 1 plus fallback rows far off the line; the fit without them
+    recovers the line exactly and counts them, the fit with them does not."""
+    exact = pd.DataFrame(
+        {"model": list("abcd"), "n_layers": [8, 12, 16, 20], "phase": 2, "width": [3.0, 5.0, 7.0, 9.0]}
+    )
+    off = pd.DataFrame({"model": ["e", "f"], "n_layers": [12, 20], "phase": 2, "width": [0.0, 0.0]})
+    w = pd.concat([exact.assign(fallback=False), off.assign(fallback=True)], ignore_index=True)
+    r = depth_scaling(w).iloc[0]
+    assert r.status == "ok" and r.slope == pytest.approx(0.5) and r.n_obs == 4 and r.n_fallback == 2
+    biased = depth_scaling(w.drop(columns="fallback")).iloc[0]
+    assert biased.slope != pytest.approx(0.5, abs=0.05) and biased.n_fallback == 0
+    # a phase left with fewer than 3 depths once the fallbacks are out is not fitted, and says why
+    few = w.assign(fallback=w["n_layers"] >= 16)
+    r = depth_scaling(few).iloc[0]
+    assert r.status == "too_few_depths" and r.n_fallback == 3 and "3 fallback width(s) left out" in r.reason

@@ -138,3 +138,35 @@ def test_partition_similarity_missing_reference_and_unit_mismatch_give_reasons()
         P.partition_similarity(parts, {"step0": sums["step0"]})
     with pytest.raises(ValueError, match="lack columns"):
         P.partition_similarity({"a": parts["step0"].drop(columns="community")}, {"a": sums["step0"]})
+
+
+def test_nmi_null_matches_full_enumeration():
+    """On 7 units every permutation can be enumerated: the exact p-value is the share of all 5040
+    relabellings whose NMI reaches the observed one; 4000 random draws land within 4 binomial sd."""
+    u, v = np.array([0, 0, 0, 1, 1, 2, 2]), np.array([0, 0, 1, 1, 1, 2, 2])
+    obs = P.normalized_mutual_information(u, v)
+    every = np.array([P.normalized_mutual_information(u[list(p)], v) for p in itertools.permutations(range(7))])
+    exact = float(np.mean(every >= obs - 1e-12))
+    q, p = P.nmi_permutation_null(u, v, 4000, np.random.default_rng(3))
+    sd = math.sqrt(exact * (1 - exact) / 4000)
+    assert abs(p - exact) < 4 * sd + 1 / 4001
+    assert q == pytest.approx(np.quantile(every, 0.95), abs=0.15)
+
+
+def test_nmi_above_null_where_planted_and_not_where_independent():
+    """Planted: the final partition is step 0's with 10 % of 200 units moved: NMI far above the null,
+    p at its floor 1/(1 + n). Not planted: a crossed design (every community of v holds the same
+    number of each u community) has I(U; V) = 0 exactly, so every permutation reaches it: p = 1."""
+    rng = np.random.default_rng(0)
+    u = np.repeat(np.arange(5), 40)
+    v = u.copy()
+    moved = rng.choice(200, 20, replace=False)
+    v[moved] = rng.integers(0, 5, 20)
+    q, p = P.nmi_permutation_null(u, v, 99, np.random.default_rng(1))
+    assert P.normalized_mutual_information(u, v) > 0.7 > q and p == pytest.approx(1 / 100)
+    crossed = np.tile(np.arange(4), 50)  # u's blocks of 40 each hold 10 of every crossed label
+    assert P.normalized_mutual_information(u, crossed) == pytest.approx(0.0, abs=1e-12)
+    q, p = P.nmi_permutation_null(u, crossed, 99, np.random.default_rng(1))
+    assert p == 1.0 and q > 0.0
+    with pytest.raises(ValueError, match="n_permutations"):
+        P.nmi_permutation_null(u, v, 0, rng)

@@ -7,6 +7,7 @@ a config change must schedule exactly the jobs that depend on it.
 
 from __future__ import annotations
 
+import math
 import modulefinder
 import os
 import re
@@ -17,6 +18,8 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -332,6 +335,7 @@ def test_phase_window_reruns_only_phases_and_downstream(smoke):
         "causal",
         "scorecard",
         "paper_comparison",
+        "sensitivity",
         "figure_lens",
         "figure_global",
         "all",
@@ -355,6 +359,7 @@ def test_leiden_resolution_reruns_only_topology(smoke):
         "checkpoints",
         "scorecard",
         "paper_comparison",
+        "sensitivity",
         "figure_ckpt",
         "figure_model",
         "all",
@@ -792,3 +797,43 @@ def test_collect_load_compare_and_the_notebook_on_the_smoke_run(smoke, tmp_path)
         assert all(list(line.get_xdata()) == [0.0, 30.0] for ax in fig.axes for line in ax.lines)
         assert sum(len(ax.lines) for ax in fig.axes) >= 2
     plt.close("all")
+
+
+def test_sensitivity_table_defaults_are_the_paper_table(smoke):
+    """Every open choice has rows for each option; the configured option's rows are the paper
+    table's own numbers and verdicts, and an option without numbers says why."""
+    from resdyn import artifacts as A
+    from resdyn.beyond import sensitivity as S
+
+    sens = A.SensitivityTable.read(smoke / "results" / "sensitivity.tsv")
+    paper = A.PaperComparison.read(smoke / "results" / "paper_comparison.tsv").fillna({"reason": ""})
+    assert set(sens["choice"]) == set(S.CHOICES)
+    for choice, options in S.CHOICES.items():
+        assert set(sens.loc[sens["choice"] == choice, "option"]) == set(options), choice
+    assert (sens["value"].notna() | (sens["reason"].fillna("") != "")).all()
+    by = paper.set_index(["claim", "model", "measure"])
+    checked = 0
+    for r in sens[sens["default"]].itertuples():
+        if (r.claim, r.model, r.measure) in by.index:
+            p = by.loc[(r.claim, r.model, r.measure)]
+            p = p.iloc[0] if isinstance(p, pd.DataFrame) else p
+            assert r.verdict == p["verdict"], (r.claim, r.measure)
+            assert (math.isnan(r.value) and math.isnan(p["run_value"])) or r.value == p["run_value"]
+            checked += 1
+    assert checked >= 30
+    # the other readout matrix is recomputed as the rss, resolution and phases rules would: with the
+    # configured one it gives the run's own phases.json (the profile up to rss.tsv's printed digits)
+    cfg = yaml.safe_load((smoke / "configs" / "smoke.yaml").read_text())
+    ph = S.readout_phases(
+        A.LensFolder.read_translator_matrices(smoke / "results" / "tiny_llama" / "step30" / "lens"),
+        "I_plus_W",
+        cfg["readout"]["k_fractions"],
+        cfg["readout"]["phase_k_fraction"],
+        cfg["phases"]["window"],
+        cfg["phases"]["smoothing"],
+    )
+    run = io.read_json(smoke / "results" / "tiny_llama" / "step30" / "phases.json")
+    assert {k: v for k, v in ph.items() if k not in ("profile", "smoothed", "stages")} == {
+        k: v for k, v in run.items() if k not in ("profile", "smoothed", "stages")
+    }
+    np.testing.assert_allclose(ph["profile"], run["profile"], atol=1e-9)

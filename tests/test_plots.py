@@ -142,6 +142,7 @@ def bottleneck_df(n: int = 6) -> pd.DataFrame:
             "kind": np.where(s % 2, "mlp", "attn"),
             "d": 16,
             "erank": 16 * 0.6**s,
+            "erank_energy": 14 * 0.55**s,
             "participation_ratio": 10 * 0.5**s,
             "log10_fro": np.linspace(0, 3, n),
             "erank_single": np.full(n, 12.0),

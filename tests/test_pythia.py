@@ -131,4 +131,9 @@ def test_study_b_runs_on_imported_tuned_lenses(pythia_run):
     print("\nlens table (pythia_8l, step143000, imported lens):")
     print(table[["lens", "layer", "kl", "ce", "hit1", "hit5"]].round(3).to_string(index=False))
     widths = pd.read_csv(work / "results/scaling/phase_widths.tsv", sep="\t")
-    assert set(widths["group"]) == {"pythia"} and (widths["n_depths"] == len(MODELS)).all()
+    assert set(widths["group"]) == {"pythia"}
+    # every model's width is fitted or, cut by a Kneedle fallback, left out and counted
+    assert ((widths["n_obs"] + widths["n_fallback"]) == len(MODELS)).all()
+    per_model = pd.read_csv(work / "results/scaling/widths.tsv", sep="\t")
+    flagged = per_model.groupby("phase")["fallback"].sum()
+    assert widths.set_index("phase")["n_fallback"].to_dict() == flagged.to_dict()

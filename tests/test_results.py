@@ -85,6 +85,7 @@ def make_run(tmp: Path, seed: int = 0) -> Path:
             "community": [3, 3, 7, 7, 1, 1],
             "participation": 0.0,
             "is_boundary": False,
+            "n_other_communities": 0,
             "layer": 0,
             "boundary": "h",
         }

@@ -476,12 +476,21 @@ def test_bottleneck_table():
         "kind",
         "d",
         "erank",
+        "erank_energy",
         "participation_ratio",
         "log10_fro",
         "erank_single",
         "pr_single",
     ]
     np.testing.assert_allclose(df["erank"], sp.cumulative_effective_rank(mats), rtol=1e-12)
+    # the energy reading: exp(H(p)), p = σ²/Σσ², from the explicit product's SVD
+    P, want = np.eye(7), []
+    for m in mats:
+        P = m @ P
+        e = np.linalg.svd(P, compute_uv=False) ** 2
+        want.append(np.exp(-np.sum(e / e.sum() * np.log(e / e.sum()))))
+    np.testing.assert_allclose(df["erank_energy"], want, rtol=1e-9)
+    assert (df["erank_energy"] < df["erank"]).all()  # squaring sharpens a spread spectrum
     np.testing.assert_allclose(df["participation_ratio"], sp.cumulative_participation_ratio(mats), rtol=1e-12)
     np.testing.assert_allclose(
         df["erank_single"], [sp.effective_rank(np.linalg.svd(m, compute_uv=False)) for m in mats], rtol=1e-10
@@ -506,6 +515,7 @@ def test_checkpoint_table():
     for c in ("complex_frac_J_tol1e-06", "henrici", "self_alignment_kfrac", "cum_erank", "cum_pr"):
         assert c in out
     np.testing.assert_allclose(out.loc[out.ckpt == "final", "cum_erank"], bots["final"]["erank"])
+    np.testing.assert_allclose(out.loc[out.ckpt == "final", "cum_erank_energy"], bots["final"]["erank_energy"])
     assert "cum_erank" not in sp.checkpoint_table(tabs)
     with pytest.raises(ValueError, match="must match"):
         sp.checkpoint_table(tabs, {"step0": bots["step0"]})

@@ -362,6 +362,7 @@ def test_boundary_units_hand_built():
     assert T.boundary_units(g, labels).tolist() == expected
     assert T.boundary_units(g, labels, min_other=3).tolist() == [False] * 6 + [True, False]
     assert T.boundary_units(g, labels, min_other=1).tolist() == [True] * 8
+    assert T.other_communities(g, labels).tolist() == [2, 1, 1, 2, 1, 1, 3, 1]
     with pytest.raises(ValueError, match="min_other"):
         T.boundary_units(g, labels, min_other=0)
 
@@ -556,7 +557,9 @@ def test_analyse_boundary(rule):
         boundary_rule=rule,
         participation_quantile=0.9,
     )
-    assert list(units.columns) == ["unit", "community", "participation", "is_boundary"]
+    assert list(units.columns) == ["unit", "community", "participation", "is_boundary", "n_other_communities"]
+    if rule == "neighbours":  # the rule reads back from the count
+        assert (units["is_boundary"] == (units["n_other_communities"] >= 2)).all()
     assert nmi(units["community"], truth) >= 0.9
     assert summary["n_communities"] == 4 and summary["sizes"] == "30,30,30,30"
     assert summary["resolution"] == 0.05 and summary["n_tokens"] == 800
@@ -580,6 +583,7 @@ def test_coupling_from_tables(tmp_path):
                     "community": 0,
                     "participation": 0.0,
                     "is_boundary": is_b,
+                    "n_other_communities": 2 * is_b,
                     "layer": layer,
                     "boundary": b,
                 }
@@ -685,6 +689,7 @@ def test_layer_significance_from_coupling_of_planted_layers(tmp_path):
                     "community": 0,
                     "participation": 0.0,
                     "is_boundary": is_b,
+                    "n_other_communities": 2 * is_b,
                     "layer": L,
                     "boundary": b,
                 }

@@ -26,3 +26,15 @@ def test_lens_trajectory_needs_two_lens_checkpoints():
     # study A's trajectory counts checkpoints, lens or not
     a = next(f for f in figs.FIGURES if f.scope == "trajectory")
     assert figs.trajectory_off(final, a) == ""
+
+
+def test_report_says_which_trajectory_figure_is_not_drawn_and_why():
+    """The report's front page lists each figure the run leaves out, with the reason; none when
+    every trajectory has two checkpoints, and none for a study switched off."""
+    assert figs.not_drawn(smoke("final")) == [
+        "figure trajectory_b is not drawn: every model has 1 checkpoint(s) with a tuned lens "
+        "(config lens.checkpoints: final); a trajectory needs at least 2"
+    ]
+    assert figs.not_drawn(smoke("all")) == []
+    only_a = smoke("final") | {"studies": ["A"]}
+    assert figs.not_drawn(only_a) == []

@@ -53,6 +53,7 @@ from resdyn.artifacts.beyond import (
     ClaimsTable,
     PaperComparison,
     ScorecardTable,
+    SensitivityTable,
 )
 from resdyn.artifacts.figures import Figure, FigureCache
 from resdyn.artifacts.jacobians import JacobianBlocks, JacobianFiles, JacobianSums
@@ -110,6 +111,7 @@ __all__ = [
     "ScorecardTable",
     "ClaimsTable",
     "PaperComparison",
+    "SensitivityTable",
     "BOOTSTRAP_COLUMNS",
     "REPLICATE_COLUMNS",
     "CAUSAL_COLUMNS",

@@ -22,6 +22,7 @@ __all__ = [
     "ScorecardTable",
     "ClaimsTable",
     "PaperComparison",
+    "SensitivityTable",
     "BOOTSTRAP_COLUMNS",
     "REPLICATE_COLUMNS",
     "CAUSAL_COLUMNS",
@@ -201,6 +202,25 @@ class PaperComparison(TsvArtifact):
         "ci_low:float ci_high:float unit:str source_table:str reason:str verdict:str"
     )
     allow_nan = ("ci_low", "ci_high")
+
+
+class SensitivityTable(TsvArtifact):
+    """``results/sensitivity.tsv``: each open choice's options and what they do to the paper table's verdicts.
+
+    One row per (choice, model, claim, measure, option) (:func:`resdyn.beyond.sensitivity.sensitivity_table`):
+    ``model``, ``ckpt``, ``choice`` (a key of :data:`resdyn.beyond.sensitivity.CHOICES`), ``option``
+    str; ``default`` bool (the option the run is configured with); ``claim`` (a
+    :class:`ClaimsTable` id), ``measure`` str; ``value`` float (NaN only in a row with a
+    ``reason``); ``verdict`` str (the paper table's rule under this option); ``verdict_changes`` str
+    (``default``, ``no``, ``yes: <default> → <this>``, ``not known: …``); ``reason`` (why ``value``
+    is empty: the run did not compute what the option needs), ``source`` str.
+    """
+
+    relpath = "results/sensitivity.tsv"
+    columns = kinds(
+        "model:str ckpt:str choice:str option:str default:bool claim:str measure:str value:float "
+        "verdict:str verdict_changes:str reason:str source:str"
+    )
 
 
 # column lists of the tables that concept modules build (defined once, by the classes above)

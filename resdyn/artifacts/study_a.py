@@ -67,17 +67,19 @@ class BottleneckTable(TsvArtifact):
     """``results/{model}/{ckpt}/bottleneck.tsv``: cumulative products' effective rank by depth.
 
     One row per sublayer s (:func:`resdyn.study_a.spectral.bottleneck_table`): ``s`` int, ``layer`` int,
-    ``kind`` str, ``d`` int, ``erank``, ``participation_ratio``, ``log10_fro`` (of the product
-    J_s ⋯ J_0), ``erank_single``, ``pr_single`` (of J_s alone) float, all finite.
+    ``kind`` str, ``d`` int, ``erank``, ``erank_energy`` (Roy–Vetterli on σ and on σ²),
+    ``participation_ratio``, ``log10_fro`` (of the product J_s ⋯ J_0), ``erank_single``,
+    ``pr_single`` (of J_s alone) float, all finite.
     """
 
     relpath = CKPT_DIR + "bottleneck.tsv"
     columns = kinds(
-        "s:int layer:int kind:str d:int erank:float participation_ratio:float log10_fro:float "
+        "s:int layer:int kind:str d:int erank:float erank_energy:float participation_ratio:float log10_fro:float "
         "erank_single:float pr_single:float"
     )
     units = {
         "erank": "dimensions",
+        "erank_energy": "dimensions",
         "participation_ratio": "dimensions",
         "erank_single": "dimensions",
         "pr_single": "dimensions",
@@ -136,12 +138,16 @@ class CommunityPartitions(TsvArtifact):
     """``results/{model}/{ckpt}/communities/layer{L:03d}.tsv``: the partition of each layer's units.
 
     A folder with one table per layer; columns ``unit`` int, ``community`` int,
-    ``participation`` float, ``is_boundary`` bool, ``layer`` int, ``boundary`` str (one block
-    of rows per boundary of the layer). :meth:`read_folder` concatenates the layers in order.
+    ``participation`` float, ``is_boundary`` bool, ``n_other_communities`` int (other communities
+    among the unit's positive neighbours, :func:`resdyn.study_a.topology.other_communities`),
+    ``layer`` int, ``boundary`` str (one block of rows per boundary of the layer).
+    :meth:`read_folder` concatenates the layers in order.
     """
 
     relpath = CKPT_DIR + "communities"
-    columns = kinds("unit:int community:int participation:float is_boundary:bool layer:int boundary:str")
+    columns = kinds(
+        "unit:int community:int participation:float is_boundary:bool n_other_communities:int layer:int boundary:str"
+    )
 
     @staticmethod
     def layer_file(folder: PathLike, layer: int) -> Path:
@@ -211,14 +217,15 @@ class PartitionSimilarity(TsvArtifact):
     One row per (ckpt, layer, boundary, reference) (:func:`resdyn.study_a.partitions.partition_similarity`):
     ``ckpt`` str, ``layer`` int, ``boundary`` str, ``reference_ckpt`` str, ``reference`` str
     (``final`` | ``first``), ``nmi``, ``ari`` (of the two partitions of the same units),
-    ``modularity`` (signed, of ``ckpt``'s partition) float, ``reason`` str (why a comparison is
-    missing; its numbers are then NaN).
+    ``nmi_null_q95``, ``nmi_p`` (the NMI's permutation null: its 95 % quantile and the one-sided
+    p-value, :func:`resdyn.study_a.partitions.nmi_permutation_null`), ``modularity`` (signed, of
+    ``ckpt``'s partition) float, ``reason`` str (why a comparison is missing; its numbers are then NaN).
     """
 
     relpath = "results/{model}/partition_similarity.tsv"
     columns = kinds(
         "ckpt:str layer:int boundary:str reference_ckpt:str reference:str nmi:float ari:float "
-        "modularity:float reason:str"
+        "nmi_null_q95:float nmi_p:float modularity:float reason:str"
     )
 
 

@@ -440,11 +440,13 @@ class PhaseMetrics(TsvArtifact):
 class ScalingWidths(TsvArtifact):
     """``results/scaling/widths.tsv``: the width of each phase of each model.
 
-    ``group``, ``model`` str, ``n_layers``, ``phase``, ``width`` int (one row per model and phase).
+    ``group``, ``model`` str, ``n_layers``, ``phase``, ``width`` int (one row per model and phase),
+    ``fallback`` bool (the width rests on a Kneedle fallback cut,
+    :func:`resdyn.study_b.geometry.fallback_widths`: left out of the fit).
     """
 
     relpath = "results/scaling/widths.tsv"
-    columns = kinds("group:str model:str n_layers:int phase:int width:int")
+    columns = kinds("group:str model:str n_layers:int phase:int width:int fallback:bool")
 
 
 class ScalingFits(TsvArtifact):
@@ -459,7 +461,7 @@ class ScalingFits(TsvArtifact):
     relpath = "results/scaling/phase_widths.tsv"
     columns = kinds(
         "phase:int status:str slope:float intercept:float slope_ci_low:float slope_ci_high:float "
-        "slope_se:float p_value:float r_squared:float n_models:int n_depths:int n_obs:int reason:str "
+        "slope_se:float p_value:float r_squared:float n_models:int n_depths:int n_obs:int n_fallback:int reason:str "
         "group:str"
     )
 

@@ -24,7 +24,15 @@ from resdyn.beyond import scorecard as sc
 from resdyn.beyond import verdicts as vd
 from resdyn.beyond.paper_rows import ModelTables, boot_ci, deciding, final, from_scorecard, row
 
-__all__ = ["COMPARISONS_A", "STUDY_WIDTH", "STUDY_DEPTH", "NO_LAYER_COUNTS", "SINGLE_LAYER_S"]
+__all__ = [
+    "COMPARISONS_A",
+    "STUDY_WIDTH",
+    "STUDY_DEPTH",
+    "NO_LAYER_COUNTS",
+    "SINGLE_LAYER_S",
+    "SINGLE_LAYERS",
+    "single_layer_row",
+]
 
 NO_LAYER_COUNTS = "per-layer coupling counts not available"
 #: hidden width d of the models study A states magnitudes for
@@ -216,16 +224,24 @@ def _erank(claim, t: ModelTables, last: bool) -> list[dict]:
                 ),
             )
         ]
-    out = []
-    for s, label in ((SINGLE_LAYER_S, "P_1, the first whole layer (default)"), (0, "P_0, the first attention half")):
-        r = rows[rows["s"] == s]
-        m = f"erank of {label}, s = {s}"
-        if r.empty:
-            out.append(row(claim, t.model, ck, m, source=src, reason=f"bottleneck.tsv has no s = {s}"))
-            continue
-        value = float(r["erank"].iloc[0])
-        out.append(row(claim, t.model, ck, m, value, source=src, verdict=_erank_verdict(claim, t, value, target, None)))
-    return out
+    return [single_layer_row(claim, t, s) for s in (SINGLE_LAYER_S, 0)]
+
+
+#: the single-layer baselines: sublayer index s → what P_s is
+SINGLE_LAYERS = {1: "P_1, the first whole layer (default)", 0: "P_0, the first attention half"}
+
+
+def single_layer_row(claim, t: ModelTables, s: int) -> dict:
+    """The "≈ 436 (single layer)" row with the cumulative product P_s as the single layer."""
+    ck = final(t)
+    src = f"results/{t.model}/{ck}/bottleneck.tsv"
+    m = f"erank of {SINGLE_LAYERS[s]}, s = {s}"
+    table = t.bottleneck.get(ck)
+    r = None if table is None else table[table["s"] == s]
+    if r is None or r.empty:
+        return row(claim, t.model, ck, m, source=src, reason=f"bottleneck.tsv has no s = {s}")
+    value = float(r["erank"].iloc[0])
+    return row(claim, t.model, ck, m, value, source=src, verdict=_erank_verdict(claim, t, value, 436.0, None))
 
 
 def _erank_verdict(claim, t: ModelTables, value: float, target: float, ci) -> str:
@@ -419,27 +435,18 @@ def _communities(claim, t: ModelTables) -> list[dict]:
     ps = t.partitions
     if len(t.ckpts) < 2:
         return [row(claim, t.model, first, m, source=src, reason="only one checkpoint (no step 0)")]
-    if ps is None or "nmi" not in ps.columns:
-        return [row(claim, t.model, first, m, source=src, reason="partition_similarity.tsv not available")]
+    if ps is None or not {"nmi", "nmi_p", "nmi_null_q95"} <= set(ps.columns):
+        why = "partition_similarity.tsv with the NMI's permutation null (nmi_p, nmi_null_q95) not available"
+        return [row(claim, t.model, first, m, source=src, reason=why)]
     sel = ps[(ps["ckpt"].astype(str) == first) & (ps["reference"].astype(str) == "final")]
     nmi = sel["nmi"].to_numpy(dtype=np.float64)
-    nmi = nmi[np.isfinite(nmi)]
-    if nmi.size == 0:
+    if not np.isfinite(nmi).any():
         return [
             row(claim, t.model, first, m, source=src, reason="no finite NMI of the first checkpoint against the final")
         ]
-    why = "partition_similarity.tsv has no permutation null (NMI of label-shuffled partitions); the NMI is reported"
-    return [
-        row(
-            claim,
-            t.model,
-            f"{first},{ck}",
-            f"{m} ({nmi.size} boundaries)",
-            float(nmi.mean()),
-            source=src,
-            verdict=vd.untestable(why),
-        )
-    ]
+    verdict = vd.above_null(nmi, sel["nmi_null_q95"].to_numpy(dtype=np.float64), sel["nmi_p"].to_numpy(dtype=float))
+    m += f" ({int(np.isfinite(nmi).sum())} boundaries, against a label-permutation null)"
+    return [row(claim, t.model, f"{first},{ck}", m, float(np.nanmean(nmi)), source=src, verdict=verdict)]
 
 
 #: claim id → the rows of one model (study A)

@@ -436,7 +436,8 @@ def _fit(widths: pd.DataFrame | None, group: str, phase: int) -> tuple[pd.Series
 def slopes(claim, widths: pd.DataFrame | None, groups: Mapping[str, Sequence[str]]) -> list[dict]:
     """Rows of a width-slope claim, one per scaling group: the slope, its OLS interval, and
     the verdict of the interval against the stated range (``capacity_in_phase2``: the phase-2
-    slope above the phase-1 and phase-3 slopes)."""
+    slope above the phase-1 and phase-3 slopes). Widths from Kneedle fallback cuts are not in
+    the fit (``n_fallback`` of ``phase_widths.tsv``); the measure says how many were left out."""
     src = "results/scaling/phase_widths.tsv"
     cid = claim["claim_id"]
     phase = SLOPE_CLAIMS[cid][0] if cid in SLOPE_CLAIMS else 2
@@ -451,6 +452,9 @@ def slopes(claim, widths: pd.DataFrame | None, groups: Mapping[str, Sequence[str
             out.append(row(claim, str(group), "final", m, source=src, reason=why))
             continue
         ci = (float(r["slope_ci_low"]), float(r["slope_ci_high"]))
+        n_fb = int(r.get("n_fallback", 0) or 0)
+        if n_fb:
+            m += f" ({n_fb} width(s) from Kneedle fallback cuts left out of the fit)"
         if cid in SLOPE_CLAIMS:
             _, lo, hi = SLOPE_CLAIMS[cid]
             verdict = vd.in_range(float(r["slope"]), lo, hi, ci)

@@ -15,7 +15,10 @@ in docs/claims.md:
 - layer classes for the coupling sign: the sublayers whose Henrici departure of J − I is in the
   lowest third (near-symmetric) or the highest third (strongly non-normal) of the checkpoint's
   sublayers; each class is tested with a one-sided Wilcoxon signed-rank test of its boundary
-  effects against 0 at level :data:`ALPHA`.
+  effects against 0 at level :data:`ALPHA`;
+- "partly architectural" communities: the NMI of the step-0 against the final partition is above
+  its permutation null (Benjamini–Hochberg over the boundaries at :data:`ALPHA`) in at least
+  :data:`ABOVE_NULL_SHARE` of the boundaries.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "HIGH_RANK_SHARE",
     "COLLAPSE_FRACTION",
     "ALPHA",
+    "ABOVE_NULL_SHARE",
     "fmt",
     "untestable",
     "compare",
@@ -44,6 +48,7 @@ __all__ = [
     "emerges",
     "henrici_classes",
     "class_sign",
+    "above_null",
 ]
 
 HOLDS, FAILS, UNTESTABLE = "holds", "does not hold", "not testable"
@@ -53,6 +58,7 @@ ORTHOGONAL_MAX = 0.2
 HIGH_RANK_SHARE = 0.5
 COLLAPSE_FRACTION = 0.5
 ALPHA = 0.05
+ABOVE_NULL_SHARE = 0.5
 
 
 def fmt(x: float | None) -> str:
@@ -209,3 +215,26 @@ def class_sign(effects: Sequence[float], sign: int) -> tuple[str, float, int, fl
     op = ">" if sign > 0 else "<"
     ok = sign * mean > 0 and p < ALPHA
     return _say(ok, f"mean effect {fmt(mean)} ({op} 0?) over {e.size} boundaries, Wilcoxon p {fmt(p)}"), mean, e.size, p
+
+
+def above_null(nmi: Sequence[float], null_q95: Sequence[float], p_values: Sequence[float]) -> str:
+    """Verdict of "the partitions share structure beyond chance" over boundaries: holds when the
+    Benjamini–Hochberg q-values of the per-boundary permutation p-values are ≤ :data:`ALPHA` in at
+    least :data:`ABOVE_NULL_SHARE` of the boundaries with a finite p-value.
+
+    Example:
+        >>> above_null([0.6, 0.5], [0.1, 0.1], [0.005, 0.005]).split(" (")[0]
+        'holds: NMI above its permutation null in 2 of 2 boundaries'
+    """
+    from resdyn.study_a.topology.coupling import bh_fdr  # only this verdict needs it
+
+    nmi_a, q95, p = (np.asarray(x, dtype=np.float64) for x in (nmi, null_q95, p_values))
+    ok = np.isfinite(p) & np.isfinite(nmi_a)
+    if not ok.any():
+        return untestable("no boundary has an NMI with a permutation null")
+    n_above = int(np.sum(bh_fdr(p[ok]) <= ALPHA))
+    text = (
+        f"NMI above its permutation null in {n_above} of {int(ok.sum())} boundaries (BH q ≤ {ALPHA:g}; "
+        f"mean NMI {fmt(float(nmi_a[ok].mean()))}, mean null 95% quantile {fmt(float(np.nanmean(q95[ok])))})"
+    )
+    return _say(n_above >= ABOVE_NULL_SHARE * ok.sum(), text)

@@ -813,6 +813,7 @@ LOCAL_UNPRICED_RULES = (
     "checkpoint_integrity",
     "scorecard",
     "paper_comparison",
+    "sensitivity",
     "figure_ckpt",
     "figure_lens",
     "figure_model",

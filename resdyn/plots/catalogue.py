@@ -48,6 +48,7 @@ __all__ = [
     "of_scope",
     "studies_on",
     "enabled",
+    "not_drawn",
     "require_studies",
     "output_path",
     "input_paths",
@@ -364,6 +365,19 @@ def trajectory_off(config: dict, spec: FigureSpec) -> str:
         return ""
     what = " with a tuned lens (config lens.checkpoints: final)" if lens else ""
     return f"every model has {most} checkpoint(s){what}; a trajectory needs at least 2"
+
+
+def not_drawn(config: dict) -> list[str]:
+    """One line per trajectory figure whose studies run but which is not drawn, saying why
+    (:func:`trajectory_off`), e.g. "figure trajectory_b is not drawn: every model has 1
+    checkpoint(s) with a tuned lens (config lens.checkpoints: final); a trajectory needs at least 2".
+    """
+    out = []
+    for spec in FIGURES:
+        why = trajectory_off(config, spec)
+        if why and spec.studies <= studies_on(config):
+            out.append(f"figure {spec.name} is not drawn: {why}")
+    return out
 
 
 def enabled(config: dict, spec: FigureSpec) -> bool:

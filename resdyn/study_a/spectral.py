@@ -59,6 +59,7 @@ __all__ = [
     "KINDS",
     "DEFAULT_TOLERANCES",
     "CHECKPOINT_METRICS",
+    "mean_of_products_bottleneck",
     "NoiseSamples",
     "henrici_departure",
     "symmetry_index",
@@ -757,8 +758,10 @@ def bottleneck_table(
             svdvals, not two svdvals). The reference is always computed: BottleneckTable
             requires it (an option to drop it made tables its writer refused).
     Returns:
-        DataFrame with columns ``s, layer, kind, d, erank, participation_ratio, log10_fro``
-        (log10 ‖P_s‖_F of the unrescaled product), ``erank_single``, ``pr_single``.
+        DataFrame with columns ``s, layer, kind, d, erank, erank_energy, participation_ratio,
+        log10_fro`` (log10 ‖P_s‖_F of the unrescaled product), ``erank_single``, ``pr_single``;
+        ``erank_energy`` is the Roy–Vetterli rank on p_i = σ_i²/Σσ² (the energy reading of
+        "effective rank", beside the σ reading ``erank``).
     Example:
         >>> J = {(0, "attn"): np.diag([1.0, 1.0, 0.5]), (0, "mlp"): np.diag([1.0, 1.0, 0.0])}
         >>> bottleneck_table(J)[["s", "erank", "pr_single"]].round(4).values.tolist()
@@ -782,6 +785,7 @@ def bottleneck_table(
             "kind": kind,
             "d": a.shape[0],
             "erank": effective_rank(sv),
+            "erank_energy": effective_rank(sv * sv),
             "participation_ratio": participation_ratio(sv),
             "log10_fro": cum.log10_fro,
         }
@@ -790,6 +794,51 @@ def bottleneck_table(
         row["erank_single"] = effective_rank(sv1)
         row["pr_single"] = participation_ratio(sv1)
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def mean_of_products_bottleneck(per_sample: JacobianSource) -> pd.DataFrame:
+    """Bottleneck of the mean of per-sample products, beside the product of the same samples' means.
+
+    For the n stored samples i with Jacobians J_s^(i) (each a (n, d, d) stack per sublayer):
+    P_s^(i) = J_s^(i) ⋯ J_0^(i), M_s = (1/n) Σ_i P_s^(i) and Q_s = J̄_s ⋯ J̄_0 with
+    J̄_s = (1/n) Σ_i J_s^(i). Every P_s^(i) is renormalised to ‖·‖_F = 1 at each step and its
+    log-norm kept, so M_s is the exact mean up to one common factor (ranks are scale-invariant).
+    Columns ``s, layer, kind, n, erank_mean_of_products`` (Roy–Vetterli erank of M_s),
+    ``erank_product_of_means`` (of Q_s, as :func:`bottleneck_table` on the n samples' means).
+
+    Example:
+        >>> a, b = np.diag([1.0, 0.0]), np.diag([0.0, 1.0])  # each sample's product is 0
+        >>> t = mean_of_products_bottleneck({(0, "attn"): np.stack([a, b]), (0, "mlp"): np.stack([b, a])})
+        >>> t[["erank_mean_of_products", "erank_product_of_means"]].round(6).values.tolist()
+        [[2.0, 2.0], [0.0, 2.0]]
+    """
+    ordered = ordered_sublayers(per_sample, "per_sample")
+    check_chain([(r[1], r[2]) for r in ordered], "mean_of_products_bottleneck: per_sample")
+    means, P, log_norm, rows = NormalisedProduct(), None, None, []
+    for s, layer, kind, loader in ordered:
+        Js = np.asarray(loader() if callable(loader) else loader, dtype=np.float64)
+        if Js.ndim != 3 or Js.shape[1] != Js.shape[2] or (P is not None and Js.shape != P.shape):
+            raise ValueError(f"per_sample[({layer}, {kind!r})] must be (n, d, d) like the others, got {Js.shape}")
+        P = Js.copy() if P is None else Js @ P
+        norms = np.linalg.norm(P, axis=(1, 2))
+        alive = norms > 0
+        P[alive] /= norms[alive, None, None]
+        log_norm = np.where(
+            alive, (0.0 if log_norm is None else log_norm) + np.log(np.where(alive, norms, 1.0)), -np.inf
+        )
+        M = np.zeros(P.shape[1:]) if not alive.any() else np.tensordot(np.exp(log_norm - log_norm.max()), P, 1)
+        sv_means = _push_singular_values(means, Js.mean(axis=0))
+        rows.append(
+            {
+                "s": s,
+                "layer": layer,
+                "kind": kind,
+                "n": Js.shape[0],
+                "erank_mean_of_products": effective_rank(svd(M, vectors=False)),
+                "erank_product_of_means": effective_rank(sv_means),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -825,7 +874,8 @@ def checkpoint_table(
     One row per (checkpoint, sublayer): ``ckpt, layer, kind, s``, every ``complex_frac_J_tol*``
     column and those of :data:`CHECKPOINT_OPTIONAL` the spectra have, the ``metrics`` columns
     (default :data:`CHECKPOINT_METRICS`) and, with ``bottlenecks``, ``cum_erank`` and ``cum_pr``
-    (bottleneck ``erank`` and ``participation_ratio``, joined on s). Checkpoints keep the mapping's order; rows within a
+    (bottleneck ``erank`` and ``participation_ratio``, joined on s), and ``cum_erank_energy`` where
+    the bottleneck has ``erank_energy``. Checkpoints keep the mapping's order; rows within a
     checkpoint are sorted by s. (Long in checkpoints; melt for one metric per row.)
 
     Args:
@@ -867,7 +917,10 @@ def checkpoint_table(
             lack = [c for c in need if c not in b.columns]
             if lack:
                 raise ValueError(f"bottlenecks[{ckpt!r}] lacks columns {lack}; it has {list(b.columns)}")
-            b = b[need].rename(columns={"erank": "cum_erank", "participation_ratio": "cum_pr"})
+            need += ["erank_energy"] if "erank_energy" in b.columns else []
+            b = b[need].rename(
+                columns={"erank": "cum_erank", "participation_ratio": "cum_pr", "erank_energy": "cum_erank_energy"}
+            )
             part = part.merge(b, on="s", how="left", validate="one_to_one")
         part.insert(0, "ckpt", str(ckpt))
         parts.append(part.sort_values("s", kind="stable"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,9 @@ __all__ = [
     "layer_geometry",
     "phase_metrics",
     "depth_scaling",
+    "fallback_widths",
+    "phase_widths",
+    "group_fits",
     "with_lens_hits",
     "hit_ratio",
     "phase_table",
@@ -669,7 +672,9 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     ----------
     widths : DataFrame with columns ``model``, ``n_layers``, ``phase``, ``width``
         One row per (model, phase); several rows per model (e.g. checkpoints) are separate
-        observations.
+        observations. An optional bool column ``fallback`` flags widths whose cut came from a
+        Kneedle fallback (:func:`fallback_widths`): they are left out of the fit and counted in
+        ``n_fallback``.
     alpha : float in (0, 1)
     min_depths : int ≥ 3
         Phases with fewer distinct ``n_layers`` values are not fitted.
@@ -679,7 +684,8 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     One row per phase (sorted): ``phase``, ``status`` (``"ok"`` or ``"too_few_depths"``),
     ``slope``, ``intercept``, ``slope_ci_low``, ``slope_ci_high``, ``slope_se``, ``p_value``
     (slope ≠ 0), ``r_squared``, ``n_models`` (distinct models), ``n_depths`` (distinct depths),
-    ``n_obs``; statistics NaN unless ``status == "ok"``. With 3 points the interval has 1
+    ``n_obs`` (rows fitted), ``n_fallback`` (fallback rows left out); statistics NaN unless
+    ``status == "ok"``. With 3 points the interval has 1
     degree of freedom (wide); an exact fit gives a zero-width interval.
 
     Examples
@@ -692,8 +698,54 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     import statsmodels.api as sm
 
     _check_widths(widths, alpha, min_depths)
-    rows = [_depth_fit_row(ph, g, alpha, min_depths, sm) for ph, g in widths.groupby("phase", sort=True)]
+    flag = widths["fallback"].astype(bool) if "fallback" in widths.columns else pd.Series(False, index=widths.index)
+    rows = []
+    for ph, g in widths.groupby("phase", sort=True):
+        row = _depth_fit_row(ph, g[~flag.loc[g.index]], alpha, min_depths, sm)
+        row["n_fallback"] = int(flag.loc[g.index].sum())
+        if row["n_fallback"] and row["reason"]:
+            row["reason"] += f" ({row['n_fallback']} fallback width(s) left out)"
+        rows.append(row)
     return pd.DataFrame(rows, columns=list(_DEPTH_SCALING_COLUMNS))
+
+
+def phase_widths(
+    cuts: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]], n_layers: Mapping[str, int]
+) -> pd.DataFrame:
+    """``results/scaling/widths.tsv``: the three phase widths of every model of every scaling group.
+
+    ``cuts``: model → its ``phases.json`` object (``widths``, ``b1_found``, ``b2_found``);
+    ``groups``: group → models; ``n_layers``: model → depth. Columns ``group, model, n_layers,
+    phase, width, fallback`` (:func:`fallback_widths`).
+    """
+    rows = []
+    for group, members in groups.items():
+        for m in members:
+            flags = fallback_widths(bool(cuts[m]["b1_found"]), bool(cuts[m]["b2_found"]))
+            for phase, (width, fb) in enumerate(zip(cuts[m]["widths"], flags, strict=True), start=1):
+                rows.append([group, m, int(n_layers[m]), phase, int(width), fb])
+    return pd.DataFrame(rows, columns=["group", "model", "n_layers", "phase", "width", "fallback"])
+
+
+def group_fits(widths: pd.DataFrame) -> pd.DataFrame:
+    """``results/scaling/phase_widths.tsv``: :func:`depth_scaling` of each group of
+    :func:`phase_widths`, with its ``group`` (no group: the empty fit table with the column)."""
+    fits = [depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
+    return pd.concat(fits, ignore_index=True) if fits else depth_scaling(widths).assign(group=pd.Series(dtype=str))
+
+
+def fallback_widths(b1_found: bool, b2_found: bool) -> tuple[bool, bool, bool]:
+    """Which of the three phase widths rest on a Kneedle fallback cut.
+
+    Phase 1 spans ``[0, b1]``, phase 2 ``(b1, b2]``, phase 3 ``(b2, end]``: width 1 depends on
+    b1, width 3 on b2, width 2 on both, so a fallback b1 (= peak) flags phases 1 and 2, a
+    fallback b2 (= peak) phases 2 and 3.
+
+    Example:
+        >>> fallback_widths(True, False)
+        (False, True, True)
+    """
+    return (not b1_found, not (b1_found and b2_found), not b2_found)
 
 
 #: The columns of :func:`depth_scaling`, in order.
@@ -710,6 +762,7 @@ _DEPTH_SCALING_COLUMNS = (
     "n_models",
     "n_depths",
     "n_obs",
+    "n_fallback",
     "reason",
 )
 

@@ -37,6 +37,8 @@ from resdyn.numerics.linalg import k_from_fraction
 
 __all__ = [
     "RSS_COLUMNS",
+    "READOUT_MATRICES",
+    "readout_matrices",
     "readout_subspace",
     "principal_angles",
     "rss",
@@ -50,6 +52,26 @@ __all__ = [
 
 #: Columns of ``rss.tsv`` (:func:`rss_profile`), in order.
 RSS_COLUMNS = artifacts.RSS_COLUMNS  # defined by resdyn.artifacts.RssProfile
+#: Which matrix of a translator the readout subspace is taken from (config ``readout.matrix``).
+READOUT_MATRICES = ("I_plus_W", "W")
+
+
+def readout_matrices(translators: Sequence[np.ndarray], matrix: str) -> list[np.ndarray]:
+    """The matrices whose top-k right singular vectors are the readout subspaces.
+
+    ``translators`` are ``A_L = I + W_L``; ``matrix`` ``"I_plus_W"`` keeps them, ``"W"`` gives
+    ``W_L = A_L − I`` (the learned correction alone: for a near-identity translator the top-k
+    subspaces of I + W and of W can differ, and the top-k energy share of I + W is ≈ k/d).
+
+    Example:
+        >>> readout_matrices([np.diag([3.0, 1.0])], "W")[0].tolist()
+        [[2.0, 0.0], [0.0, 0.0]]
+    """
+    if matrix not in READOUT_MATRICES:
+        raise ValueError(f"readout matrix must be one of {READOUT_MATRICES}, got {matrix!r}")
+    if matrix == "I_plus_W":
+        return [np.asarray(A, dtype=np.float64) for A in translators]
+    return [np.asarray(A, dtype=np.float64) - np.eye(np.shape(A)[0]) for A in translators]
 
 
 # --------------------------------------------------------------------------------------------

@@ -187,3 +187,51 @@ rule paper_comparison:
         code=code("paper_comparison"),
     script:
         "../scripts/paper_comparison.py"
+
+
+rule sensitivity:
+    input:
+        unpack(sensitivity_inputs),
+    output:
+        report(
+            "results/sensitivity.tsv",
+            caption="../report/sensitivity.rst",
+            category="At a glance: the papers",
+            labels={
+                "table": "stated figures vs this run: every open choice both ways"
+            },
+        ),
+    log:
+        "logs/sensitivity/sensitivity.log",
+    benchmark:
+        "benchmarks/out/sensitivity/sensitivity.tsv"
+    conda:
+        "../../envs/resdyn.yaml"
+    params:
+        models=MODELS,
+        ckpts={m: ckpts(m) for m in MODELS},
+        lens_ckpts={m: lens_final(m) for m in MODELS},
+        pairs=[[m, c] for m in MODELS for c in ckpts(m)],
+        groups=config["scaling"]["groups"],
+        n_layers={
+            m: config["models"][m]["n_layers"]
+            for members in config["scaling"]["groups"].values()
+            for m in members
+        },
+        studies=sorted(config["studies"]),
+        complex_tol=config["bootstrap"]["complex_tol"],
+        complex_rule=config["spectra"]["complex_rule"],
+        n_samples=config["samples"]["n"],
+        defaults=sensitivity_defaults(),
+        boundary_rule=config["topology"]["boundary_rule"],
+        gain=config["topology"]["gain"],
+        fdr_q=config["topology"]["fdr_q"],
+        k_fractions=config["readout"]["k_fractions"],
+        phase_k_fraction=config["readout"]["phase_k_fraction"],
+        smoothing=config["phases"]["smoothing"],
+        window=config["phases"]["window"],
+        max_gflop=config["sensitivity"]["max_gflop"],
+        claims=CLAIMS_SHA256,
+        code=code("sensitivity"),
+    script:
+        "../scripts/sensitivity.py"

@@ -148,6 +148,7 @@ def all_targets():
     if rc.runs(config, "B") and config["scaling"]["groups"]:
         targets.append("results/scaling/phase_widths.tsv")
     targets.append("results/paper_comparison.tsv")
+    targets.append("results/sensitivity.tsv")
     targets += figure_targets()
     return targets
 
@@ -250,6 +251,37 @@ def paper_comparison_inputs(wildcards):
     return out
 
 
+def sensitivity_inputs(wildcards):
+    """The paper table's inputs, and what the options the run did not compute are recomputed from:
+    every checkpoint's partitions, spectra and Jacobian blocks (study A), the final lens (study B).
+    """
+    out = paper_comparison_inputs(wildcards)
+    pairs = [(m, c) for m in MODELS for c in ckpts(m)]
+    if rc.runs(config, "A"):
+        out["communities"] = [f"results/{m}/{c}/communities" for m, c in pairs]
+        out["spectra"] = [f"results/{m}/{c}/spectra.tsv" for m, c in pairs]
+        out["blocks"] = [
+            f"results/{m}/{c}/jacobians/{b}"
+            for m, c in pairs
+            for b in rc.layer_blocks(config, m)
+        ]
+    if rc.runs(config, "B"):
+        out["lens"] = [f"results/{m}/{lens_final(m)}/lens" for m in MODELS]
+    return out
+
+
+def sensitivity_defaults():
+    """The configured option of each open choice (resdyn.beyond.sensitivity.CHOICES)."""
+    return {
+        "single_layer_baseline": "P_1",
+        "readout_matrix": config["readout"]["matrix"],
+        "boundary_rule": f"min_other_{config['topology']['boundary_min_other']}",
+        "complex_rule": config["spectra"]["complex_rule"],
+        "erank_weights": "sigma",
+        "jacobian_product": "product_of_means",
+    }
+
+
 # --- figures (the catalogue: resdyn/plots/catalogue.py) ---
 
 FIGURE_CACHE = "results/figures/.cache"
@@ -263,6 +295,23 @@ FIGURE_WILDCARDS = {
     "trajectory": (),
     "lens_trajectory": (),
 }
+
+
+def workflow_description():
+    """The report's front page: workflow/report/workflow.rst, and a line for each figure the
+    run does not draw saying why (resdyn.plots.catalogue.not_drawn), written (when changed)
+    under .snakemake/ like the figure captions."""
+    path = Path(".snakemake/resdyn/workflow.rst").resolve()
+    text = Path(f"{workflow.basedir}/workflow/report/workflow.rst").read_text()
+    missing = figs.not_drawn(config)
+    if missing:
+        text += "\n**Figures not drawn.**\n\n" + "".join(
+            f"- {line}\n" for line in missing
+        )
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
 
 
 def figure_caption(spec):

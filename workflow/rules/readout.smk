@@ -25,6 +25,7 @@ rule rss:
         runtime=cost("rss", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
+        matrix=config["readout"]["matrix"],
         code=code("rss"),
     script:
         "../scripts/rss.py"
@@ -47,6 +48,7 @@ rule resolution:
         runtime=cost("resolution", "runtime"),
     params:
         k_fractions=config["readout"]["k_fractions"],
+        matrix=config["readout"]["matrix"],
         code=code("resolution"),
     script:
         "../scripts/resolution.py"

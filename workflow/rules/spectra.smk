@@ -101,6 +101,8 @@ rule checkpoints:
         "../../envs/resdyn.yaml"
     params:
         ckpts=lambda w: ckpts(w.model),
+        nmi_permutations=config["topology"]["nmi_permutations"],
+        seed=config["topology"]["seed"],
         code=code("checkpoints"),
     script:
         "../scripts/checkpoints.py"

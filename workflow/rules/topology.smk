@@ -33,6 +33,7 @@ rule communities:
         resolution=config["topology"]["resolution"],
         seed=config["topology"]["seed"],
         boundary_rule=config["topology"]["boundary_rule"],
+        boundary_min_other=config["topology"]["boundary_min_other"],
         participation_quantile=config["topology"]["participation_quantile"],
         code=code("communities"),
     script:

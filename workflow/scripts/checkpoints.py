@@ -23,5 +23,7 @@ with sidecars.step(snakemake) as step:
     similarity = partitions.partition_similarity(
         {c: artifacts.CommunityPartitions.read_folder(f) for c, f in zip(names, inp.communities)},
         {c: artifacts.CommunitiesSummary.read(f) for c, f in zip(names, inp.communities_summary)},
+        n_permutations=snakemake.params.nmi_permutations,
+        seed=snakemake.params.seed,
     )
     artifacts.PartitionSimilarity.write(similarity, snakemake.output.similarity)

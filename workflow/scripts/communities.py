@@ -23,6 +23,7 @@ with sidecars.step(snakemake) as step:
                 seed=p.seed,
                 boundary_rule=p.boundary_rule,
                 participation_quantile=p.participation_quantile,
+                min_other=p.boundary_min_other,
             )
             tables.append(units.assign(layer=layer, boundary=boundary))
             summaries.append({"layer": layer, "boundary": boundary, **summary})

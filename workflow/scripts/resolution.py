@@ -5,7 +5,9 @@ from resdyn.provenance import sidecars
 from resdyn.study_b import readout
 
 with sidecars.step(snakemake) as step:
-    translators = artifacts.LensFolder.read_translator_matrices(snakemake.input[0])
+    translators = readout.readout_matrices(
+        artifacts.LensFolder.read_translator_matrices(snakemake.input[0]), snakemake.params.matrix
+    )
     artifacts.ResolutionTable.write(
         readout.resolution_table(translators, snakemake.params.k_fractions), snakemake.output[0]
     )

@@ -1,6 +1,5 @@
-"""Phase width vs depth across models of one family: OLS slope with a 95% CI per phase."""
-
-import pandas as pd
+"""Phase width vs depth across models of one family: OLS slope with a 95% CI per phase (widths from
+Kneedle fallback cuts flagged and left out of the fit)."""
 
 from resdyn import artifacts
 from resdyn.provenance import sidecars
@@ -8,23 +7,10 @@ from resdyn.study_b import geometry, phases
 
 with sidecars.step(snakemake) as step:
     p = snakemake.params
-    model_of = {m: g for g, members in p.groups.items() for m in members}
-    rows = []
-    for model, path in zip(p.models, snakemake.input.phases, strict=True):
-        cuts = phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path)
-        for phase, width in enumerate(cuts.widths, start=1):
-            rows.append(
-                {
-                    "group": model_of[model],
-                    "model": model,
-                    "n_layers": p.n_layers[model],
-                    "phase": phase,
-                    "width": width,
-                }
-            )
-    widths = pd.DataFrame(rows, columns=list(artifacts.ScalingWidths.columns))
-    fits = [geometry.depth_scaling(sub).assign(group=g) for g, sub in widths.groupby("group")]
+    cuts = {
+        model: phases.Cutpoints.from_json(artifacts.PhaseCuts.read(path), source=path).to_json()
+        for model, path in zip(p.models, snakemake.input.phases, strict=True)
+    }
+    widths = geometry.phase_widths(cuts, p.groups, p.n_layers)
     artifacts.ScalingWidths.write(widths, snakemake.output.widths)
-    artifacts.ScalingFits.write(
-        pd.concat(fits, ignore_index=True) if fits else geometry.depth_scaling(widths), snakemake.output.fits
-    )
+    artifacts.ScalingFits.write(geometry.group_fits(widths), snakemake.output.fits)

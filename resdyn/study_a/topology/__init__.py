@@ -28,7 +28,9 @@ from resdyn.study_a.topology.analysis import (
 from resdyn.study_a.topology.boundary import (
     boundary_units,
     boundary_units_by_participation,
+    check_min_other,
     community_table,
+    other_communities,
     participation_coefficient,
 )
 from resdyn.study_a.topology.communities import (
@@ -68,6 +70,8 @@ __all__ = [
     "BOUNDARY_KIND",
     "BOUNDARY_RULES",
     "boundary_units",
+    "other_communities",
+    "check_min_other",
     "boundary_units_by_participation",
     "check_labels",
     "community_summary",

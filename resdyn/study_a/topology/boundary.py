@@ -27,26 +27,37 @@ def _positive_arcs(graph: ig.Graph, lab: np.ndarray) -> tuple[np.ndarray, np.nda
     return i, j, np.concatenate([w[pos], w[pos]])
 
 
-def boundary_units(graph: ig.Graph, labels: Any, min_other: int = 2) -> np.ndarray:
-    """Boundary units: a unit whose positive neighbours lie in ≥ ``min_other`` (default 2)
-    communities other than its own.
+def other_communities(graph: ig.Graph, labels: Any) -> np.ndarray:
+    """How many communities other than its own each unit's positive neighbours lie in.
 
-    B_i = [ |{ c_j : w_ij > 0, c_j ≠ c_i }| ≥ 2 ]. Negative edges are ignored. Returns a bool
-    array of shape (d,).
+    n_i = |{ c_j : w_ij > 0, c_j ≠ c_i }|. Negative edges are ignored. Returns int64, shape (d,).
     """
     lab = check_labels(graph, labels)
-    if isinstance(min_other, bool) or not isinstance(min_other, (int, np.integer)) or min_other < 1:
-        raise ValueError(f"min_other must be a positive integer, got {min_other!r}")
     i, j, _ = _positive_arcs(graph, lab)
     other = lab[j] != lab[i]
     i, cj = i[other], lab[j][other]
     n = graph.vcount()
     if i.size == 0:
-        return np.zeros(n, dtype=bool)
+        return np.zeros(n, dtype=np.int64)
     _, cj = np.unique(cj, return_inverse=True)
     pairs = np.unique(i * (int(cj.max()) + 1) + cj)
-    count = np.bincount(pairs // (int(cj.max()) + 1), minlength=n)
-    return count >= min_other
+    return np.bincount(pairs // (int(cj.max()) + 1), minlength=n).astype(np.int64)
+
+
+def boundary_units(graph: ig.Graph, labels: Any, min_other: int = 2) -> np.ndarray:
+    """Boundary units: a unit whose positive neighbours lie in ≥ ``min_other`` (default 2)
+    communities other than its own.
+
+    B_i = [ n_i ≥ min_other ], n_i from :func:`other_communities`. Returns a bool array of shape (d,).
+    """
+    check_min_other(min_other)
+    return other_communities(graph, labels) >= min_other
+
+
+def check_min_other(min_other: Any) -> None:
+    """``min_other`` (other communities a boundary unit reaches) is a positive integer, or stop."""
+    if isinstance(min_other, bool) or not isinstance(min_other, (int, np.integer)) or min_other < 1:
+        raise ValueError(f"min_other must be a positive integer, got {min_other!r}")
 
 
 def participation_coefficient(graph: ig.Graph, labels: Any) -> np.ndarray:
@@ -97,8 +108,12 @@ def boundary_units_by_participation(pc: Any, quantile: float) -> np.ndarray:
     return (p >= np.quantile(p, q)) & (p > 0)
 
 
-def community_table(graph: ig.Graph, labels: Any, is_boundary: Any, pc: Any) -> pd.DataFrame:
-    """One row per unit: ``unit``, ``community``, ``participation``, ``is_boundary``."""
+def community_table(
+    graph: ig.Graph, labels: Any, is_boundary: Any, pc: Any, n_other: Any | None = None
+) -> pd.DataFrame:
+    """One row per unit: ``unit``, ``community``, ``participation``, ``is_boundary`` and, with
+    ``n_other`` (:func:`other_communities`), ``n_other_communities``, from which either
+    neighbour-count boundary rule (≥ 1 or ≥ 2 other communities) can be read back."""
     lab = check_labels(graph, labels)
     n = graph.vcount()
     b = np.asarray(is_boundary)
@@ -107,7 +122,7 @@ def community_table(graph: ig.Graph, labels: Any, is_boundary: Any, pc: Any) -> 
         raise ValueError(f"is_boundary must have shape ({n},), got {b.shape}")
     if p.shape != (n,):
         raise ValueError(f"pc must have shape ({n},), got {p.shape}")
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "unit": np.arange(n, dtype=np.int64),
             "community": lab,
@@ -115,3 +130,9 @@ def community_table(graph: ig.Graph, labels: Any, is_boundary: Any, pc: Any) -> 
             "is_boundary": b.astype(bool),
         }
     )
+    if n_other is not None:
+        k = np.asarray(n_other, dtype=np.int64)
+        if k.shape != (n,):
+            raise ValueError(f"n_other must have shape ({n},), got {k.shape}")
+        out["n_other_communities"] = k
+    return out
