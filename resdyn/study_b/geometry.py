@@ -698,11 +698,12 @@ def depth_scaling(widths: pd.DataFrame, alpha: float = 0.05, min_depths: int = 3
     import statsmodels.api as sm
 
     _check_widths(widths, alpha, min_depths)
-    flag = widths["fallback"].astype(bool) if "fallback" in widths.columns else pd.Series(False, index=widths.index)
+    flag = widths["fallback"].astype(bool).to_numpy() if "fallback" in widths.columns else np.zeros(len(widths), bool)
     rows = []
-    for ph, g in widths.groupby("phase", sort=True):
-        row = _depth_fit_row(ph, g[~flag.loc[g.index]], alpha, min_depths, sm)
-        row["n_fallback"] = int(flag.loc[g.index].sum())
+    for ph, at in sorted(widths.groupby("phase").indices.items()):
+        g, left_out = widths.iloc[at], flag[at]
+        row = _depth_fit_row(ph, g[~left_out], alpha, min_depths, sm)
+        row["n_fallback"] = int(left_out.sum())
         if row["n_fallback"] and row["reason"]:
             row["reason"] += f" ({row['n_fallback']} fallback width(s) left out)"
         rows.append(row)
