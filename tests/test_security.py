@@ -522,7 +522,8 @@ def test_a_lens_step_of_a_trillion_tokens_is_refused(monkeypatch):
     from resdyn.pipeline import dag
 
     cfg = rc.read_yaml(ROOT / "config.yaml")
-    cfg["lens"] = {**cfg.get("lens", {}), "tokens_per_step": 10**12, "train_tokens": 0}  # reused blocks: no token budget
+    # reused blocks (train_tokens 0), so that the fits check, not the fresh-token budget, refuses it
+    cfg["lens"] = {**cfg.get("lens", {}), "tokens_per_step": 10**12, "train_tokens": 0}
     cfg = rc.validate_config({**cfg, "device": "cpu"})
     with pytest.raises(multigpu.FitError, match=r"^job lens .*a job may ask for at most"):
         dag.check_fits(cfg)
