@@ -16,6 +16,7 @@ causal chunks already take their accelerator sizes on any non-CPU device, the me
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,15 +79,15 @@ def trace_jacobians(
     """Device peak of one Jacobian job's block: the engine's batched forward and each sample's
     Jacobians with the device-side part of :func:`resdyn.study_a.jacobian._accumulate_batch` (the
     float64 sum over positions and :func:`resdyn.study_a.jacobian.summaries`), for the first
-    ``samples`` samples of a batch, fed through a zip over sample indices as
-    :func:`resdyn.study_a.jacobian.write_layer_block` feeds them (the second sample is the steady
+    ``samples`` samples of a batch, taken one at a time as
+    :func:`resdyn.study_a.jacobian.write_layer_block` takes them (the second sample is the steady
     state of the job; later samples repeat it)."""
     vocab = _vocab(model)
 
     def run() -> None:
         engine = jacobian.JacobianEngine(model, layers)
         ids = torch.as_tensor(_ids(batch, length, vocab), device=DEVICE)
-        for _, jacs in zip(range(samples), engine.iter_batch(ids, positions)):
+        for jacs in itertools.islice(engine.iter_batch(ids, positions), samples):
             for jac in jacs.values():
                 jac.double().sum(0).cpu()
                 jacobian.summaries(jac)

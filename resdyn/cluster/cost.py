@@ -272,10 +272,9 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     three H × T score-sized fp32 arrays each (12·H·T·c bytes; c = the engine's chunk,
     ≤ d) and J_attn — plus the float64 copy of each position's J for the summaries (8·d²·P), the
     batch's boundary states through the block's last layer (batch·(2·(max L + 1) + 1)·T·d in the
-    model dtype and as fp32) and two samples' Jacobians of the block (2·L·kinds·P·4·d²: the engine
-    yields a sample's Jacobians and the job moves them to the host, but the zip over sample indices
-    that feeds the accumulation still holds the previous sample's while the next one runs; the
-    memory trace, docs/cost.md, measures it).
+    model dtype and as fp32) and one sample's Jacobians of the block (L·kinds·P·4·d²: the engine
+    yields a sample's Jacobians and the job moves them to the host and lets them go before the next
+    sample's are computed; the memory trace, docs/cost.md, measures it).
     The benchmark measured 41-46 MiB of working memory at d = 1024 (T = 64-256) against 44 by
     this formula; the engine's own chunk budget (≈ 4·(8·H·(T+1) + 8·H·hd) per direction) is a
     bound, not the resident size. Disk per layer:
@@ -306,12 +305,10 @@ def cost_jacobians(config: dict, s: Shape, layers: list[int], gpu: bool) -> Cost
     chunk = tangent_chunk(d, attention_tangent_bytes(s.n_heads, s.hd, T), gpu)
     copies = 4.0 * s.layer_params * L if s.dtype_bytes != 4 else 0.0
     stage = max(8.0 * d * s.d_ff + 8.0 * d * d, 12.0 * s.n_heads * T * chunk + 4.0 * d * d)
-    # the batch's boundary states through the block (model dtype, then the fp32 copy) and two
-    # samples' Jacobians of the block: JacobianEngine.iter_batch yields them sample by sample, but
-    # the zip that feeds them to the accumulation (write_layer_block) keeps the previous sample's
-    # in its result tuple until the next sample's are computed
+    # the batch's boundary states through the block (model dtype, then the fp32 copy) and one
+    # sample's Jacobians of the block (JacobianEngine.iter_batch yields them sample by sample)
     boundaries = batch * (2 * (max(layers) + 1) + 1) * T * d * (4.0 + s.dtype_bytes)
-    one_sample = 2 * L * s.jacobian_groups * P * 4.0 * d * d
+    one_sample = L * s.jacobian_groups * P * 4.0 * d * d
     work = copies + stage + 8.0 * d * d * P + boundaries + one_sample
     c.host_bytes = BASE_HOST_BYTES + _host_weights(s, gpu) + acc + (0.0 if gpu else work)
     c.device_bytes = s.weight_bytes + work if gpu else 0.0

@@ -789,7 +789,7 @@ def write_layer_block(
             stop = min(n_samples, start + batch, (start // checkpoint_every + 1) * checkpoint_every)
             batch_ids = torch.as_tensor(samples[start:stop], dtype=torch.long, device=device)
             jacobians = engine.iter_batch(batch_ids, pos)
-            _accumulate_batch(acc, zip(range(start, stop), jacobians), ids, attrs, store_first_n, bar)
+            _accumulate_batch(acc, start, jacobians, ids, attrs, store_first_n, bar)
             start = stop
             if acc.next_index % checkpoint_every == 0 and acc.next_index < n_samples:
                 acc.save(ckpt, fingerprint)
@@ -850,7 +850,8 @@ def _check_block_args(
 
 def _accumulate_batch(
     acc: JacobianSums,
-    jacobians: Iterable[tuple[int, dict[tuple[int, str], torch.Tensor]]],
+    start: int,
+    jacobians: Iterable[dict[tuple[int, str], torch.Tensor]],
     ids: np.ndarray,
     attrs: dict[str, Any],
     store_first_n: int,
@@ -858,14 +859,18 @@ def _accumulate_batch(
 ) -> None:
     """Add each sample's sublayer Jacobians to the running sums ``acc``, in sample order.
 
-    ``jacobians`` yields (sample index i, {(layer, kind): (P, d, d) Jacobian}). Per sample the
+    ``jacobians`` yields {(layer, kind): (P, d, d) Jacobian} for samples ``start``, ``start`` + 1, …;
+    it is iterated directly (no ``zip``/``enumerate``, whose cached result tuple would keep the
+    previous sample's Jacobians alive while the next one is computed). Per sample the
     finiteness flags and per-position summaries of every sublayer come to the host in one copy
     (:func:`_sample_scalars`; a non-finite sublayer raises FloatingPointError naming the sample id
     before anything is added); then per sublayer the float64 sum over positions (one d × d copy)
     and the whole Jacobian when i < ``store_first_n``. After each sample ``acc.next_index`` = i + 1
     and ``bar`` advances by one.
     """
-    for i, jacs in jacobians:
+    i = start - 1
+    for jacs in jacobians:
+        i += 1
         scalars = _sample_scalars(jacs)  # the sample's one host sync before its data is copied
         for ((layer, kind), jac), flag in zip(jacs.items(), scalars[:, 0, 0]):
             if flag != 1.0:
@@ -876,7 +881,7 @@ def _accumulate_batch(
                 acc.per[(layer, kind, s)][i] = row
             if i < store_first_n:
                 acc.first[(layer, kind)][i] = jac.cpu().numpy()
-        del jacs  # the device copy goes before the next sample's Jacobians are computed
+        jacs = jac = None  # the device copies go before the next sample's Jacobians are computed
         acc.next_index = i + 1
         acc.close_group()
         bar.update(1)
