@@ -552,14 +552,7 @@ def print_report(report: Report, header: str, cuda: bool, kind: str) -> None:
         + ("" if cuda else "\n# (dry run: these are this CPU's rates at toy sizes, not for cost.py)")
     )
     if cuda:
-        g = gpu_kinds.GPU_KINDS[kind]
-        peaks = {
-            "fp32_tflops": g.fp32_tflops,
-            "bf16_tflops": g.bf16_tflops,
-            "fp64_tflops": g.fp64_tflops,
-            "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops),
-            "hbm_tb_s": g.hbm_tb_s,
-        }
+        peaks = gpu_kinds.datasheet_peaks(gpu_kinds.GPU_KINDS[kind])
         for op, (col, eff) in gpu_kinds.GPU_EFFICIENCY.items():
             if op in report.measured:
                 print(f"#   {op}: measured efficiency {report.measured[op] / (peaks[col] * 1e12):.4g} (assumed {eff})")

@@ -141,18 +141,24 @@ GPU_EFFICIENCY: dict[str, tuple[str, float]] = {
 KL64_BYTES = 170.0
 
 
-def gpu_rates(g: GPUKind) -> dict[str, float]:
-    """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`.
-
-    The host-side classes (zlib, Python steps, Leiden) run at the calibrated CPU rates.
-    """
-    peaks = {
+def datasheet_peaks(g: GPUKind) -> dict[str, float]:
+    """The kind's datasheet peaks by the column names :data:`GPU_EFFICIENCY` uses (TFLOP/s, TB/s);
+    fp64 GEMMs run at the larger of the fp64 tensor-core and plain fp64 peaks."""
+    return {
         "fp32_tflops": g.fp32_tflops,
         "bf16_tflops": g.bf16_tflops,
         "fp64_tflops": g.fp64_tflops,
         "fp64_gemm_tflops": max(g.fp64_tensor_tflops, g.fp64_tflops),
         "hbm_tb_s": g.hbm_tb_s,
     }
+
+
+def gpu_rates(g: GPUKind) -> dict[str, float]:
+    """Op-class rates (FLOP/s, byte/s) of a GPU kind: datasheet peak × :data:`GPU_EFFICIENCY`.
+
+    The host-side classes (zlib, Python steps, Leiden) run at the calibrated CPU rates.
+    """
+    peaks = datasheet_peaks(g)
     rates = {op: peaks[col] * 1e12 * eff for op, (col, eff) in GPU_EFFICIENCY.items()}
     rates["kl64"] = rates["stream"] / KL64_BYTES
     rates.update({op: CPU_CALIBRATION[op] for op in ("gunzip", "calls", "graph", "schur", "schurv")})
