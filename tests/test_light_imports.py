@@ -35,12 +35,17 @@ def script_imports(path: Path) -> str:
     return "\n".join(ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)))
 
 
-def heavy_after(imports: str) -> list[str]:
-    """Which of :data:`HEAVY` are in sys.modules after running ``imports`` in a fresh interpreter."""
-    code = f"import sys, json\n{imports}\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+def loaded_after(imports: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` are in sys.modules after running ``imports`` in a fresh interpreter."""
+    code = f"import sys, json\n{imports}\nprint(json.dumps([m for m in {modules!r} if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def heavy_after(imports: str) -> list[str]:
+    """Which of :data:`HEAVY` are in sys.modules after running ``imports`` in a fresh interpreter."""
+    return loaded_after(imports, HEAVY)
 
 
 def test_model_scripts_exist():
@@ -57,6 +62,16 @@ def test_light_scripts_import_neither_torch_nor_transformers():
     assert not culprits, f"light scripts import heavy modules: {culprits}"
 
 
+def test_no_script_imports_scipy_stats_at_start():
+    """scipy.stats (~0.5 s of import) loads inside the functions that use it, not at a job's start."""
+    all_scripts = sorted(SCRIPTS.glob("*.py"))
+    if "scipy.stats" not in loaded_after("\n".join(script_imports(p) for p in all_scripts), ("scipy.stats",)):
+        return
+    culprits = [p.stem for p in all_scripts if loaded_after(script_imports(p), ("scipy.stats",))]
+    assert not culprits, f"scripts import scipy.stats at start: {culprits}"
+
+
 def test_the_check_sees_torch():
-    """The detector is live: a model script's imports do load torch."""
+    """The detector is live: a model script's imports do load torch, scipy.stats is seen when loaded."""
     assert "torch" in heavy_after(script_imports(SCRIPTS / "jacobians.py"))
+    assert loaded_after("import scipy.stats", ("scipy.stats",)) == ["scipy.stats"]
