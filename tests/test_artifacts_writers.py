@@ -434,6 +434,37 @@ def test_figure_write_both_formats_with_metadata(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]
 
 
+def test_figure_pdf_keeps_the_png_layout_in_one_draw(tmp_path, monkeypatch):
+    """The PDF of a constrained-layout figure: one draw (no layout pass), the PNG's axes positions,
+    the same bytes as a PDF saved after the PNG with the layout frozen by matplotlib's own "none"
+    placeholder engine (the oracle), and the figure's engine restored afterwards."""
+    from matplotlib.figure import Figure
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    def constrained():
+        fig = Figure(figsize=(3, 2), layout="constrained")
+        for ax in fig.subplots(1, 2):
+            ax.plot([0, 1], [1, 0])
+            ax.set_title("a title", fontsize=12)
+            ax.set_xlabel("x label")
+        return fig
+
+    oracle = constrained()
+    oracle.savefig(tmp_path / "o.png", dpi=40)
+    oracle.set_layout_engine("none")
+    oracle.savefig(tmp_path / "o.pdf", format="pdf", metadata={"Subject": "s"})
+    fig = constrained()
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, r: (draws.append(type(r).__name__), original(self, r))[1])
+    A.Figure.write(fig, {"png": tmp_path / "f.png", "pdf": tmp_path / "f.pdf"}, 40, {"pdf": {"Subject": "s"}})
+    # PNG: the layout's draw and its own; PDF (MixedModeRenderer): its own draw only
+    assert draws == ["RendererAgg", "RendererAgg", "MixedModeRenderer"]
+    assert (tmp_path / "f.pdf").read_bytes() == (tmp_path / "o.pdf").read_bytes()
+    assert [ax.get_position().bounds for ax in fig.axes] == [ax.get_position().bounds for ax in oracle.axes]
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+
+
 def test_figure_cache_round_trip_and_tampered_entry(tmp_path):
     cache = A.FigureCache(tmp_path / "figures" / ".cache")
     outs = [tmp_path / "figures" / "m" / "f.png", tmp_path / "figures" / "m" / "f.pdf"]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io as _io
 import json
+import re
 import subprocess
 import sys
 import warnings
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -986,6 +988,46 @@ def test_save_figure_writes_png_and_pdf_with_provenance(tmp_path):
     assert _pdf_literal(raw, b"Keywords") == "resdyn; figure_funnel; zoo-8; final"
     assert _pdf_literal(raw, b"Title") == "zoo-8 / final"
     assert b"/CreationDate" not in raw
+
+
+def _embedded_truetype_fonts(raw: bytes) -> list:
+    """The TrueType programs (``/FontFile2`` streams, Flate-decoded) a PDF embeds, as fontTools fonts."""
+    from fontTools.ttLib import TTFont
+
+    fonts = []
+    for ref in sorted(set(re.findall(rb"/FontFile2 (\d+) 0 R", raw))):
+        body = re.search(rb"(?<!\d)" + ref + rb" 0 obj\s*<<.*?>>\s*stream\r?\n(.*?)endstream", raw, re.DOTALL)
+        fonts.append(TTFont(_io.BytesIO(zlib.decompressobj().decompress(body.group(1)))))
+    return fonts
+
+
+def test_pdf_fonts_are_truetype_subsets_without_layout_tables(tmp_path):
+    """save_figure's PDF embeds the same glyph outlines as matplotlib's own PDF, without the
+    OpenType layout tables (GSUB/GPOS/GDEF/kern) no PDF viewer reads; fontTools' defaults are restored."""
+    from fontTools import subset
+
+    default = list(subset.Options._drop_tables_default)
+    fig = plots.funnel(bottleneck_df(), "zoo-8 / final")
+    plots.save_figure(fig, tmp_path / "f.png", tmp_path / "f.pdf", PROV, dpi=60)
+    assert subset.Options._drop_tables_default == default
+    ours = _embedded_truetype_fonts((tmp_path / "f.pdf").read_bytes())
+    with mpl.rc_context(plots.RC):
+        fig.savefig(tmp_path / "plain.pdf", format="pdf")  # matplotlib alone: the oracle
+    plain = _embedded_truetype_fonts((tmp_path / "plain.pdf").read_bytes())
+    assert len(ours) == len(plain) >= 1
+    assert any(t in f for f in plain for t in plots.PDF_UNUSED_FONT_TABLES)  # the check sees the tables
+    for mine, theirs in zip(ours, plain):
+        assert not [t for t in plots.PDF_UNUSED_FONT_TABLES if t in mine]
+        assert {"glyf", "loca", "head", "hhea", "hmtx", "maxp"} <= set(mine.keys())
+        # the same glyphs but those GSUB alone reaches (ligatures the text does not use)
+        assert set(mine.getGlyphOrder()) <= set(theirs.getGlyphOrder()) and len(mine.getGlyphOrder()) > 5
+        for name in mine.getGlyphOrder():
+            a, b = mine["glyf"][name], theirs["glyf"][name]
+            assert a.compile(mine["glyf"]) == b.compile(theirs["glyf"]), name
+            assert mine["hmtx"][name] == theirs["hmtx"][name], name
+    names = [f["name"].getDebugName(6) for f in ours]  # PostScript names, e.g. DejaVuSans, DejaVuSans-Oblique
+    cmap = ours[names.index("DejaVuSans")].getBestCmap()
+    assert {ord(c) for c in "zoo-8 / final" if c != " "} <= set(cmap)  # the title's characters
 
 
 def test_save_figure_failure_leaves_nothing(tmp_path, monkeypatch):

@@ -4,12 +4,13 @@ phase shading, and :func:`save_figure` (PNG + PDF with the provenance embedded).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,33 @@ def _keywords(provenance: Mapping[str, Any]) -> str:
     return "; ".join(words)
 
 
+#: OpenType layout tables a PDF viewer never reads (it draws the glyphs at the positions the page
+#: gives): dropped from the fonts embedded in a PDF. fontTools subsets them by decompiling them,
+#: two thirds of each Type 42 font's subsetting time (0.14 -> 0.04 s per font for DejaVu Sans).
+PDF_UNUSED_FONT_TABLES = ("GSUB", "GPOS", "GDEF", "kern")
+
+
+@contextlib.contextmanager
+def pdf_fonts_without_layout_tables() -> Iterator[None]:
+    """Within the block, fonts that matplotlib subsets for a PDF leave out :data:`PDF_UNUSED_FONT_TABLES`.
+
+    matplotlib subsets each Type 42 font with ``fontTools.subset.Options()``, whose default list
+    of dropped tables this extends for the duration (restored on exit). Where fontTools lacks
+    that list, fonts are subset as before (the same PDF, with the tables kept).
+    """
+    from fontTools import subset
+
+    default = getattr(subset.Options, "_drop_tables_default", None)
+    if not isinstance(default, list):
+        yield
+        return
+    subset.Options._drop_tables_default = default + [t for t in PDF_UNUSED_FONT_TABLES if t not in default]
+    try:
+        yield
+    finally:
+        subset.Options._drop_tables_default = default
+
+
 def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provenance: dict, dpi: int = 120) -> None:
     """Write ``fig`` as PNG and PDF, atomically, with the provenance embedded; close the figure.
 
@@ -303,7 +331,8 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
     chunk ``resdyn_provenance`` and into the PDF metadata ``Subject``; the PDF ``Keywords`` are
     ``"resdyn; <rule>; <wildcard values…>"`` and its ``Title`` the figure's title. Both files
     are written to temporary names and renamed only after both succeeded, so a failure leaves
-    neither (nor any temporary file) behind. The PDF carries no creation date. The figure's
+    neither (nor any temporary file) behind. The PDF carries no creation date; its fonts are
+    TrueType (Type 42) subsets without OpenType layout tables (:func:`pdf_fonts_without_layout_tables`). The figure's
     layout engine (constrained layout) runs once, for the PNG; the PDF uses the same positions.
 
     Args:
@@ -326,7 +355,7 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
         png_meta["Title"] = title
         pdf_meta["Title"] = title
     try:
-        with mpl.rc_context(RC):
+        with mpl.rc_context(RC), pdf_fonts_without_layout_tables():
             artifacts.Figure.write(fig, {"png": png_path, "pdf": pdf_path}, dpi, {"png": png_meta, "pdf": pdf_meta})
     finally:
         plt = sys.modules.get("matplotlib.pyplot")  # only pyplot-made figures need closing
