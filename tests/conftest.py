@@ -110,6 +110,15 @@ def smoke_config() -> dict:
 
 
 @pytest.fixture(scope="session")
+def code_cache_seed(tmp_path_factory) -> Path:
+    """The code versions of every rule script of this checkout, for no family and each family: a
+    warm ``.snakemake/resdyn/code`` for the tests' workflow runs (tests/helpers/codecache.py)."""
+    from helpers import codecache
+
+    return codecache.seed(tmp_path_factory.mktemp("code-cache"))
+
+
+@pytest.fixture(scope="session")
 def paper_hub_cache(tmp_path_factory) -> Path:
     """An HF hub cache with config.json stand-ins of every model (and dataset) of the paper
     presets, so that they validate and dry-run offline (tests/helpers/hubcache.py)."""
