@@ -1,5 +1,5 @@
-"""Shared fixtures: the repository root, small configs, torch threads, offline hub caches; the
-order in which `make test` hands the files to its workers.
+"""Shared fixtures: the repository root, small configs, torch threads, offline hub caches, a warm
+code-version cache.
 
 Shared helpers (no fixtures) are modules of tests/helpers/."""
 
@@ -20,53 +20,6 @@ os.environ.setdefault("RESDYN_GPU_RATES", "none")
 # busy core doubled the CPU time of the numpy tests (test_rotation: 23 s CPU for 12 s of work).
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-
-#: Seconds each file's slow and unmarked tests took (serial, on the 2-core CI machine, fixtures
-#: included); files not listed take a few seconds. `make test` and `make test-fast` hand whole
-#: files to two workers (--dist loadfile --no-loadscope-reorder) in collection order, so the files
-#: are collected longest first: the long runs start at once, side by side, and the short files fill
-#: in around them instead of one long file starting last on one worker while the other idles.
-FILE_SECONDS = {  # file: (slow, unmarked)
-    "test_pipeline.py": (372, 0),
-    "test_slurm_mini.py": (234, 0),
-    "test_tamper.py": (212, 0),
-    "test_user_configs.py": (197, 0),
-    "test_pythia.py": (118, 0),
-    "test_slurm.py": (85, 16),
-    "test_dag_plan.py": (66, 24),
-    "test_rotation.py": (48, 2),
-    "test_requeue.py": (40, 0),
-    "test_badconfig.py": (31, 6),
-    "test_integrity.py": (20, 1),
-    "test_package.py": (13, 0),
-    "test_workdir.py": (12, 0),
-    "test_hub.py": (10, 7),
-    "test_cost.py": (7, 2),
-    "test_reach.py": (7, 1),
-    "test_overrides.py": (5, 3),
-    "test_lens.py": (0, 55),
-    "test_jacobian.py": (0, 40),
-    "test_plots.py": (0, 26),
-    "test_calibrate.py": (0, 12),
-    "test_codeversion.py": (0, 11),
-    "test_data.py": (0, 11),
-    "test_gpu_check.py": (0, 11),
-    "test_config.py": (0, 10),
-    "test_cli.py": (0, 8),
-}
-
-
-@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
-def pytest_collection_modifyitems(config, items):
-    """Longest files first (FILE_SECONDS: the selected tiers' seconds), each file's tests kept
-    together and in their order."""
-    cost: dict[str, float] = {}
-    for name, (slow, unmarked) in FILE_SECONDS.items():
-        selected = [item for item in items if item.path.name == name]
-        cost[name] = slow * any(i.get_closest_marker("slow") for i in selected) + unmarked * any(
-            not i.get_closest_marker("slow") for i in selected
-        )
-    items.sort(key=lambda item: -cost.get(item.path.name, 0))
 
 
 @pytest.fixture(scope="session", autouse=True)
