@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root, small configs, torch threads, offline hub caches.
+"""Shared fixtures: the repository root, small configs, torch threads, offline hub caches, a warm
+code-version cache.
 
 Shared helpers (no fixtures) are modules of tests/helpers/."""
 
@@ -14,6 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The cost model's numbers under test are the table's: a user rates file (`resdyn calibrate`,
 # ~/.config/resdyn/gpus.yaml) on the test machine must not change them.
 os.environ.setdefault("RESDYN_GPU_RATES", "none")
+# One BLAS/OpenMP thread in the test processes and the processes they start (a workflow job sets
+# its own from its `threads`): two workers share two cores, and OpenBLAS threads spin-waiting for a
+# busy core doubled the CPU time of the numpy tests (test_rotation: 23 s CPU for 12 s of work).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,10 +27,12 @@ def one_torch_thread():
     """Tiny models on two shared cores: OpenMP spinning under contention makes small matmuls
     10-100x slower, so every test runs torch on one thread."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with threadpool_limits(limits=1):  # numpy's OpenBLAS too, should it be loaded before the variables were set
+        yield
     torch.set_num_threads(before)
 
 
@@ -52,6 +60,15 @@ def root() -> Path:
 @pytest.fixture
 def smoke_config() -> dict:
     return copy.deepcopy(yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text()))
+
+
+@pytest.fixture(scope="session")
+def code_cache_seed(tmp_path_factory) -> Path:
+    """The code versions of every rule script of this checkout, for no family and each family: a
+    warm ``.snakemake/resdyn/code`` for the tests' workflow runs (tests/helpers/codecache.py)."""
+    from helpers import codecache
+
+    return codecache.seed(tmp_path_factory.mktemp("code-cache"))
 
 
 @pytest.fixture(scope="session")

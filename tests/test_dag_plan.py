@@ -22,6 +22,8 @@ from resdyn.cluster import cost
 from resdyn.pipeline import config as rc
 from resdyn.pipeline import dag
 
+from helpers import codecache
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
@@ -88,7 +90,9 @@ def priced_edges(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
     return out
 
 
-def check_preset(configfile: str, work: Path, env: dict) -> None:
+def check_preset(configfile: str, work: Path, env: dict, code_cache: Path) -> None:
+    for run in ("dry", "graph"):  # empty workdirs, but for the code versions of the rules
+        codecache.warm(work / run, code_cache)
     config = rc.load_config(REPO / configfile)
     want = collections.Counter(rule for rule, _ in dag.unique_jobs(config))
     got = planned_counts(_snakemake(configfile, work / "dry", env, "-n"))
@@ -105,24 +109,26 @@ def check_preset(configfile: str, work: Path, env: dict) -> None:
 
 
 @pytest.mark.parametrize("configfile", OFFLINE)
-def test_jobs_and_depends_match_the_dry_run_offline(configfile, tmp_path):
-    check_preset(configfile, tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
+def test_jobs_and_depends_match_the_dry_run_offline(configfile, tmp_path, code_cache_seed):
+    check_preset(configfile, tmp_path, {**os.environ, "PYTHONPATH": str(REPO)}, code_cache_seed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("configfile", STANDINS)
-def test_jobs_and_depends_match_the_dry_run_of_hub_presets(configfile, tmp_path, paper_hub_cache, monkeypatch):
+def test_jobs_and_depends_match_the_dry_run_of_hub_presets(
+    configfile, tmp_path, paper_hub_cache, monkeypatch, code_cache_seed
+):
     monkeypatch.setenv("HF_HUB_CACHE", str(paper_hub_cache))
-    check_preset(configfile, tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
+    check_preset(configfile, tmp_path, {**os.environ, "PYTHONPATH": str(REPO)}, code_cache_seed)
 
 
 @pytest.mark.slow
-def test_jobs_and_depends_match_the_dry_run_of_paper_mini(tmp_path, mini_hf_home, monkeypatch):
+def test_jobs_and_depends_match_the_dry_run_of_paper_mini(tmp_path, mini_hf_home, monkeypatch, code_cache_seed):
     """configs/paper-mini.yaml on the tiny hub models of tests/hubcache.py, offline."""
     monkeypatch.setenv("HF_HOME", str(mini_hf_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    check_preset("configs/paper-mini.yaml", tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
+    check_preset("configs/paper-mini.yaml", tmp_path, {**os.environ, "PYTHONPATH": str(REPO)}, code_cache_seed)
 
 
 @pytest.mark.parametrize("configfile", sorted(SKIPPED))

@@ -26,6 +26,8 @@ import yaml
 from resdyn import io
 from resdyn.provenance import sidecars
 
+from helpers import codecache
+
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 RESDYN = str(Path(sys.executable).parent / "resdyn")
@@ -46,9 +48,11 @@ IGNORE = shutil.ignore_patterns(
 pytestmark = pytest.mark.slow
 
 
-def copy_workflow(dest: Path) -> Path:
+def copy_workflow(dest: Path, code_cache: Path | None = None) -> Path:
+    """A copy of the workflow (``code_cache``: the seed of its rules' code versions, carried over:
+    tests/helpers/codecache.py)."""
     shutil.copytree(ROOT, dest, ignore=IGNORE)
-    return dest
+    return dest if code_cache is None else codecache.carry(ROOT, dest, code_cache)
 
 
 def env_for(work: Path) -> dict:
@@ -82,8 +86,8 @@ def planned_jobs(work: Path, config: str = "configs/smoke.yaml") -> dict[str, in
 
 
 @pytest.fixture(scope="session")
-def smoke(tmp_path_factory) -> Path:
-    work = copy_workflow(tmp_path_factory.mktemp("smoke") / "wf")
+def smoke(tmp_path_factory, code_cache_seed) -> Path:
+    work = copy_workflow(tmp_path_factory.mktemp("smoke") / "wf", code_cache_seed)
     snakemake(work, "--cores", "2")
     return work
 
@@ -424,7 +428,7 @@ def edited_copy(smoke: Path, dest: Path) -> Path:
     work = copy_workflow(dest)
     for d in ("results", "models", ".snakemake"):
         shutil.copytree(smoke / d, work / d, symlinks=True)
-    return work
+    return codecache.carry(smoke, work)
 
 
 def edit(path: Path, old: str | None, new: str) -> None:
@@ -630,10 +634,10 @@ B_FIGURES = {"lens", "rss", "resolution", "phase_metrics", "causal"}
 
 
 @pytest.mark.parametrize("studies", [["A"], ["B"], ["A", "B"]], ids="".join)
-def test_study_switch_selects_the_dag(studies, tmp_path):
+def test_study_switch_selects_the_dag(studies, tmp_path, code_cache_seed):
     """Config key studies: the DAG holds the rules and figures of the chosen studies only (the
     bridge needs both); every model keeps its scorecard."""
-    work = copy_workflow(tmp_path / "wf")
+    work = copy_workflow(tmp_path / "wf", code_cache_seed)
     cfg = with_config(work, "studies", lambda c: c.update(studies=studies))
     files = dag_outputs(work, cfg)
     rules = set(files.values())
@@ -662,9 +666,7 @@ def test_editing_one_plot_function_redraws_exactly_that_figure(smoke, tmp_path):
     """One figure job per checkpoint (fewer job start-ups), yet per-figure rebuilds. After an edit of
     funnel() every figure job reruns (its code version covers the figure modules), but only the
     funnel figures are drawn again: the others come back from the render cache byte for byte."""
-    work = copy_workflow(tmp_path / "wf")
-    for d in ("results", "models", ".snakemake"):
-        shutil.copytree(smoke / d, work / d, symlinks=True)
+    work = edited_copy(smoke, tmp_path / "wf")
     figures = sorted((work / "results" / "figures").glob("tiny_llama/**/*.p[nd][gf]"))
     before = {p: p.read_bytes() for p in figures}
     module = work / "resdyn" / "plots" / "study_a_spectra.py"

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from resdyn import artifacts
 from resdyn.study_a import spectral
 
-from helpers import hubcache
+from helpers import codecache, hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -52,10 +52,10 @@ def _targets() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pythia_run(tmp_path_factory):
+def pythia_run(tmp_path_factory, code_cache_seed):
     home = tmp_path_factory.mktemp("pythia-hf")
     hubcache.build_pythia(home)
-    work = tmp_path_factory.mktemp("pythia-run")
+    work = codecache.warm(tmp_path_factory.mktemp("pythia-run"), code_cache_seed)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def finished(tmp_path_factory) -> Path:
+def finished(tmp_path_factory, code_cache_seed) -> Path:
     start = time.perf_counter()
-    work = T.build(tmp_path_factory.mktemp("tamper") / "finished")
+    work = T.build(tmp_path_factory.mktemp("tamper") / "finished", code_cache=code_cache_seed)
     print(f"\ntamper run built in {time.perf_counter() - start:.0f} s")
     return work
 

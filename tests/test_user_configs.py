@@ -20,7 +20,7 @@ import h5py
 import pytest
 import yaml
 
-from helpers import hubcache
+from helpers import codecache, hubcache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -83,10 +83,12 @@ def user_home(tmp_path_factory) -> Path:
     return home
 
 
-def _run(work: Path, home: Path, name: str, *args: str) -> subprocess.CompletedProcess:
+def _run(work: Path, home: Path, name: str, *args: str, code_cache: Path | None = None) -> subprocess.CompletedProcess:
     extra, _ = CONFIGS[name]
     cfg = {**copy.deepcopy(_TINY), **copy.deepcopy(extra)}
     work.mkdir(parents=True, exist_ok=True)
+    if code_cache is not None:  # a new workdir, but for the code versions of the rules
+        codecache.warm(work, code_cache)
     (work / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {
         **os.environ,
@@ -119,8 +121,8 @@ def _planned(out: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_user_config_plans_every_job_with_its_inputs(user_home, tmp_path, name):
-    proc = _run(tmp_path / name, user_home, name, "-n")
+def test_user_config_plans_every_job_with_its_inputs(user_home, tmp_path, name, code_cache_seed):
+    proc = _run(tmp_path / name, user_home, name, "-n", code_cache=code_cache_seed)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = _planned(proc.stdout)
     for rule, n in CONFIGS[name][1].items():
@@ -133,10 +135,10 @@ def test_user_config_plans_every_job_with_its_inputs(user_home, tmp_path, name):
 
 
 @pytest.fixture(scope="module")
-def two_families_run(user_home, tmp_path_factory) -> Path:
+def two_families_run(user_home, tmp_path_factory, code_cache_seed) -> Path:
     """two_families_no_groups run to the end once; the tests below read it or a copy of it."""
     work = tmp_path_factory.mktemp("user-run") / "two_families_no_groups"
-    proc = _run(work, user_home, "two_families_no_groups", "--cores", "2")
+    proc = _run(work, user_home, "two_families_no_groups", "--cores", "2", code_cache=code_cache_seed)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return work
 

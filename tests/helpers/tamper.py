@@ -26,6 +26,11 @@ import h5py
 import numpy as np
 import yaml
 
+try:
+    from helpers import codecache
+except ImportError:  # run as a script (python tests/helpers/tamper.py DIR): tests/helpers is on the path
+    import codecache
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 IGNORE = shutil.ignore_patterns(
@@ -147,9 +152,12 @@ def tamper_config(paths: list[str]) -> dict:
     return cfg
 
 
-def build(work: Path, cores: int = 2) -> Path:
-    """Copy the workflow to ``work``, make the local model and corpus, run it to the end."""
+def build(work: Path, cores: int = 2, code_cache: Path | None = None) -> Path:
+    """Copy the workflow to ``work``, make the local model and corpus, run it to the end
+    (``code_cache``: a seed of tests/helpers/codecache.py to start its code versions from)."""
     shutil.copytree(ROOT, work, ignore=IGNORE)
+    if code_cache is not None:
+        codecache.carry(ROOT, work, code_cache)
     paths = make_corpus(work)
     docs = [d for p in paths for d in (work / p).read_text().split("\n\n")]
     make_local_model(work / "local" / "m", docs)
@@ -161,9 +169,10 @@ def build(work: Path, cores: int = 2) -> Path:
 
 
 def fresh_copy(finished: Path, dest: Path) -> Path:
-    """A full copy of the finished run (mtimes kept, so Snakemake sees it as up to date)."""
+    """A full copy of the finished run (mtimes kept, so Snakemake sees it as up to date), its rules'
+    code versions carried over (tests/helpers/codecache.py)."""
     shutil.copytree(finished, dest, symlinks=True)
-    return dest
+    return codecache.carry(finished, dest)
 
 
 # --- tampers ----------------------------------------------------------------------------------
