@@ -452,12 +452,13 @@ def test_figure_pdf_keeps_the_png_layout_in_one_draw(tmp_path, monkeypatch):
     oracle = constrained()
     oracle.savefig(tmp_path / "o.png", dpi=40)
     oracle.set_layout_engine("none")
-    oracle.savefig(tmp_path / "o.pdf", format="pdf", metadata={"Subject": "s"})
+    meta = {"Subject": "s", "CreationDate": None}  # no clock in the bytes
+    oracle.savefig(tmp_path / "o.pdf", format="pdf", metadata=meta)
     fig = constrained()
     draws = []
     original = Figure.draw
     monkeypatch.setattr(Figure, "draw", lambda self, r: (draws.append(type(r).__name__), original(self, r))[1])
-    A.Figure.write(fig, {"png": tmp_path / "f.png", "pdf": tmp_path / "f.pdf"}, 40, {"pdf": {"Subject": "s"}})
+    A.Figure.write(fig, {"png": tmp_path / "f.png", "pdf": tmp_path / "f.pdf"}, 40, {"pdf": meta})
     # PNG: the layout's draw and its own; PDF (MixedModeRenderer): its own draw only
     assert draws == ["RendererAgg", "RendererAgg", "MixedModeRenderer"]
     assert (tmp_path / "f.pdf").read_bytes() == (tmp_path / "o.pdf").read_bytes()

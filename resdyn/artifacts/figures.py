@@ -40,8 +40,6 @@ class Figure(Artifact):
         resolved = [Path(p).resolve() for p in paths.values()]
         if len(set(resolved)) != len(resolved):
             raise ValueError(f"figure formats {list(paths)} share one file: {[str(p) for p in paths.values()]}")
-        import matplotlib
-
         with contextlib.ExitStack() as stack:
             tmps = {fmt: stack.enter_context(io.atomic_path(path)) for fmt, path in paths.items()}
             engine = None
@@ -51,8 +49,10 @@ class Figure(Artifact):
                     # out again for their renderer (a third of a PDF's save time), moving axes by < 1 %.
                     # No engine at all, not the "none" placeholder: with any engine set, savefig runs a
                     # whole extra draw first (a third of the rest); the file is byte for byte the same.
-                    with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
-                        fig.set_layout_engine(None)
+                    # (None falls back to an rcParams layout where one is on: then the placeholder.)
+                    fig.set_layout_engine(None)
+                    if fig.get_layout_engine() is not None:
+                        fig.set_layout_engine("none")
                     stack.callback(fig.set_layout_engine, engine)
                 fig.savefig(tmp, format=fmt, dpi=dpi, metadata=dict((metadata or {}).get(fmt, {})))
 

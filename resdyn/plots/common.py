@@ -355,7 +355,9 @@ def save_figure(fig: Figure, png_path: str | Path, pdf_path: str | Path, provena
         png_meta["Title"] = title
         pdf_meta["Title"] = title
     try:
-        with mpl.rc_context(RC), pdf_fonts_without_layout_tables():
+        # no layout from rcParams: the PDF is saved with no layout engine (artifacts.Figure.write)
+        no_rc_layout = {"figure.autolayout": False, "figure.constrained_layout.use": False}
+        with mpl.rc_context({**RC, **no_rc_layout}), pdf_fonts_without_layout_tables():
             artifacts.Figure.write(fig, {"png": png_path, "pdf": pdf_path}, dpi, {"png": png_meta, "pdf": pdf_meta})
     finally:
         plt = sys.modules.get("matplotlib.pyplot")  # only pyplot-made figures need closing
