@@ -71,6 +71,12 @@ run: bytecode
 smoke: bytecode
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES) --configfile configs/smoke.yaml
 
+# The suite starts hundreds of Python processes (workflow jobs, dry runs, pytest workers). With
+# bytecode writing off (PYTHONDONTWRITEBYTECODE, common in containers) each would compile resdyn and
+# the test helpers again, and pytest would rewrite every test module's asserts again: the tests
+# write bytecode caches (__pycache__, ignored by git) whatever the caller's environment says.
+test test-fast: export PYTHONDONTWRITEBYTECODE =
+
 test: setup
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 

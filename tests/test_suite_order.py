@@ -1,8 +1,11 @@
 """The suite's file order for xdist (tests/conftest.py): workflow files first, then by test count,
-each file's tests together and in their own order; and the Makefile keeps xdist from reordering it."""
+each file's tests together and in their own order; and the Makefile's test targets keep xdist from
+reordering it and write bytecode caches whatever the caller's environment says."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,3 +39,10 @@ def test_workflow_files_come_first_then_files_by_test_count():
 def test_make_test_targets_keep_the_suites_order():
     lines = [ln for ln in (ROOT / "Makefile").read_text().splitlines() if "pytest" in ln and "--dist loadfile" in ln]
     assert len(lines) == 2 and all("--no-loadscope-reorder" in ln for ln in lines), lines
+
+
+def test_make_test_targets_write_bytecode_caches():
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    db = subprocess.run(["make", "-pn", "test", "test-fast"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    for target in ("test", "test-fast"):
+        assert f"\n{target}: PYTHONDONTWRITEBYTECODE = \n" in db, target
