@@ -78,11 +78,11 @@ smoke: bytecode
 test test-fast: export PYTHONDONTWRITEBYTECODE =
 
 test: setup
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 # The unit and oracle tests: everything but the Snakemake workflow runs (`slow`) and SLURM (`slurm`).
 test-fast: setup
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not slurm"
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not slow and not slurm"
 
 lint: setup
 	$(BIN)/snakemake --lint

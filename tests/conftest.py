@@ -22,21 +22,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Files with workflow runs (`slow`, `slurm`) first, then the others by test count (the order
-    xdist's own reordering uses); each file's tests stay together and in order. Under `-n 2 --dist
-    loadfile --no-loadscope-reorder` xdist hands out files in this order, so the minutes-long runs
-    start while the other worker still has short files left to even out the end. Ordered by test
-    count alone, the few-test SLURM files came last and one worker idled during the other's run."""
-    heavy: set[Path] = set()
-    count: dict[Path, int] = {}
-    for item in items:
-        count[item.path] = count.get(item.path, 0) + 1
-        if item.get_closest_marker("slow") or item.get_closest_marker("slurm"):
-            heavy.add(item.path)
-    items.sort(key=lambda item: (item.path not in heavy, -count[item.path]))  # stable within a file
-
-
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """Tiny models on two shared cores: OpenMP spinning under contention makes small matmuls
